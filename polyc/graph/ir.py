@@ -1,0 +1,179 @@
+"""The graph IR: tensors, nodes and graphs, as immutable values.
+
+Every field is a tuple, a string, a number or a `FrozenDict`, so a graph can be hashed,
+cached and shared between passes, which change it only through `dataclasses.replace`.
+A `Graph` always carries the inferred type of every tensor it names (`types`), so passes
+never re-run shape inference to learn a shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+DTYPES = ("float32", "float64", "int32")
+
+
+class FrozenDict(Mapping):
+    """A hashable read-only mapping; lists among its values are stored as tuples."""
+
+    __slots__ = ("_d", "_h")
+
+    def __init__(self, items: Mapping | None = None, **kw):
+        d = dict(items or {}, **kw)
+        self._d = {k: _freeze(v) for k, v in sorted(d.items())}
+        self._h = None
+
+    def __getitem__(self, k):
+        return self._d[k]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __hash__(self) -> int:
+        if self._h is None:
+            self._h = hash(tuple(self._d.items()))
+        return self._h
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{k}={v!r}" for k, v in self._d.items()) + "}"
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return FrozenDict(v)
+    return v
+
+
+def thaw(v: Any) -> Any:
+    """The JSON-ready form of a frozen value (tuples become lists)."""
+    if isinstance(v, tuple):
+        return [thaw(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: thaw(x) for k, x in v.items()}
+    return v
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * (8 if self.dtype == "float64" else 4)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A graph input, or a constant when `data` is not None (flat, row-major)."""
+
+    name: str
+    type: TensorType
+    data: tuple | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op application with exactly one output.
+
+    `origin` is the provenance: empty for a node the user wrote, else the user's node
+    (and composite op) it was opened from, e.g. "softmax 'y'"; carried through fusion
+    into comments of the generated C.
+    """
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+    attrs: FrozenDict = field(default_factory=FrozenDict)
+    name: str = ""
+    origin: str = ""
+
+    def __str__(self) -> str:
+        attrs = ", ".join(f"{k}={_fmt(v)}" for k, v in self.attrs.items())
+        args = ", ".join(self.inputs) + ("; " + attrs if attrs else "")
+        where = f"  # from {self.origin}" if self.origin else ""
+        return f"{self.output} = {self.op}({args}){where}"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A validated subgraph: nodes in topological order, every tensor typed."""
+
+    name: str
+    inputs: tuple[Tensor, ...]
+    constants: tuple[Tensor, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]
+    types: FrozenDict  # tensor name -> TensorType, for inputs, constants and node outputs
+    notes: tuple[str, ...] = ()  # warnings for the report (e.g. dropped nodes)
+
+    def type_of(self, tensor: str) -> TensorType:
+        return self.types[tensor]
+
+    @property
+    def provenance(self) -> str:
+        return self.origin or f"{self.op} '{self.name}'"
+
+    def producer(self, tensor: str) -> Node | None:
+        for n in self.nodes:
+            if n.output == tensor:
+                return n
+        return None
+
+    def consumers(self, tensor: str) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if tensor in n.inputs)
+
+    @property
+    def constant_map(self) -> dict[str, Tensor]:
+        return {c.name: c for c in self.constants}
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.name}"]
+        for t in self.inputs:
+            lines.append(f"  input {t.name}: {t.type}")
+        for c in self.constants:
+            lines.append(f"  const {c.name}: {c.type}")
+        for n in self.nodes:
+            lines.append(f"  {n.output}: {self.types[n.output]} = {str(n).split(' = ', 1)[1]}")
+        lines.append("  outputs " + ", ".join(self.outputs))
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The subgraph format of DESIGN.md (canonical: defaults filled in)."""
+        return {
+            "name": self.name,
+            "inputs": [{"name": t.name, "shape": list(t.type.shape), "dtype": t.type.dtype}
+                       for t in self.inputs],
+            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": [n.output],
+                       "attrs": thaw(n.attrs), "name": n.name} for n in self.nodes],
+            "outputs": list(self.outputs),
+            "constants": [{"name": c.name, "shape": list(c.type.shape), "dtype": c.type.dtype,
+                           "data": list(c.data)} for c in self.constants],
+        }

@@ -1,0 +1,319 @@
+"""Loading and validating subgraphs in the format of DESIGN.md.
+
+`load_graph` accepts a path, a JSON string or an already-parsed dict and returns a
+validated `Graph`: nodes topologically sorted, attributes normalised (defaults filled in),
+every tensor typed, nodes that reach no output dropped with a note. Every problem found
+is reported at once in one `GraphError`, each naming its node and field.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import GraphError, Problem
+from .ir import DTYPES, FrozenDict, Graph, Node, Tensor, TensorType
+from .ops import OPS, OpError, check_attrs, infer
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Refuse graphs too large to compile before anything is allocated."""
+
+    max_elements: int = 1 << 28  # per tensor (1 GiB of float32)
+    max_total_elements: int = 1 << 30  # over all tensors of the graph
+    max_nodes: int = 10_000
+    max_rank: int = 8
+    max_name_length: int = 256
+
+
+TOP_KEYS = {"name", "inputs", "nodes", "outputs", "constants"}
+NODE_KEYS = {"op", "inputs", "outputs", "attrs", "name"}
+INPUT_KEYS = {"name", "shape", "dtype"}
+CONST_KEYS = INPUT_KEYS | {"data"}
+
+
+def _reject_constant(token: str):
+    raise GraphError(f"{token} is not valid JSON (NaN and Infinity are refused)")
+
+
+def parse_json(text: str | bytes) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise GraphError(f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise GraphError("invalid JSON: nested too deeply") from None
+
+
+def load_graph(src: str | os.PathLike | dict, *, limits: Limits = Limits()) -> Graph:
+    """Load and validate a subgraph from a path, a JSON string or a dict."""
+    if isinstance(src, dict):
+        doc = src
+    elif isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith("{")):
+        try:
+            doc = parse_json(Path(src).read_text())
+        except OSError as e:
+            raise GraphError(f"cannot read graph file {str(src)!r}: {e.strerror}") from None
+    elif isinstance(src, (str, bytes)):
+        doc = parse_json(src)
+    else:
+        raise GraphError(f"expected a path, a JSON string or a dict, got {type(src).__name__}")
+    return _Loader(limits).load(doc)
+
+
+class _Loader:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.problems: list[Problem] = []
+        self.total_elements = 0
+
+    def error(self, message: str, node: str | None = None, op: str | None = None,
+              field: str | None = None) -> None:
+        self.problems.append(Problem(message, node, op, field))
+
+    def fail_if_any(self) -> None:
+        if self.problems:
+            raise GraphError(self.problems)
+
+    # -- top level ------------------------------------------------------------------
+    def load(self, doc: Any) -> Graph:
+        if not isinstance(doc, dict):
+            raise GraphError(f"a subgraph must be a JSON object, got {type(doc).__name__}")
+        for key in sorted(set(doc) - TOP_KEYS):
+            self.error(f"unknown field (allowed: {', '.join(sorted(TOP_KEYS))})", field=key)
+        name = doc.get("name", "graph")
+        if not self._is_name(name):
+            self.error(f"must be a non-empty string, got {name!r}", field="name")
+            name = "graph"
+        for key in ("inputs", "nodes", "outputs"):
+            if key not in doc:
+                self.error("missing required field", field=key)
+            elif not isinstance(doc[key], list):
+                self.error(f"must be a list, got {type(doc[key]).__name__}", field=key)
+        if "constants" in doc and not isinstance(doc["constants"], list):
+            self.error("must be a list", field="constants")
+        self.fail_if_any()
+        if len(doc["nodes"]) > self.limits.max_nodes:
+            raise GraphError(Problem(f"{len(doc['nodes'])} nodes exceed the limit of "
+                                     f"{self.limits.max_nodes}", field="nodes"))
+
+        types: dict[str, TensorType] = {}
+        inputs = tuple(t for i, d in enumerate(doc["inputs"])
+                       if (t := self._tensor(d, f"inputs[{i}]", INPUT_KEYS, types)))
+        constants = tuple(t for i, d in enumerate(doc.get("constants", []))
+                          if (t := self._tensor(d, f"constants[{i}]", CONST_KEYS, types)))
+        raw_nodes = [n for i, d in enumerate(doc["nodes"]) if (n := self._node(d, i))]
+        outputs = self._outputs(doc["outputs"])
+        self.fail_if_any()
+
+        nodes = self._sort(raw_nodes, set(types))
+        self.fail_if_any()
+        typed = self._infer(nodes, types)
+        self.fail_if_any()
+        for o in outputs:
+            if o not in types:
+                self.error(f"graph output {o!r} is never produced", field="outputs")
+        self.fail_if_any()
+        kept, notes = _drop_dead(typed, outputs)
+        named = {t.name for t in inputs + constants} | {n.output for n in kept}
+        return Graph(name, inputs, constants, tuple(kept), tuple(outputs),
+                     FrozenDict({k: v for k, v in types.items() if k in named}), tuple(notes))
+
+    # -- pieces -----------------------------------------------------------------------
+    def _is_name(self, v: Any) -> bool:
+        return isinstance(v, str) and 0 < len(v) <= self.limits.max_name_length
+
+    def _shape(self, shape: Any, where: str) -> tuple[int, ...] | None:
+        if not isinstance(shape, list):
+            self.error(f"shape must be a list of integers, got {shape!r}", where, field="shape")
+            return None
+        if len(shape) > self.limits.max_rank:
+            self.error(f"rank {len(shape)} exceeds the limit of {self.limits.max_rank}", where,
+                       field="shape")
+            return None
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+                self.error(f"every dim must be an integer >= 1, got {d!r} in {shape!r}", where,
+                           field="shape")
+                return None
+        return tuple(shape)
+
+    def _count(self, t: TensorType, where: str, op: str | None = None) -> bool:
+        if t.size > self.limits.max_elements:
+            self.error(f"{list(t.shape)} has {t.size} elements, over the limit of "
+                       f"{self.limits.max_elements} per tensor", where, op, "shape")
+            return False
+        self.total_elements += t.size
+        if self.total_elements > self.limits.max_total_elements:
+            self.error(f"the graph's tensors hold more than {self.limits.max_total_elements} "
+                       "elements in total", where, op, "shape")
+            return False
+        return True
+
+    def _tensor(self, d: Any, where: str, keys: set, types: dict) -> Tensor | None:
+        if not isinstance(d, dict):
+            self.error(f"must be an object, got {d!r}", field=where)
+            return None
+        label = d.get("name") if self._is_name(d.get("name")) else where
+        for key in sorted(set(d) - keys):
+            self.error(f"unknown field (allowed: {', '.join(sorted(keys))})", label, field=key)
+        for key in sorted(keys - set(d) - {"dtype"}):
+            self.error("missing required field", label, field=key)
+        if not self._is_name(d.get("name")):
+            self.error(f"name must be a non-empty string, got {d.get('name')!r}", where,
+                       field="name")
+            return None
+        name = d["name"]
+        if name in types:
+            self.error(f"duplicate tensor name {name!r}", name, field="name")
+            return None
+        dtype = d.get("dtype", "float32")
+        if dtype not in DTYPES:
+            self.error(f"unknown dtype {dtype!r} (allowed: {', '.join(DTYPES)})", name,
+                       field="dtype")
+            return None
+        shape = self._shape(d.get("shape"), name)
+        if shape is None:
+            return None
+        t = TensorType(shape, dtype)
+        if not self._count(t, name):
+            return None
+        data = None
+        if "data" in keys:
+            data = self._data(d.get("data"), t, name)
+            if data is None:
+                return None
+        types[name] = t
+        return Tensor(name, t, data)
+
+    def _data(self, data: Any, t: TensorType, name: str) -> tuple | None:
+        if not isinstance(data, list):
+            self.error("data must be a flat list of numbers", name, field="data")
+            return None
+        if len(data) != t.size:
+            self.error(f"data has {len(data)} values but shape {list(t.shape)} needs {t.size}",
+                       name, field="data")
+            return None
+        for v in data:
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float))
+                  and math.isfinite(v) and (t.dtype != "int32" or isinstance(v, int)))
+            if not ok:
+                kind = "an integer" if t.dtype == "int32" else "a finite number"
+                self.error(f"every value must be {kind}, got {v!r}", name, field="data")
+                return None
+        if t.dtype == "int32" and any(not -2**31 <= v < 2**31 for v in data):
+            self.error("a value does not fit in int32", name, field="data")
+            return None
+        return tuple(data)
+
+    def _node(self, d: Any, index: int) -> Node | None:
+        where = f"nodes[{index}]"
+        if not isinstance(d, dict):
+            self.error(f"must be an object, got {d!r}", field=where)
+            return None
+        outs = d.get("outputs")
+        label = d.get("name")
+        if not self._is_name(label):
+            label = outs[0] if isinstance(outs, list) and outs and self._is_name(outs[0]) else where
+        op = d.get("op")
+        op_label = op if isinstance(op, str) else None
+        before = len(self.problems)
+        for key in sorted(set(d) - NODE_KEYS):
+            self.error(f"unknown field (allowed: {', '.join(sorted(NODE_KEYS))})", label,
+                       op_label, key)
+        if "name" in d and not self._is_name(d["name"]):
+            self.error(f"must be a non-empty string, got {d['name']!r}", label, op_label, "name")
+        if op not in OPS:
+            self.error(f"unknown op {op!r}", label, op_label, "op")
+        ins = d.get("inputs")
+        if not isinstance(ins, list) or not all(self._is_name(x) for x in ins):
+            self.error(f"must be a list of tensor names, got {ins!r}", label, op_label, "inputs")
+        if not isinstance(outs, list) or len(outs) != 1 or not self._is_name(outs[0]):
+            self.error(f"every op has exactly one output: expected a list of one tensor name, "
+                       f"got {outs!r}", label, op_label, "outputs")
+        attrs = FrozenDict()
+        if op in OPS:
+            try:
+                attrs = check_attrs(OPS[op], d.get("attrs") or {})
+            except OpError as e:
+                self.error(str(e), label, op, f"attrs.{e.field}" if e.field != "attrs" else "attrs")
+        if len(self.problems) > before:
+            return None
+        return Node(op, tuple(ins), outs[0], attrs, d.get("name", outs[0]))
+
+    def _outputs(self, outs: list) -> list[str]:
+        if not outs:
+            self.error("a graph needs at least one output", field="outputs")
+        for o in outs:
+            if not self._is_name(o):
+                self.error(f"must be tensor names, got {o!r}", field="outputs")
+        if len(set(o for o in outs if isinstance(o, str))) != len(outs):
+            self.error("an output is listed twice", field="outputs")
+        return [o for o in outs if isinstance(o, str)]
+
+    def _sort(self, nodes: list[Node], sources: set[str]) -> list[Node]:
+        """Topological order (Kahn, stable in the given order); reports cycles and
+        tensors that nothing produces."""
+        producer: dict[str, Node] = {}
+        names: set[str] = set()
+        for n in nodes:
+            if n.output in sources or n.output in producer:
+                self.error(f"tensor {n.output!r} is produced twice", n.name, n.op, "outputs")
+            producer[n.output] = n
+            if n.name in names:
+                self.error(f"duplicate node name {n.name!r}", n.name, n.op, "name")
+            names.add(n.name)
+        for n in nodes:
+            for i in n.inputs:
+                if i not in sources and i not in producer:
+                    self.error(f"input {i!r} is not a graph input, a constant or the output "
+                               "of any node", n.name, n.op, "inputs")
+        if self.problems:
+            return []
+        done = set(sources)
+        order: list[Node] = []
+        pending = list(nodes)
+        while pending:
+            ready = [n for n in pending if all(i in done for i in n.inputs)]
+            if not ready:
+                cyc = ", ".join(repr(n.name) for n in pending)
+                self.error(f"the graph has a cycle through nodes {cyc}", pending[0].name,
+                           pending[0].op, "inputs")
+                return []
+            for n in ready:
+                done.add(n.output)
+                order.append(n)
+            pending = [n for n in pending if n.output not in done]
+        return order
+
+    def _infer(self, nodes: list[Node], types: dict[str, TensorType]) -> list[Node]:
+        out = []
+        for n in nodes:
+            if any(i not in types for i in n.inputs):
+                continue  # an earlier node failed; its problem is already reported
+            try:
+                t = infer(OPS[n.op], n.attrs, [types[i] for i in n.inputs])
+            except OpError as e:
+                field = e.field if e.field == "inputs" or e.field is None else f"attrs.{e.field}"
+                self.error(str(e), n.name, n.op, field)
+                continue
+            if self._count(t, n.name, n.op):
+                types[n.output] = t
+                out.append(n)
+        return out
+
+
+def _drop_dead(nodes: list[Node], outputs: list[str]) -> tuple[list[Node], list[str]]:
+    live = set(outputs)
+    kept = []
+    for n in reversed(nodes):
+        if n.output in live:
+            live.update(n.inputs)
+            kept.append(n)
+    notes = [f"node {n.name!r} ({n.op}) reaches no output and was dropped"
+             for n in nodes if n.output not in live]
+    return kept[::-1], notes

@@ -107,6 +107,10 @@ class Node:
     name: str = ""
     origin: str = ""
 
+    @property
+    def provenance(self) -> str:
+        return self.origin or f"{self.op} '{self.name}'"
+
     def __str__(self) -> str:
         attrs = ", ".join(f"{k}={_fmt(v)}" for k, v in self.attrs.items())
         args = ", ".join(self.inputs) + ("; " + attrs if attrs else "")
@@ -134,10 +138,6 @@ class Graph:
 
     def type_of(self, tensor: str) -> TensorType:
         return self.types[tensor]
-
-    @property
-    def provenance(self) -> str:
-        return self.origin or f"{self.op} '{self.name}'"
 
     def producer(self, tensor: str) -> Node | None:
         for n in self.nodes:

@@ -7,6 +7,7 @@ is reported at once in one `GraphError`, each naming its node and field.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -45,24 +46,42 @@ def parse_json(text: str | bytes) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
         raise GraphError(f"invalid JSON: {e}") from None
+    except UnicodeDecodeError:  # bytes that are not UTF-8 (or -16/-32) text
+        raise GraphError("invalid JSON: not UTF-8 text") from None
     except RecursionError:
         raise GraphError("invalid JSON: nested too deeply") from None
+
+
+def _looks_like_json(src: str | bytes) -> bool:
+    # A path never starts with '{' or '['; a subgraph (or a mistaken array) always does.
+    return src.lstrip()[:1] in ("{", "[", b"{", b"[")
 
 
 def load_graph(src: str | os.PathLike | dict, *, limits: Limits = Limits()) -> Graph:
     """Load and validate a subgraph from a path, a JSON string or a dict."""
     if isinstance(src, dict):
         doc = src
-    elif isinstance(src, os.PathLike) or (isinstance(src, str) and not src.lstrip().startswith("{")):
+    elif isinstance(src, (str, bytes)) and _looks_like_json(src):
+        doc = parse_json(src)
+    elif isinstance(src, (str, os.PathLike)):
+        # Read first, parse after: parse errors are GraphErrors, themselves ValueErrors.
         try:
-            doc = parse_json(Path(src).read_text())
+            text = Path(src).read_text(encoding="utf-8")
         except OSError as e:
             raise GraphError(f"cannot read graph file {str(src)!r}: {e.strerror}") from None
-    elif isinstance(src, (str, bytes)):
-        doc = parse_json(src)
+        except UnicodeDecodeError:
+            raise GraphError(f"graph file {str(src)!r} is not UTF-8 text") from None
+        except ValueError as e:  # e.g. a NUL byte in the path
+            raise GraphError(f"cannot read graph file {str(src)!r}: {e}") from None
+        doc = parse_json(text)
     else:
         raise GraphError(f"expected a path, a JSON string or a dict, got {type(src).__name__}")
     return _Loader(limits).load(doc)
+
+
+def _did_you_mean(word: str, known) -> str:
+    close = difflib.get_close_matches(word, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _Loader:
@@ -143,6 +162,11 @@ class _Loader:
         return tuple(shape)
 
     def _count(self, t: TensorType, where: str, op: str | None = None) -> bool:
+        # Inputs were checked by _shape already; this catches reshape / broadcast_to.
+        if t.ndim > self.limits.max_rank:
+            self.error(f"rank {t.ndim} exceeds the limit of {self.limits.max_rank}", where, op,
+                       "shape")
+            return False
         if t.size > self.limits.max_elements:
             self.error(f"{list(t.shape)} has {t.size} elements, over the limit of "
                        f"{self.limits.max_elements} per tensor", where, op, "shape")
@@ -161,8 +185,11 @@ class _Loader:
         label = d.get("name") if self._is_name(d.get("name")) else where
         for key in sorted(set(d) - keys):
             self.error(f"unknown field (allowed: {', '.join(sorted(keys))})", label, field=key)
-        for key in sorted(keys - set(d) - {"dtype"}):
+        missing = sorted(keys - set(d) - {"dtype"})
+        for key in missing:
             self.error("missing required field", label, field=key)
+        if missing:
+            return None
         if not self._is_name(d.get("name")):
             self.error(f"name must be a non-empty string, got {d.get('name')!r}", where,
                        field="name")
@@ -219,26 +246,33 @@ class _Loader:
         label = d.get("name")
         if not self._is_name(label):
             label = outs[0] if isinstance(outs, list) and outs and self._is_name(outs[0]) else where
-        op = d.get("op")
-        op_label = op if isinstance(op, str) else None
+        # Only a string can be looked up in OPS: a list or dict here is unhashable.
+        op = d.get("op") if isinstance(d.get("op"), str) else None
         before = len(self.problems)
         for key in sorted(set(d) - NODE_KEYS):
-            self.error(f"unknown field (allowed: {', '.join(sorted(NODE_KEYS))})", label,
-                       op_label, key)
+            self.error(f"unknown field (allowed: {', '.join(sorted(NODE_KEYS))})", label, op,
+                       key)
+        for key in ("op", "inputs", "outputs"):
+            if key not in d:
+                self.error("missing required field", label, op, key)
         if "name" in d and not self._is_name(d["name"]):
-            self.error(f"must be a non-empty string, got {d['name']!r}", label, op_label, "name")
-        if op not in OPS:
-            self.error(f"unknown op {op!r}", label, op_label, "op")
+            self.error(f"must be a non-empty string, got {d['name']!r}", label, op, "name")
+        if "op" in d and op not in OPS:
+            self.error(f"unknown op {d['op']!r}" + _did_you_mean(op or "", OPS), label, op, "op")
         ins = d.get("inputs")
-        if not isinstance(ins, list) or not all(self._is_name(x) for x in ins):
-            self.error(f"must be a list of tensor names, got {ins!r}", label, op_label, "inputs")
-        if not isinstance(outs, list) or len(outs) != 1 or not self._is_name(outs[0]):
+        if "inputs" in d and (not isinstance(ins, list)
+                              or not all(self._is_name(x) for x in ins)):
+            self.error(f"must be a list of tensor names, got {ins!r}", label, op, "inputs")
+        if "outputs" in d and (not isinstance(outs, list) or len(outs) != 1
+                               or not self._is_name(outs[0])):
             self.error(f"every op has exactly one output: expected a list of one tensor name, "
-                       f"got {outs!r}", label, op_label, "outputs")
+                       f"got {outs!r}", label, op, "outputs")
         attrs = FrozenDict()
         if op in OPS:
+            # `"attrs": null` means none; any other non-object (even [] or 0) is an error.
+            raw = d.get("attrs")
             try:
-                attrs = check_attrs(OPS[op], d.get("attrs") or {})
+                attrs = check_attrs(OPS[op], {} if raw is None else raw)
             except OpError as e:
                 self.error(str(e), label, op, f"attrs.{e.field}" if e.field != "attrs" else "attrs")
         if len(self.problems) > before:
@@ -251,9 +285,10 @@ class _Loader:
         for o in outs:
             if not self._is_name(o):
                 self.error(f"must be tensor names, got {o!r}", field="outputs")
-        if len(set(o for o in outs if isinstance(o, str))) != len(outs):
-            self.error("an output is listed twice", field="outputs")
-        return [o for o in outs if isinstance(o, str)]
+        names = [o for o in outs if isinstance(o, str)]
+        for o in sorted({o for o in names if names.count(o) > 1}):
+            self.error(f"output {o!r} is listed twice", field="outputs")
+        return names
 
     def _sort(self, nodes: list[Node], sources: set[str]) -> list[Node]:
         """Topological order (Kahn, stable in the given order); reports cycles and
@@ -261,17 +296,23 @@ class _Loader:
         producer: dict[str, Node] = {}
         names: set[str] = set()
         for n in nodes:
-            if n.output in sources or n.output in producer:
-                self.error(f"tensor {n.output!r} is produced twice", n.name, n.op, "outputs")
-            producer[n.output] = n
+            if n.output in sources:
+                self.error(f"output {n.output!r} is already the name of a graph input or "
+                           "constant", n.name, n.op, "outputs")
+            elif n.output in producer:
+                self.error(f"tensor {n.output!r} is already produced by node "
+                           f"{producer[n.output].name!r}", n.name, n.op, "outputs")
+            else:
+                producer[n.output] = n
             if n.name in names:
                 self.error(f"duplicate node name {n.name!r}", n.name, n.op, "name")
             names.add(n.name)
         for n in nodes:
             for i in n.inputs:
                 if i not in sources and i not in producer:
+                    hint = _did_you_mean(i, sources | set(producer))
                     self.error(f"input {i!r} is not a graph input, a constant or the output "
-                               "of any node", n.name, n.op, "inputs")
+                               f"of any node{hint}", n.name, n.op, "inputs")
         if self.problems:
             return []
         done = set(sources)
@@ -280,9 +321,10 @@ class _Loader:
         while pending:
             ready = [n for n in pending if all(i in done for i in n.inputs)]
             if not ready:
-                cyc = ", ".join(repr(n.name) for n in pending)
-                self.error(f"the graph has a cycle through nodes {cyc}", pending[0].name,
-                           pending[0].op, "inputs")
+                cycle = _find_cycle(pending[0], producer, done)
+                path = " -> ".join(repr(n.name) for n in cycle + cycle[:1])
+                self.error(f"the graph has a cycle: {path}", cycle[0].name, cycle[0].op,
+                           "inputs")
                 return []
             for n in ready:
                 done.add(n.output)
@@ -305,6 +347,20 @@ class _Loader:
                 types[n.output] = t
                 out.append(n)
         return out
+
+
+def _find_cycle(start: Node, producer: dict[str, Node], done: set[str]) -> list[Node]:
+    """The nodes of one cycle, in data-flow order, found from a node that can never run.
+
+    Every such node waits on an input whose producer can never run either, so walking
+    back along unfinished inputs must come round to a node already seen."""
+    seen: list[Node] = []
+    n = start
+    while n not in seen:
+        seen.append(n)
+        n = producer[next(i for i in n.inputs if i not in done)]
+    cycle = seen[seen.index(n):][::-1]  # walked against the data flow
+    return cycle[-1:] + cycle[:-1]  # start where the walk closed (`start` if on the cycle)
 
 
 def _drop_dead(nodes: list[Node], outputs: list[str]) -> tuple[list[Node], list[str]]:

@@ -97,9 +97,10 @@ class OpSpec:
 # --- helpers for type rules ----------------------------------------------------------
 
 def norm_axis(axis: int, ndim: int, name: str = "axis") -> int:
-    if not -ndim <= axis < max(ndim, 1):
+    # A scalar has no axis at all (numpy raises AxisError for axis 0 of a 0-d array).
+    if not -ndim <= axis < ndim:
         raise OpError(f"axis {axis} is out of range for a tensor of rank {ndim}", name)
-    return axis % ndim if ndim else 0
+    return axis % ndim
 
 
 def norm_axes(axes: tuple[int, ...] | None, ndim: int, name: str = "axes") -> tuple[int, ...]:

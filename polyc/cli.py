@@ -1,0 +1,134 @@
+"""The `polyc` command line: compile, run (against the reference) and serve.
+
+User errors print one line per problem and exit 2; no traceback reaches the user unless
+POLYC_DEBUG is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import GraphError, PolycError
+
+
+def _compile(args, build: bool):
+    from .compiler import Options, compile
+    echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
+    return compile(args.graph, args.target, options=Options(parallel=not args.no_parallel),
+                   build=build, print_after_all=echo, dump_dir=args.dump_dir)
+
+
+def cmd_compile(args) -> int:
+    result = _compile(args, build=True)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.c").write_text(result.c_source)
+    trees = {k.name: k.to_json()["schedule_tree"] for k in result.kernels}
+    (out / "schedule_trees.json").write_text(json.dumps(trees, indent=2) + "\n")
+    (out / "schedule_trees.txt").write_text(
+        "\n".join(f"# {k.name}\n{k.to_json()['schedule_text']}" for k in result.kernels))
+    (out / "report.txt").write_text(report(result) + "\n")
+    print(f"wrote {out}/kernels.c, schedule_trees.json, schedule_trees.txt, report.txt "
+          f"({len(result.kernels)} kernels)")
+    return 0
+
+
+def report(result) -> str:
+    lines = [f"graph {result.graph.name}: {len(result.graph.nodes)} nodes -> "
+             f"{len(result.primitive.nodes)} primitive nodes -> {len(result.kernels)} kernels "
+             f"(target {result.target})"]
+    lines += [f"note: {n}" for n in result.graph.notes]
+    for k in result.kernels:
+        lines.append(f"kernel {k.name}: {', '.join(k.kernel.nodes)}")
+        lines += [f"  {line}" for line in k.to_json()["fusion_report"]]
+    lines.append("pass times: " + ", ".join(f"{name} {s * 1e3:.1f} ms"
+                                            for name, s in result.trace.timings.items()))
+    return "\n".join(lines)
+
+
+def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
+    small nonzero integers for int32 (div)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in graph.inputs:
+        if t.type.dtype == "int32":
+            v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
+        else:
+            v = rng.uniform(0.5, 2.0, size=t.type.shape)
+        out[t.name] = np.asarray(v, dtype=t.type.dtype)
+    return out
+
+
+def cmd_run(args) -> int:
+    from .graph.reference import run_reference
+    result = _compile(args, build=True)
+    inputs = random_inputs(result.graph, args.seed)
+    got = result(**inputs)
+    ref = run_reference(result.graph, inputs)
+    ok = True
+    for name in result.graph.outputs:
+        a, r = got[name].astype(np.float64), ref[name].astype(np.float64)
+        abs_err = float(np.max(np.abs(a - r))) if a.size else 0.0
+        rel_err = float(np.max(np.abs(a - r) / np.maximum(np.abs(r), 1e-6))) if a.size else 0.0
+        good = np.allclose(a, r, rtol=args.rtol, atol=args.atol)
+        ok &= bool(good)
+        print(f"output {name}: {result.graph.types[name]}  max abs err {abs_err:.3g}  "
+              f"max rel err {rel_err:.3g}  {'OK' if good else 'MISMATCH'}")
+    out = {k: np.empty_like(v) for k, v in got.items()}
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        result.program(inputs, out)
+        times.append(time.perf_counter() - start)
+    print(f"{len(result.kernels)} kernels, kernel time median {np.median(times) * 1e3:.3f} ms, "
+          f"min {min(times) * 1e3:.3f} ms over {args.repeat} runs "
+          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("graph", help="subgraph JSON file")
+        p.add_argument("--target", default="cpu")
+        p.add_argument("--print-after-all", action="store_true",
+                       help="print the IR after every pass to stderr")
+        p.add_argument("--dump-dir", help="write one numbered file per pass here")
+        p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
+
+    p = sub.add_parser("compile", help="compile a subgraph to C")
+    common(p)
+    p.add_argument("-o", "--output", default="out", help="output directory")
+    p.set_defaults(fn=cmd_compile)
+    p = sub.add_parser("run", help="compile, run on random inputs, compare with the reference")
+    common(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.set_defaults(fn=cmd_run)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except GraphError as e:
+        for problem in e.problems:
+            print(f"polyc: error: {problem}", file=sys.stderr)
+        return 2
+    except PolycError as e:
+        if os.environ.get("POLYC_DEBUG"):
+            raise
+        print(f"polyc: {e}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

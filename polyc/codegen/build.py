@@ -1,0 +1,65 @@
+"""Building generated C into a shared object with gcc, cached on disk by content.
+
+The cache key covers the source, the compiler command and flags and the compiler's
+version, so a toolchain upgrade never serves a stale object. Objects are written to a
+temporary name and renamed into place, so concurrent builds of the same source are safe.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import BuildError
+
+CC = os.environ.get("POLYC_CC", "gcc")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11",
+          "-fno-math-errno", "-Wall", "-Werror=implicit-function-declaration")
+BUILD_TIMEOUT_S = 120
+
+
+def cache_dir() -> Path:
+    """POLYC_CACHE_DIR, else the user's cache directory."""
+    root = os.environ.get("POLYC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polyc")
+    return Path(root)
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    out = subprocess.run([CC, "--version"], capture_output=True, text=True, timeout=30)
+    return out.stdout.splitlines()[0] if out.stdout else CC
+
+
+def build_key(source: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, CC, " ".join(CFLAGS), compiler_version()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def build_shared_object(source: str) -> Path:
+    """Compile `source` (or reuse the cached object) and return the .so path."""
+    out_dir = cache_dir() / "build"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    so = out_dir / f"{build_key(source)}.so"
+    if so.exists():
+        return so
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        c_file = Path(tmp) / "kernels.c"
+        c_file.write_text(source)
+        tmp_so = Path(tmp) / "kernels.so"
+        cmd = [CC, *CFLAGS, "-o", str(tmp_so), str(c_file), "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"{CC} took longer than {BUILD_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            raise BuildError(f"{CC} failed on generated code (a polyc bug):\n{proc.stderr[-4000:]}")
+        os.replace(tmp_so, so)
+    return so

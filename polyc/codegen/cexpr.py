@@ -1,0 +1,124 @@
+"""C for statement bodies: values, array accesses and the op table per dtype.
+
+Iterators are given as C strings (isl AST expressions for the statement's arguments), so
+an index is written exactly once, by `comprehension.c_index`, here and nowhere else.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+from ..kernel import Array
+from ..schedule_tree.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
+
+C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t"}
+
+# Helpers the generated C relies on, emitted once per translation unit.
+PRELUDE = r"""#include <math.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <stdlib.h>
+/* isl AST helpers */
+static inline long floord(long n, long d) { return n < 0 ? -((-n + d - 1) / d) : n / d; }
+static inline long min(long a, long b) { return a < b ? a : b; }
+static inline long max(long a, long b) { return a > b ? a : b; }
+/* C integer division, total: x / 0 is 0 and INT32_MIN / -1 wraps, as the reference does */
+static inline int32_t polyc_idiv(int32_t a, int32_t b) {
+  return b == 0 ? 0 : (b == -1 ? (int32_t)(0u - (uint32_t)a) : a / b);
+}
+"""
+
+_FLOAT_FNS = {  # name -> template over args a, b, c; {f} is the float function suffix
+    "neg": "(-{a})", "abs": "fabs{f}({a})", "exp": "exp{f}({a})", "log": "log{f}({a})",
+    "sqrt": "sqrt{f}({a})", "rsqrt": "({one} / sqrt{f}({a}))", "tanh": "tanh{f}({a})",
+    "erf": "erf{f}({a})", "sigmoid": "({one} / ({one} + exp{f}(-{a})))",
+    "relu": "({a} > {zero} ? {a} : {zero})", "reciprocal": "({one} / {a})",
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
+    "pow": "pow{f}({a}, {b})", "maximum": "fmax{f}({a}, {b})", "minimum": "fmin{f}({a}, {b})",
+}
+_INT_FNS = {
+    "neg": "(int32_t)(0u - (uint32_t){a})", "abs": "({a} < 0 ? (int32_t)(0u - (uint32_t){a}) : {a})",
+    "relu": "({a} > 0 ? {a} : 0)",
+    "add": "(int32_t)((uint32_t){a} + (uint32_t){b})",
+    "sub": "(int32_t)((uint32_t){a} - (uint32_t){b})",
+    "mul": "(int32_t)((uint32_t){a} * (uint32_t){b})", "div": "polyc_idiv({a}, {b})",
+    "maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})",
+}
+_COMPARE = {"greater": ">", "less": "<", "equal": "=="}
+
+
+def c_literal(value: float | int, dtype: str) -> str:
+    if dtype == "int32":
+        v = int(value)
+        return "(-2147483647 - 1)" if v == -2**31 else str(v)
+    v = float(value)
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    if math.isnan(v):
+        return "NAN"
+    return repr(v) + ("f" if dtype == "float32" else "")
+
+
+class ExprPrinter:
+    """Prints a statement's values given C strings for its iterators."""
+
+    def __init__(self, arrays: Mapping[str, Array], iters: Callable[[int], str]):
+        self.arrays = arrays
+        self.iters = iters
+
+    def access(self, tensor: str, index: tuple[Index, ...]) -> str:
+        a = self.arrays[tensor]
+        if not index:
+            return f"{a.c_name}[0]"
+        shape = a.type.shape
+        terms = []
+        stride = 1
+        for d in range(len(shape) - 1, -1, -1):
+            e = c_index(index[d], self.iters)
+            if e != "0":
+                e = e if e.replace("_", "").isalnum() else f"({e})"
+                terms.append(e if stride == 1 else f"{e} * {stride}")
+            stride *= shape[d]
+        return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
+
+    def value(self, e: Expr) -> str:
+        if isinstance(e, Load):
+            return self.access(e.tensor, e.index)
+        if isinstance(e, Const):
+            return c_literal(e.value, e.dtype)
+        if isinstance(e, Guarded):
+            cond = " && ".join(
+                f"{b.lo} <= ({b.aff.render(self.iters)}) && ({b.aff.render(self.iters)}) < {b.hi}"
+                for b in e.bounds)
+            return f"(({cond}) ? {self.value(e.then)} : {self.value(e.otherwise)})"
+        return self.call(e)
+
+    def call(self, e: Call) -> str:
+        args = [self.value(a) for a in e.args]
+        if e.fn == "cast":
+            return f"(({C_TYPE[e.dtype]})({args[0]}))"
+        if e.fn == "select":
+            return f"({args[0]} != 0 ? {args[1]} : {args[2]})"
+        if e.fn in _COMPARE:
+            return f"(({C_TYPE[e.dtype]})({args[0]} {_COMPARE[e.fn]} {args[1]}))"
+        a, b = (args + [None])[:2]
+        if e.dtype == "int32":
+            return _INT_FNS[e.fn].format(a=a, b=b)
+        suffix = "f" if e.dtype == "float32" else ""
+        return _FLOAT_FNS[e.fn].format(a=a, b=b, f=suffix, one=c_literal(1, e.dtype),
+                                       zero=c_literal(0, e.dtype))
+
+    def update(self, target: str, reduce: str | None, value: str, dtype: str) -> str:
+        """The C statement `target (reduce)= value`."""
+        if reduce is None:
+            return f"{target} = {value};"
+        if reduce == "sum":
+            if dtype == "int32":
+                return f"{target} = (int32_t)((uint32_t){target} + (uint32_t)({value}));"
+            return f"{target} += {value};"
+        if reduce == "prod":
+            if dtype == "int32":
+                return f"{target} = (int32_t)((uint32_t){target} * (uint32_t)({value}));"
+            return f"{target} *= {value};"
+        cmp = ">" if reduce == "max" else "<"
+        return f"{{ {C_TYPE[dtype]} v_ = {value}; if (v_ {cmp} {target} || v_ != v_) {target} = v_; }}"

@@ -1,0 +1,59 @@
+"""CPU target lowering: which loops run in parallel (OpenMP threads) and which vectorise.
+
+Both decisions are marks inserted into the schedule tree, so they show in the printed
+tree and the browser view, and codegen only has to translate them:
+
+- `parallel` above the outermost band on each path whose first member is coincident,
+  when the work below it is large enough to pay for waking the thread team;
+- `simd` above the last member of an innermost band when that member is coincident
+  (the band is split so the mark sits on exactly that loop).
+"""
+from __future__ import annotations
+
+import math
+
+import islpy as isl
+
+from ..schedule_tree.comprehension import Statement
+
+MIN_PARALLEL_INSTANCES = 1 << 15
+
+_BAND, _LEAF = isl.schedule_node_type.band, isl.schedule_node_type.leaf
+
+
+def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
+    """Statement instances below `node`, counting each statement whole."""
+    names: list[str] = []
+    node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
+    return sum(sizes[n] for n in names)
+
+
+def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...], *,
+                   parallel: bool = True) -> isl.Schedule:
+    """Insert `parallel` and `simd` marks (see the module docstring)."""
+    sizes = {s.name: math.prod(s.extents) for s in statements}
+
+    def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
+        inserted = 0
+        if node.get_type() == _BAND:
+            n = node.band_n_member()
+            simd = node.child(0).get_type() == _LEAF and node.band_member_get_coincident(n - 1)
+            if simd and n > 1:
+                node = node.band_split(n - 1)
+                node = node.child(0).insert_mark(isl.Id("simd")).parent()
+                simd = False
+            marks = ["simd"] if simd else []
+            if (parallel and not in_band and node.band_member_get_coincident(0)
+                    and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
+                marks.append("parallel")
+            for mark in marks:
+                node = node.insert_mark(isl.Id(mark)).child(0)
+            inserted = len(marks)
+            in_band = True
+        for i in range(node.n_children()):
+            node = visit(node.child(i), in_band).parent()
+        for _ in range(inserted):
+            node = node.parent()
+        return node
+
+    return visit(schedule.get_root(), False).get_schedule()

@@ -1,0 +1,69 @@
+"""Running compiled kernels from Python through ctypes.
+
+A `Program` owns the loaded shared object, the constants as numpy arrays and reusable
+buffers for intermediates, and calls the kernels in order. Inputs are checked (names,
+shapes, dtypes) before any pointer reaches C.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import GraphError, Problem
+from ..graph.ir import Graph
+from ..graph.reference import check_inputs, constant_value
+from ..kernel import Kernel
+
+
+class Program:
+    def __init__(self, graph: Graph, kernels: tuple[Kernel, ...], so_path: Path):
+        self.graph = graph
+        self.kernels = kernels
+        self._lib = ctypes.CDLL(str(so_path))
+        self._fns = []
+        for k in kernels:
+            fn = getattr(self._lib, k.name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * len(k.params)
+            self._fns.append(fn)
+        self._constants = {c.name: constant_value(c) for c in graph.constants}
+        self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
+
+    def _output_buffer(self, name: str, out: Mapping[str, np.ndarray] | None) -> np.ndarray:
+        t = self.graph.types[name]
+        if out is not None and name in out:
+            a = out[name]
+            if (not isinstance(a, np.ndarray) or a.shape != t.shape or a.dtype != np.dtype(t.dtype)
+                    or not a.flags.c_contiguous or not a.flags.writeable):
+                raise GraphError(Problem(f"out[{name!r}] must be a writeable C-contiguous {t} "
+                                         "array", field="out"))
+            return a
+        return np.empty(t.shape, t.dtype)
+
+    def __call__(self, inputs: Mapping[str, np.ndarray],
+                 out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        # C reads dense row-major buffers; a 0-d array is dense already
+        env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
+               for k, v in check_inputs(self.graph, inputs).items()}
+        env.update(self._constants)
+        results = {}
+        for name in self.graph.outputs:
+            if name in env:  # an input or a constant returned as is: copy, never alias
+                buf = self._output_buffer(name, out)
+                np.copyto(buf, env[name])
+                results[name] = buf
+            else:
+                results[name] = env[name] = self._output_buffer(name, out)
+        for kernel, fn in zip(self.kernels, self._fns):
+            args = []
+            for a in kernel.params:
+                if a.tensor not in env:
+                    if a.tensor not in self._scratch:
+                        self._scratch[a.tensor] = np.empty(a.type.shape, a.type.dtype)
+                    env[a.tensor] = self._scratch[a.tensor]
+                args.append(env[a.tensor].ctypes.data)
+            fn(*args)
+        return results

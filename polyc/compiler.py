@@ -1,0 +1,176 @@
+"""The pipeline of DESIGN.md as one readable function, and what it returns.
+
+Each pass is recorded by a `Trace`: its printed output IR and its time, so that
+`--print-after-all`, the dump folder and the browser view all read the same record.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import islpy as isl
+import numpy as np
+
+from .codegen.ast_to_c import CpuBuilder
+from .codegen.build import build_shared_object
+from .codegen.cexpr import PRELUDE
+from .codegen.lower_cpu import mark_cpu_loops
+from .codegen.runtime import Program
+from .errors import GraphError, InternalError
+from .graph.decompose import decompose_graph
+from .graph.ir import Graph
+from .graph.load import Limits, load_graph
+from .graph.simplify import simplify_graph
+from .kernel import Kernel, build_kernels, singleton_groups
+from .schedule_tree.dependences import compute_dependences, respects_dependences
+from .schedule_tree.model import PolyModel, build_model
+from .schedule_tree.schedule import DEFAULT_MAX_OPERATIONS, schedule_kernel
+from .schedule_tree.tree import schedule_to_json, schedule_to_text
+
+TARGETS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every option that changes the generated code (and so the cache key)."""
+
+    parallel: bool = True  # OpenMP threads over outer parallel loops
+    max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
+    verify: bool = True  # check every schedule against every dependence
+
+    def to_json(self) -> dict:
+        return {"parallel": self.parallel, "max_operations": self.max_operations,
+                "verify": self.verify}
+
+
+@dataclass
+class Trace:
+    """The printed IR after each pass and the time it took, in pipeline order."""
+
+    echo: Callable[[str], None] | None = None  # --print-after-all
+    dump_dir: Path | None = None
+    passes: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def run(self, name: str, fn: Callable[..., Any], *args, show=str, **kw) -> Any:
+        start = time.perf_counter()
+        result = fn(*args, **kw)
+        seconds = time.perf_counter() - start
+        text = show(result)
+        self.passes.append((name, text, seconds))
+        if self.echo:
+            self.echo(f"// ----- IR after {name} ({seconds * 1e3:.1f} ms) -----\n{text}\n")
+        if self.dump_dir is not None:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            safe = name.replace(" ", "_").replace("/", "_")
+            (self.dump_dir / f"{len(self.passes):02d}_{safe}.txt").write_text(text + "\n")
+        return result
+
+    @property
+    def timings(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, _, seconds in self.passes:
+            stage = name.split(" ")[0]
+            out[stage] = out.get(stage, 0.0) + seconds
+        return out
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One generated C function: what it covers and the schedule trees that made it."""
+
+    kernel: Kernel
+    model: PolyModel
+    schedule: isl.Schedule  # final, with target marks
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.kernel.name,
+            "nodes": list(self.kernel.nodes),
+            "statements": [str(s) for s in self.kernel.statements],
+            "arrays": [{"tensor": a.tensor, "c_name": a.c_name, "role": a.role,
+                        "shape": list(a.type.shape), "dtype": a.type.dtype}
+                       for a in self.kernel.arrays],
+            "dependences": str(self.model.dependences),
+            "schedule_tree": schedule_to_json(self.schedule),
+            "schedule_text": schedule_to_text(self.schedule),
+            "initial_schedule_tree": schedule_to_json(self.model.schedule),
+            "fusion_report": [f"kernel covers {', '.join(self.kernel.nodes)}: one kernel per "
+                              "primitive node (no fusion)"],
+        }
+
+
+@dataclass
+class CompiledGraph:
+    graph: Graph  # as loaded
+    primitive: Graph  # after decomposition and simplification
+    target: str
+    options: Options
+    kernels: tuple[KernelResult, ...]
+    c_source: str
+    trace: Trace
+    program: Program | None = None  # None when built with build=False
+
+    def __call__(self, out: Mapping[str, np.ndarray] | None = None, **inputs) -> dict[str, np.ndarray]:
+        if self.program is None:
+            raise GraphError("this graph was compiled with build=False and cannot run")
+        return self.program(inputs, out)
+
+
+def compile_kernel(kernel: Kernel, options: Options, trace: Trace) -> tuple[KernelResult, str]:
+    """The per-kernel half of the pipeline: isl model -> schedule -> marks -> C."""
+    ctx = isl.Context()  # one per kernel: the operation budget is per context
+    arrays = {a.tensor: a.c_name for a in kernel.arrays}
+    k = kernel.name
+    model = trace.run(f"model {k}", build_model, kernel.statements, arrays, ctx)
+    model = trace.run(f"dependences {k}", compute_dependences, model)
+    model = trace.run(f"schedule {k}", schedule_kernel, model,
+                      max_operations=options.max_operations)
+    if options.verify:
+        _verify(model, model.schedule, f"schedule {k}")
+    # the cpu target: parallel and simd marks
+    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, model.schedule, kernel.statements,
+                       parallel=options.parallel, show=schedule_to_text)
+    if options.verify:
+        _verify(model, marked, f"lower-cpu {k}")
+    ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
+    code = trace.run(f"codegen {k}", lambda: str(CpuBuilder(kernel).function(ast)))
+    return KernelResult(kernel, model, marked), code
+
+
+def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
+    violated = respects_dependences(model, schedule)
+    if not violated.is_empty():
+        raise InternalError(where, f"schedule violates dependences {violated}")
+
+
+def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
+            options: Options = Options(), limits: Limits = Limits(), build: bool = True,
+            print_after_all: Callable[[str], None] | None = None,
+            dump_dir: str | Path | None = None) -> CompiledGraph:
+    """Compile a subgraph for `target`; the result runs on numpy arrays."""
+    if target not in TARGETS:
+        raise GraphError(f"unknown target {target!r} (available: {', '.join(TARGETS)})")
+    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
+    loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
+    g = trace.run("decompose", decompose_graph, loaded)
+    g = trace.run("simplify", simplify_graph, g)
+    groups = singleton_groups(g)
+    kernels = trace.run("kernels", build_kernels, g, groups,
+                        show=lambda ks: "\n\n".join(map(str, ks)))
+    results, functions = [], []
+    for kernel in kernels:
+        result, code = compile_kernel(kernel, options, trace)
+        results.append(result)
+        functions.append(code)
+    source = PRELUDE + "\n" + "\n\n".join(functions) + "\n"
+    program = None
+    if build:
+        so = trace.run("build", build_shared_object, source)
+        program = Program(g, kernels, so)
+    return CompiledGraph(loaded, g, target, options, tuple(results), source, trace, program)

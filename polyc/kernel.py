@@ -1,0 +1,98 @@
+"""Kernels: a group of primitive nodes that becomes one C function.
+
+`build_kernels` lowers every node of each group to its statements and names every tensor
+the kernel touches with a C identifier derived from, but never equal to, the user's name
+(`t3_my_tensor`), so a user string can reach generated C only through `c_ident` and
+`c_comment`.
+
+A kernel's arrays have roles: `in` (read, produced elsewhere), `out` (written, needed
+elsewhere) and `local` (produced and consumed inside the kernel only).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .graph.ir import Graph, TensorType
+from .schedule_tree.comprehension import Statement, lower_node
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def c_ident(name: str, prefix: str) -> str:
+    """A C identifier for a user-supplied name: only [A-Za-z0-9_], never a keyword or a
+    reserved name, because it always starts with the compiler-chosen `prefix`."""
+    return f"{prefix}_{_UNSAFE.sub('_', name)[:32]}".rstrip("_")
+
+
+def c_comment(text: str) -> str:
+    """Text safe inside a C block comment: printable ASCII, no comment terminator."""
+    text = "".join(ch if " " <= ch <= "~" else "?" for ch in text[:200])
+    return text.replace("*/", "*?").replace("/*", "?*")
+
+
+@dataclass(frozen=True)
+class Array:
+    tensor: str  # the graph's tensor name
+    c_name: str
+    type: TensorType
+    role: str  # 'in' | 'out' | 'local'
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # the C function name
+    nodes: tuple[str, ...]  # graph node names it covers, in order
+    statements: tuple[Statement, ...]
+    arrays: tuple[Array, ...]  # the C ABI: 'in' and 'out' arrays in this order are the parameters
+
+    @property
+    def params(self) -> tuple[Array, ...]:
+        return tuple(a for a in self.arrays if a.role != "local")
+
+    def array(self, tensor: str) -> Array:
+        return next(a for a in self.arrays if a.tensor == tensor)
+
+    def __str__(self) -> str:
+        lines = [f"kernel {self.name} covers {', '.join(self.nodes)}"]
+        for a in self.arrays:
+            lines.append(f"  {a.role:5} {a.c_name}: {a.type}  ({a.tensor!r})")
+        lines += [f"  {s}" for s in self.statements]
+        return "\n".join(lines)
+
+
+def singleton_groups(graph: Graph) -> tuple[tuple[str, ...], ...]:
+    """The partition with one node per kernel, in topological order."""
+    return tuple((n.name,) for n in graph.nodes)
+
+
+def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Kernel, ...]:
+    """One `Kernel` per group of node names (groups in a valid execution order)."""
+    c_names = _tensor_c_names(graph)
+    by_name = {n.name: n for n in graph.nodes}
+    constants = graph.constant_map
+    kernels = []
+    for k, group in enumerate(groups):
+        nodes = [by_name[name] for name in group]
+        statements: list[Statement] = []
+        for j, node in enumerate(nodes):
+            statements += lower_node(node, f"S{j}", graph.types, constants)
+        produced = [n.output for n in nodes]
+        needed_outside = set(graph.outputs) | {
+            t for other in graph.nodes if other.name not in group for t in other.inputs}
+        read = []
+        for n in nodes:
+            for t in n.inputs:
+                if t not in produced and t not in read:
+                    read.append(t)
+        arrays = [Array(t, c_names[t], graph.types[t], "in") for t in read]
+        arrays += [Array(t, c_names[t], graph.types[t],
+                         "out" if t in needed_outside else "local") for t in produced]
+        name = c_ident(group[0], f"polyc_k{k}")
+        kernels.append(Kernel(name, tuple(group), tuple(statements), tuple(arrays)))
+    return tuple(kernels)
+
+
+def _tensor_c_names(graph: Graph) -> dict[str, str]:
+    names = [t.name for t in graph.inputs + graph.constants] + [n.output for n in graph.nodes]
+    return {t: c_ident(t, f"t{k}") for k, t in enumerate(names)}

@@ -1,0 +1,393 @@
+"""Tensor comprehensions: the one form every primitive node takes before it meets isl.
+
+    out[idx(i)] (= | += | max= | min= | *=) expr(in_k[idx_k(i)], constants)   for i in box
+
+over a box domain `0 <= i_d < extents[d]`, with index expressions that are quasi-affine in
+the iterators (affine, plus floor division and modulo for reshape). A reduction is two
+statements: an init over the output's box, then the update over the full box. Guards
+(`Guarded`) express padding, concatenation and convolution borders, so no load is ever
+out of bounds and every access relation is exact.
+
+The printers give isl's syntax (`isl_*`) for the polyhedral model and C (`c_*`) for
+codegen, so the two can never disagree about an index.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+from ..graph.ir import FrozenDict, Node, Tensor, TensorType
+from ..graph.ops import conv2d_out_hw, norm_axes, slice_params
+
+
+# --- index expressions -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Aff:
+    """sum(coeff * iterator) + const; `terms` maps iterator position -> nonzero coeff."""
+
+    terms: tuple[tuple[int, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def it(pos: int, coeff: int = 1, const: int = 0) -> "Aff":
+        return Aff(((pos, coeff),) if coeff else (), const)
+
+    def __add__(self, other: "Aff | int") -> "Aff":
+        if isinstance(other, int):
+            return Aff(self.terms, self.const + other)
+        d = dict(self.terms)
+        for p, c in other.terms:
+            d[p] = d.get(p, 0) + c
+        return Aff(tuple(sorted((p, c) for p, c in d.items() if c)), self.const + other.const)
+
+    def scale(self, k: int) -> "Aff":
+        return Aff(tuple((p, c * k) for p, c in self.terms if c * k), self.const * k)
+
+    def render(self, names: Callable[[int], str]) -> str:
+        parts = []
+        for p, c in self.terms:
+            parts.append(names(p) if c == 1 else f"-{names(p)}" if c == -1 else f"{c}*{names(p)}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+
+@dataclass(frozen=True)
+class FloorDiv:
+    arg: "Index"
+    d: int
+
+
+@dataclass(frozen=True)
+class Mod:
+    arg: "Index"
+    d: int
+
+
+Index = Union[Aff, FloorDiv, Mod]
+
+
+def isl_index(e: Index, names: Callable[[int], str]) -> str:
+    if isinstance(e, Aff):
+        return e.render(names)
+    if isinstance(e, FloorDiv):
+        return f"floor(({isl_index(e.arg, names)})/{e.d})"
+    return f"(({isl_index(e.arg, names)}) mod {e.d})"
+
+
+def c_index(e: Index, names: Callable[[int], str]) -> str:
+    """C for a quasi-affine index; `/` and `%` are exact here because every index
+    expression is non-negative on its domain."""
+    if isinstance(e, Aff):
+        return e.render(names)
+    op = "/" if isinstance(e, FloorDiv) else "%"
+    return f"(({c_index(e.arg, names)}) {op} {e.d})"
+
+
+# --- value expressions -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Load:
+    tensor: str
+    index: tuple[Index, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """An op applied to values: the primitive op names of ops.py, or 'cast'."""
+
+    fn: str
+    args: tuple["Expr", ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Bound:
+    """lo <= aff < hi."""
+
+    aff: Aff
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """`then` where every bound holds, else `otherwise`: loads in `then` happen only
+    inside the bounds, which is what the access relations record."""
+
+    bounds: tuple[Bound, ...]
+    then: "Expr"
+    otherwise: "Expr"
+    dtype: str
+
+
+Expr = Union[Load, Const, Call, Guarded]
+
+
+def loads(e: Expr, guards: tuple[Bound, ...] = ()):
+    """Every load of an expression with the guards under which it happens."""
+    if isinstance(e, Load):
+        yield e, guards
+    elif isinstance(e, Call):
+        for a in e.args:
+            yield from loads(a, guards)
+    elif isinstance(e, Guarded):
+        yield from loads(e.then, guards + e.bounds)
+        yield from loads(e.otherwise, guards)
+
+
+# --- statements ------------------------------------------------------------------
+
+REDUCE_KIND = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",
+               "reduce_prod": "prod"}
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement: `target[index] (reduce)= expr` for every point of the box."""
+
+    name: str  # isl tuple name, unique within a kernel
+    extents: tuple[int, ...]
+    target: str
+    index: tuple[Index, ...]
+    expr: Expr
+    dtype: str
+    reduce: str | None  # None for '=', else 'sum' | 'max' | 'min' | 'prod'
+    origin: str  # provenance: the node (and composite op) it came from
+
+    def iter_name(self, pos: int) -> str:
+        return f"i{pos}"
+
+    def __str__(self) -> str:
+        box = ", ".join(f"0<=i{d}<{n}" for d, n in enumerate(self.extents))
+        op = "=" if self.reduce is None else {"sum": "+=", "max": "max=", "min": "min=",
+                                                "prod": "*="}[self.reduce]
+        idx = ", ".join(isl_index(e, self.iter_name) for e in self.index)
+        return (f"{self.name}: {self.target}[{idx}] {op} {show_expr(e=self.expr)}"
+                f"  for {box or 'a single point'}  # {self.origin}")
+
+
+def show_expr(e: Expr) -> str:
+    names = lambda p: f"i{p}"  # noqa: E731 (one-line printer of iterator names)
+    if isinstance(e, Load):
+        return f"{e.tensor}[{', '.join(isl_index(x, names) for x in e.index)}]"
+    if isinstance(e, Const):
+        return repr(e.value)
+    if isinstance(e, Call):
+        return f"{e.fn}({', '.join(show_expr(a) for a in e.args)})"
+    cond = " and ".join(f"{b.lo}<={b.aff.render(names)}<{b.hi}" for b in e.bounds)
+    return f"({cond} ? {show_expr(e.then)} : {show_expr(e.otherwise)})"
+
+
+# --- lowering of primitive nodes ---------------------------------------------------
+
+def identity(rank: int, offset: int = 0) -> tuple[Aff, ...]:
+    return tuple(Aff.it(offset + d) for d in range(rank))
+
+
+def broadcast_index(shape: tuple[int, ...], out_rank: int, out_shape: tuple[int, ...]) -> tuple[Aff, ...]:
+    """Index of an operand broadcast numpy-style against an output of `out_shape`."""
+    lead = out_rank - len(shape)
+    return tuple(Aff() if d == 1 and out_shape[lead + k] != 1 else Aff.it(lead + k)
+                 for k, d in enumerate(shape))
+
+
+class _Lowering:
+    def __init__(self, node: Node, name: str, types: Mapping[str, TensorType],
+                 constants: Mapping[str, Tensor]):
+        self.node = node
+        self.name = name
+        self.types = types
+        self.constants = constants
+        self.out = types[node.output]
+
+    def load(self, k: int, index: tuple[Index, ...]) -> Expr:
+        tensor = self.node.inputs[k]
+        t = self.types[tensor]
+        const = self.constants.get(tensor)
+        if const is not None and t.size == 1:
+            return Const(const.data[0], t.dtype)  # scalars are folded into the code
+        return Load(tensor, tuple(index), t.dtype)
+
+    def stmt(self, extents, index, expr, reduce=None, suffix="") -> Statement:
+        return Statement(self.name + suffix, tuple(extents), self.node.output, tuple(index),
+                         expr, self.out.dtype, reduce, self.node.provenance)
+
+    def elementwise(self, expr: Expr) -> list[Statement]:
+        return [self.stmt(self.out.shape, identity(self.out.ndim), expr)]
+
+    def operand(self, k: int) -> Expr:
+        shape = self.types[self.node.inputs[k]].shape
+        return self.load(k, broadcast_index(shape, self.out.ndim, self.out.shape))
+
+    def lower(self) -> list[Statement]:
+        op = self.node.op
+        if op in REDUCE_KIND:
+            return self.reduction()
+        method = getattr(self, "op_" + op, None)
+        if method is not None:
+            return method()
+        args = tuple(self.operand(k) for k in range(len(self.node.inputs)))
+        return self.elementwise(Call(op, args, self.out.dtype))
+
+    def op_cast(self) -> list[Statement]:
+        return self.elementwise(Call("cast", (self.operand(0),), self.out.dtype))
+
+    def reduction(self) -> list[Statement]:
+        x = self.types[self.node.inputs[0]]
+        axes = norm_axes(self.node.attrs.get("axes"), x.ndim)
+        keep = self.node.attrs["keepdims"]
+        kind = REDUCE_KIND[self.node.op]
+        out_index = tuple(Aff() if d in axes else Aff.it(d)
+                          for d in range(x.ndim) if keep or d not in axes)
+        init = self.stmt(self.out.shape, identity(self.out.ndim),
+                         Const(reduce_identity(kind, x.dtype), x.dtype), suffix="_init")
+        update = self.stmt(x.shape, out_index, self.load(0, identity(x.ndim)), kind)
+        return [init, update]
+
+    def op_matmul(self) -> list[Statement]:
+        a_shape, b_shape = (self.types[t].shape for t in self.node.inputs)
+        ta, tb = self.node.attrs["transpose_a"], self.node.attrs["transpose_b"]
+        nb = max(len(a_shape), 2) - 2
+        nb = max(nb, max(len(b_shape), 2) - 2)
+        # iterators: batch dims, then i, j, k
+        i, j, k = Aff.it(nb), Aff.it(nb + 1), Aff.it(nb + 2)
+        m = a_shape[-1] if ta else (a_shape[-2] if len(a_shape) > 1 else 1)
+        n = b_shape[-2] if tb else (b_shape[-1] if len(b_shape) > 1 else 1)
+        kk = a_shape[-2] if ta else a_shape[-1]
+        batch = self.out.shape[:nb]
+
+        def operand(shape, rows, cols, trans):
+            if len(shape) == 1:
+                return (cols if rows is i else rows,)  # a vector holds only the k axis
+            own = shape[:-2]
+            lead = nb - len(own)
+            bidx = tuple(Aff() if d == 1 and batch[lead + q] != 1 else Aff.it(lead + q)
+                         for q, d in enumerate(own))
+            return bidx + ((cols, rows) if trans else (rows, cols))
+
+        a_idx = operand(a_shape, i, k, ta)
+        b_idx = operand(b_shape, k, j, tb)
+        out_idx = identity(nb) + ((i,) if len(a_shape) > 1 else ()) + ((j,) if len(b_shape) > 1 else ())
+        extents = batch + (m, n, kk)
+        init = self.stmt(self.out.shape, identity(self.out.ndim), Const(0, self.out.dtype),
+                         suffix="_init")
+        prod = Call("mul", (self.load(0, a_idx), self.load(1, b_idx)), self.out.dtype)
+        return [init, self.stmt(extents, out_idx, prod, "sum")]
+
+    def op_conv2d(self) -> list[Statement]:
+        xs, ws = self.types[self.node.inputs[0]].shape, self.types[self.node.inputs[1]].shape
+        a = self.node.attrs
+        (sh, sw), (pt, pl, _, _), (dh, dw) = a["strides"], a["pads"], a["dilations"]
+        oh, ow = conv2d_out_hw(xs, ws, a)
+        # iterators: n o h w | c kh kw
+        h_in = Aff.it(2, sh) + Aff.it(5, dh) + (-pt)
+        w_in = Aff.it(3, sw) + Aff.it(6, dw) + (-pl)
+        x = self.load(0, (Aff.it(0), Aff.it(4), h_in, w_in))
+        bounds = tuple(b for b in (Bound(h_in, 0, xs[2]), Bound(w_in, 0, xs[3]))
+                       if not _always_within(b, (xs[0], ws[0], oh, ow, ws[1], ws[2], ws[3])))
+        zero = Const(0, self.out.dtype)
+        if bounds:
+            x = Guarded(bounds, x, zero, self.out.dtype)
+        w = self.load(1, (Aff.it(1), Aff.it(4), Aff.it(5), Aff.it(6)))
+        init_value = self.load(2, (Aff.it(1),)) if len(self.node.inputs) == 3 else zero
+        init = self.stmt(self.out.shape, identity(4), init_value, suffix="_init")
+        extents = (xs[0], ws[0], oh, ow, ws[1], ws[2], ws[3])
+        update = self.stmt(extents, identity(4), Call("mul", (x, w), self.out.dtype), "sum")
+        return [init, update]
+
+    def op_transpose(self) -> list[Statement]:
+        n = self.out.ndim
+        perm = self.node.attrs.get("perm") or tuple(range(n))[::-1]
+        index = [Aff()] * n
+        for d, p in enumerate(perm):
+            index[p] = Aff.it(d)
+        return self.elementwise(self.load(0, tuple(index)))
+
+    def op_reshape(self) -> list[Statement]:
+        x = self.types[self.node.inputs[0]].shape
+        flat = Aff()
+        for d, s in enumerate(_strides(self.out.shape)):
+            flat = flat + Aff.it(d, s)
+        index = []
+        for k, (s, dim) in enumerate(zip(_strides(x), x)):
+            e: Index = flat if s == 1 else FloorDiv(flat, s)
+            index.append(e if k == 0 else Mod(e, dim))
+        return self.elementwise(self.load(0, tuple(index)))
+
+    def op_broadcast_to(self) -> list[Statement]:
+        return self.elementwise(self.operand(0))
+
+    def op_slice(self) -> list[Statement]:
+        x = self.types[self.node.inputs[0]].shape
+        params = slice_params(x, self.node.attrs)
+        return self.elementwise(self.load(0, tuple(Aff.it(d, step, start)
+                                                   for d, (start, step, _) in enumerate(params))))
+
+    def op_concat(self) -> list[Statement]:
+        axis = self.node.attrs["axis"] % self.out.ndim
+        pieces = []
+        offset = 0
+        for k, tensor in enumerate(self.node.inputs):
+            size = self.types[tensor].shape[axis]
+            index = tuple(Aff.it(d, 1, -offset if d == axis else 0) for d in range(self.out.ndim))
+            pieces.append((Bound(Aff.it(axis), offset, offset + size), self.load(k, index)))
+            offset += size
+        expr = pieces[-1][1]
+        for bound, value in reversed(pieces[:-1]):
+            expr = Guarded((bound,), value, expr, self.out.dtype)
+        return self.elementwise(expr)
+
+    def op_pad(self) -> list[Statement]:
+        x = self.types[self.node.inputs[0]].shape
+        pads = self.node.attrs["pads"]
+        index = tuple(Aff.it(d, 1, -before) for d, (before, _) in enumerate(pads))
+        bounds = tuple(Bound(Aff.it(d), before, before + n)
+                       for d, ((before, after), n) in enumerate(zip(pads, x)) if before or after)
+        value = Const(_typed(self.node.attrs["value"], self.out.dtype), self.out.dtype)
+        expr = self.load(0, index)
+        return self.elementwise(Guarded(bounds, expr, value, self.out.dtype) if bounds else expr)
+
+
+def _always_within(b: Bound, extents: tuple[int, ...]) -> bool:
+    lo = b.aff.const + sum(min(0, c * (extents[p] - 1)) for p, c in b.aff.terms)
+    hi = b.aff.const + sum(max(0, c * (extents[p] - 1)) for p, c in b.aff.terms)
+    return lo >= b.lo and hi < b.hi
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+
+def _typed(v: float, dtype: str) -> float | int:
+    return int(v) if dtype == "int32" else float(v)
+
+
+def reduce_identity(kind: str, dtype: str) -> float | int:
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    if dtype == "int32":
+        return -2**31 if kind == "max" else 2**31 - 1
+    return -math.inf if kind == "max" else math.inf
+
+
+def lower_node(node: Node, name: str, types: Mapping[str, TensorType],
+               constants: Mapping[str, Tensor]) -> list[Statement]:
+    """The statements of one primitive node: one, or init + update for reductions and
+    contractions. `name` prefixes the statements' isl names."""
+    return _Lowering(node, name, types, constants).lower()
+
+
+__all__ = ["Aff", "Bound", "Call", "Const", "Expr", "FloorDiv", "FrozenDict", "Guarded",
+           "Index", "Load", "Mod", "Statement", "c_index", "isl_index", "loads", "lower_node"]

@@ -1,0 +1,48 @@
+"""Dependences of a kernel with isl's dataflow analysis (compute_flow).
+
+Flow (read after write) uses the writes as must-sources, so it is exact: only the last
+write before each read is a source. Anti (write after read) and output (write after
+write) are what any reordering must also respect. All are computed against the
+original order, the one semantics a schedule must reproduce.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import islpy as isl
+
+from .model import PolyModel
+
+
+def _flow(sink: isl.UnionMap, order: isl.UnionMap, *, must: isl.UnionMap | None = None,
+          may: isl.UnionMap | None = None) -> isl.UnionMap:
+    info = isl.UnionAccessInfo.from_sink(sink)
+    if must is not None:
+        info = info.set_must_source(must)
+    if may is not None:
+        info = info.set_may_source(may)
+    return info.set_schedule_map(order).compute_flow().get_may_dependence()
+
+
+def compute_dependences(model: PolyModel) -> PolyModel:
+    """Fill in `flow`, `anti` and `output`.
+
+    Before: a model with domain and accesses. After: the same model whose `dependences`
+    is, e.g. for a row sum, `{ S_init[i] -> S[i, 0]; S[i, k] -> S[i, k + 1] }` (plus the
+    anti dependences of its read-modify-write).
+    """
+    flow = _flow(model.reads, model.order, must=model.writes)
+    anti = _flow(model.writes, model.order, may=model.reads)
+    output = _flow(model.writes, model.order, must=model.writes)
+    return replace(model, flow=flow, anti=anti, output=output)
+
+
+def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:
+    """The dependences `schedule` violates (empty when it is legal).
+
+    Independent of whoever built the schedule: every dependence source must run strictly
+    before its sink in the schedule's flattened lexicographic order.
+    """
+    order = schedule.get_map().intersect_domain(model.domain)
+    before = order.lex_lt_union_map(order)
+    return model.dependences.subtract(before)

@@ -1,0 +1,88 @@
+"""The polyhedral record of one kernel (after PPCG's `ppcg_scop`), built from its statements.
+
+Every field is an isl object, immutable in islpy's functional API:
+
+- `domain`  statement instances: `{ S0[i0, i1] : 0 <= i0 < 64 and 0 <= i1 < 32; ... }`
+- `reads`   instance -> array element read, exact, restricted to the domain and guards
+- `writes`  instance -> array element written
+- `order`   the original execution order: statements in sequence, each in its own nest
+- `flow`, `anti`, `output`  dependences from isl's dataflow analysis (`dependences` pass)
+- `schedule`  the isl schedule tree (`schedule` pass onwards)
+
+Array names in isl are the kernels' C identifiers, so isl never sees a user's string.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+import islpy as isl
+
+from .comprehension import Bound, Statement, isl_index, loads
+
+
+@dataclass(frozen=True)
+class PolyModel:
+    domain: isl.UnionSet
+    reads: isl.UnionMap
+    writes: isl.UnionMap
+    order: isl.UnionMap
+    flow: isl.UnionMap | None = None
+    anti: isl.UnionMap | None = None
+    output: isl.UnionMap | None = None
+    schedule: isl.Schedule | None = None
+
+    @property
+    def dependences(self) -> isl.UnionMap:
+        """Every dependence a schedule must respect."""
+        return self.flow.union(self.anti).union(self.output)
+
+    def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
+        return replace(self, schedule=schedule)
+
+    def __str__(self) -> str:
+        fields = [("domain", self.domain), ("reads", self.reads), ("writes", self.writes),
+                  ("order", self.order), ("flow", self.flow), ("anti", self.anti),
+                  ("output", self.output)]
+        text = "\n".join(f"{k}: {v}" for k, v in fields if v is not None)
+        if self.schedule is not None:
+            text += "\nschedule:\n" + self.schedule.get_root().to_str()
+        return text
+
+
+def _domain(s: Statement) -> str:
+    iters = ", ".join(s.iter_name(d) for d in range(len(s.extents)))
+    box = " and ".join(f"0 <= {s.iter_name(d)} < {n}" for d, n in enumerate(s.extents))
+    return f"{s.name}[{iters}]" + (f" : {box}" if box else "")
+
+
+def _access(s: Statement, array: str, index, guards: tuple[Bound, ...]) -> str:
+    iters = ", ".join(s.iter_name(d) for d in range(len(s.extents)))
+    idx = ", ".join(isl_index(e, s.iter_name) for e in index)
+    cond = " and ".join(f"{b.lo} <= {b.aff.render(s.iter_name)} < {b.hi}" for b in guards)
+    return f"{s.name}[{iters}] -> {array}[{idx}]" + (f" : {cond}" if cond else "")
+
+
+def _union_map(parts: list[str], domain: isl.UnionSet, ctx: isl.Context) -> isl.UnionMap:
+    text = "{ " + "; ".join(parts) + " }" if parts else "{ }"
+    return isl.UnionMap.read_from_str(ctx, text).intersect_domain(domain)
+
+
+def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
+                ctx: isl.Context | None = None) -> PolyModel:
+    """The polyhedral model of a kernel; `arrays` maps tensor names to C names."""
+    ctx = ctx or isl.DEFAULT_CONTEXT
+    domain = isl.UnionSet.read_from_str(ctx, "{ " + "; ".join(_domain(s) for s in statements) + " }")
+    reads, writes, order = [], [], []
+    depth = max(len(s.extents) for s in statements)
+    for pos, s in enumerate(statements):
+        writes.append(_access(s, arrays[s.target], s.index, ()))
+        if s.reduce is not None:  # `+=` reads what it writes
+            reads.append(_access(s, arrays[s.target], s.index, ()))
+        for load, guards in loads(s.expr):
+            reads.append(_access(s, arrays[load.tensor], load.index, guards))
+        iters = [s.iter_name(d) for d in range(len(s.extents))]
+        padded = iters + ["0"] * (depth - len(iters))
+        order.append(f"{s.name}[{', '.join(iters)}] -> [{pos}, {', '.join(padded)}]")
+    return PolyModel(domain, _union_map(reads, domain, ctx), _union_map(writes, domain, ctx),
+                     _union_map(order, domain, ctx))

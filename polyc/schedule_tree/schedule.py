@@ -1,0 +1,37 @@
+"""Scheduling a kernel with isl's scheduler (a Pluto-style algorithm) under an
+operation budget, so that a schedule space too large to explore answers with an error
+instead of hanging a worker."""
+from __future__ import annotations
+
+import islpy as isl
+
+from ..errors import ScheduleTooComplex
+from .model import PolyModel
+
+DEFAULT_MAX_OPERATIONS = 20_000_000
+
+
+def schedule_kernel(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
+    """Compute a schedule tree respecting every dependence.
+
+    Validity and coincidence constraints are all dependences (coincident band members
+    are then exactly the parallel loops); proximity is the flow dependences, so that a
+    consumer is pulled next to its producer.
+    """
+    ctx = model.domain.get_ctx()
+    ctx.set_max_operations(max_operations)
+    ctx.reset_operations()
+    try:
+        sc = (isl.ScheduleConstraints.on_domain(model.domain)
+              .set_validity(model.dependences)
+              .set_coincidence(model.dependences)
+              .set_proximity(model.flow))
+        schedule = sc.compute_schedule()
+    except isl.Error as e:
+        if "maximal number of operations exceeded" in str(e):
+            raise ScheduleTooComplex(
+                f"schedule too complex: isl exceeded {max_operations} operations") from None
+        raise
+    finally:
+        ctx.set_max_operations(0)
+    return model.with_schedule(schedule)

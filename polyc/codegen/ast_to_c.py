@@ -104,9 +104,8 @@ class CpuBuilder(CBuilder):
     """Marks from `lower_cpu` become one OpenMP pragma on the loop right below them."""
 
     def emit_loop(self, it, init, cond, inc, body, marks):
-        words = (["omp parallel for"] if "parallel" in marks else []) + (
+        # both marks on one loop (a one-member band) make `omp parallel for simd`
+        words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
-        pragma = " ".join(words).replace("for simd", "for simd") if words else None
-        if pragma == "simd":
-            pragma = "omp simd"
-        return super().emit_loop(it, init, cond, inc, body, (pragma,) if pragma else ())
+        pragmas = ("omp " + " ".join(words),) if words else ()
+        return super().emit_loop(it, init, cond, inc, body, pragmas)

@@ -30,7 +30,10 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def compiler_version() -> str:
-    out = subprocess.run([CC, "--version"], capture_output=True, text=True, timeout=30)
+    try:
+        out = subprocess.run([CC, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise BuildError(f"cannot run the C compiler {CC!r}: {e.strerror}") from None
     return out.stdout.splitlines()[0] if out.stdout else CC
 
 
@@ -59,6 +62,8 @@ def build_shared_object(source: str) -> Path:
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
             raise BuildError(f"{CC} took longer than {BUILD_TIMEOUT_S} s") from None
+        except OSError as e:
+            raise BuildError(f"cannot run the C compiler {CC!r}: {e.strerror}") from None
         if proc.returncode != 0:
             raise BuildError(f"{CC} failed on generated code (a polyc bug):\n{proc.stderr[-4000:]}")
         os.replace(tmp_so, so)

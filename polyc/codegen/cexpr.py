@@ -48,15 +48,21 @@ _COMPARE = {"greater": ">", "less": "<", "equal": "=="}
 
 
 def c_literal(value: float | int, dtype: str) -> str:
+    """A C constant of `dtype`; a negative one is parenthesised, because the op
+    templates put values right after a minus (`(-{a})`, `exp(-{a})`), and `--2.0f` is a
+    decrement, not a number."""
     if dtype == "int32":
         v = int(value)
-        return "(-2147483647 - 1)" if v == -2**31 else str(v)
-    v = float(value)
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    if math.isnan(v):
-        return "NAN"
-    return repr(v) + ("f" if dtype == "float32" else "")
+        text = "-2147483647 - 1" if v == -2**31 else str(v)  # -2147483648 is not an int literal
+    else:
+        v = float(value)
+        if math.isinf(v):
+            text = "INFINITY" if v > 0 else "-INFINITY"
+        elif math.isnan(v):
+            text = "NAN"
+        else:
+            text = repr(v) + ("f" if dtype == "float32" else "")
+    return f"({text})" if text.startswith("-") else text
 
 
 class ExprPrinter:

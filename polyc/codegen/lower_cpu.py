@@ -28,6 +28,11 @@ def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
     return sum(sizes[n] for n in names)
 
 
+def _below_mark(node: isl.ScheduleNode, mark: str) -> bool:
+    return (node.has_parent() and node.parent().get_type() == isl.schedule_node_type.mark
+            and node.parent().mark_get_id().get_name() == mark)
+
+
 def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...], *,
                    parallel: bool = True) -> isl.Schedule:
     """Insert `parallel` and `simd` marks (see the module docstring)."""
@@ -35,7 +40,7 @@ def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...], *,
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
         inserted = 0
-        if node.get_type() == _BAND:
+        if node.get_type() == _BAND and not _below_mark(node, "simd"):
             n = node.band_n_member()
             simd = node.child(0).get_type() == _LEAF and node.band_member_get_coincident(n - 1)
             if simd and n > 1:

@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,20 +80,25 @@ def load_graph(src: str | os.PathLike | dict, *, limits: Limits = Limits()) -> G
     return _Loader(limits).load(doc)
 
 
-def _did_you_mean(word: str, known) -> str:
-    close = difflib.get_close_matches(word, sorted(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 class _Loader:
     def __init__(self, limits: Limits):
         self.limits = limits
         self.problems: list[Problem] = []
         self.total_elements = 0
+        # Each suggestion scans every known name; a hostile graph with thousands of typos
+        # would otherwise take minutes. A user fixes the first few and reloads anyway.
+        self.hints_left = 8
 
     def error(self, message: str, node: str | None = None, op: str | None = None,
               field: str | None = None) -> None:
         self.problems.append(Problem(message, node, op, field))
+
+    def did_you_mean(self, word: str, known) -> str:
+        if self.hints_left <= 0:
+            return ""
+        self.hints_left -= 1
+        close = difflib.get_close_matches(word, sorted(known), n=1)
+        return f" (did you mean {close[0]!r}?)" if close else ""
 
     def fail_if_any(self) -> None:
         if self.problems:
@@ -258,7 +264,8 @@ class _Loader:
         if "name" in d and not self._is_name(d["name"]):
             self.error(f"must be a non-empty string, got {d['name']!r}", label, op, "name")
         if "op" in d and op not in OPS:
-            self.error(f"unknown op {d['op']!r}" + _did_you_mean(op or "", OPS), label, op, "op")
+            hint = self.did_you_mean(op, OPS) if op else ""
+            self.error(f"unknown op {d['op']!r}{hint}", label, op, "op")
         ins = d.get("inputs")
         if "inputs" in d and (not isinstance(ins, list)
                               or not all(self._is_name(x) for x in ins)):
@@ -286,13 +293,17 @@ class _Loader:
             if not self._is_name(o):
                 self.error(f"must be tensor names, got {o!r}", field="outputs")
         names = [o for o in outs if isinstance(o, str)]
-        for o in sorted({o for o in names if names.count(o) > 1}):
-            self.error(f"output {o!r} is listed twice", field="outputs")
+        for o, count in sorted(Counter(names).items()):
+            if count > 1:
+                self.error(f"output {o!r} is listed {count} times", field="outputs")
         return names
 
     def _sort(self, nodes: list[Node], sources: set[str]) -> list[Node]:
-        """Topological order (Kahn, stable in the given order); reports cycles and
-        tensors that nothing produces."""
+        """Topological order; reports cycles and tensors that nothing produces.
+
+        Kahn's algorithm by levels: first every node that needs only sources, in the
+        given order, then every node that needs only those, and so on. Counting unmet
+        inputs keeps it linear, so a 10,000-node chain does not take a minute."""
         producer: dict[str, Node] = {}
         names: set[str] = set()
         for n in nodes:
@@ -307,30 +318,42 @@ class _Loader:
             if n.name in names:
                 self.error(f"duplicate node name {n.name!r}", n.name, n.op, "name")
             names.add(n.name)
+        known = sources | set(producer)
         for n in nodes:
             for i in n.inputs:
-                if i not in sources and i not in producer:
-                    hint = _did_you_mean(i, sources | set(producer))
+                if i not in known:
+                    hint = self.did_you_mean(i, known)
                     self.error(f"input {i!r} is not a graph input, a constant or the output "
                                f"of any node{hint}", n.name, n.op, "inputs")
         if self.problems:
             return []
-        done = set(sources)
-        order: list[Node] = []
-        pending = list(nodes)
-        while pending:
-            ready = [n for n in pending if all(i in done for i in n.inputs)]
-            if not ready:
-                cycle = _find_cycle(pending[0], producer, done)
-                path = " -> ".join(repr(n.name) for n in cycle + cycle[:1])
-                self.error(f"the graph has a cycle: {path}", cycle[0].name, cycle[0].op,
-                           "inputs")
-                return []
-            for n in ready:
-                done.add(n.output)
-                order.append(n)
-            pending = [n for n in pending if n.output not in done]
-        return order
+        unmet = [len(set(n.inputs) - sources) for n in nodes]
+        consumers: dict[str, list[int]] = {}
+        for k, n in enumerate(nodes):
+            for i in set(n.inputs) - sources:
+                consumers.setdefault(i, []).append(k)
+        level = [k for k, c in enumerate(unmet) if c == 0]
+        order: list[int] = []
+        while level:
+            order += level
+            freed = []
+            for k in level:
+                for c in consumers.get(nodes[k].output, ()):
+                    unmet[c] -= 1
+                    if unmet[c] == 0:
+                        freed.append(c)
+            level = sorted(freed)
+        if len(order) < len(nodes):
+            done = sources | {nodes[k].output for k in order}
+            start = next(n for n in nodes if n.output not in done)
+            cycle = _find_cycle(start, producer, done)
+            names = [repr(n.name) for n in cycle]
+            if len(names) > 8:  # the message must stay readable
+                names = names[:6] + [f"... {len(names) - 6} more ..."]
+            path = " -> ".join(names + names[:1])
+            self.error(f"the graph has a cycle: {path}", cycle[0].name, cycle[0].op, "inputs")
+            return []
+        return [nodes[k] for k in order]
 
     def _infer(self, nodes: list[Node], types: dict[str, TensorType]) -> list[Node]:
         out = []
@@ -355,11 +378,13 @@ def _find_cycle(start: Node, producer: dict[str, Node], done: set[str]) -> list[
     Every such node waits on an input whose producer can never run either, so walking
     back along unfinished inputs must come round to a node already seen."""
     seen: list[Node] = []
+    position: dict[str, int] = {}  # output -> index in `seen`; outputs are unique
     n = start
-    while n not in seen:
+    while n.output not in position:
+        position[n.output] = len(seen)
         seen.append(n)
         n = producer[next(i for i in n.inputs if i not in done)]
-    cycle = seen[seen.index(n):][::-1]  # walked against the data flow
+    cycle = seen[position[n.output]:][::-1]  # walked against the data flow
     return cycle[-1:] + cycle[:-1]  # start where the walk closed (`start` if on the cycle)
 
 

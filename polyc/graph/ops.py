@@ -269,6 +269,10 @@ def slice_params(shape: tuple[int, ...], attrs) -> list[tuple[int, int, int]]:
     axes = attrs.get("axes")
     steps = attrs.get("steps")
     if axes is None:
+        # The user wrote no 'axes', so an error must not name it.
+        if len(starts) > len(shape):
+            raise OpError(f"has {len(starts)} entries but the tensor has rank {len(shape)}",
+                          "starts")
         axes = tuple(range(len(starts)))
     if steps is None:
         steps = (1,) * len(starts)

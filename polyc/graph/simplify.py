@@ -18,8 +18,9 @@ Example:
              y = add(a, a)
              z = mul(y, h)                    # h is now a constant
 
-Graph outputs keep their names: a no-op whose output is a graph output stays (the output
-must be materialised), and CSE never removes a graph output. Inputs are never removed.
+Graph outputs keep their names: a no-op whose output is a graph output stays, since the
+output must be materialised, though its consumers read past it; CSE never removes a graph
+output. Inputs are never removed.
 The pass adds no notes; it is an optimisation, not something to warn about.
 """
 from __future__ import annotations
@@ -64,17 +65,18 @@ def _is_noop(node: Node, graph: Graph) -> bool:
 
 
 def remove_noops(graph: Graph) -> Graph:
-    """Bypass nodes that copy their input unchanged, except those producing a graph
-    output."""
+    """Make consumers of a node that copies its input unchanged read that input instead;
+    drop the copy unless it produces a graph output, which must be materialised."""
     outputs = set(graph.outputs)
     alias: dict[str, str] = {}
     nodes = []
     for node in graph.nodes:
         node = _renamed(node, alias)
-        if node.output not in outputs and _is_noop(node, graph):
+        if _is_noop(node, graph):
             alias[node.output] = node.inputs[0]
-        else:
-            nodes.append(node)
+            if node.output not in outputs:
+                continue
+        nodes.append(node)
     return _rebuilt(graph, graph.constants, nodes)
 
 
@@ -83,19 +85,26 @@ def remove_noops(graph: Graph) -> Graph:
 def fold_constants(graph: Graph, *, fold_limit: int = FOLD_LIMIT) -> Graph:
     """Replace each node whose inputs are all constants by a constant of the same name,
     when its result has at most `fold_limit` elements."""
-    values = {c.name: constant_value(c) for c in graph.constants}
-    constants = list(graph.constants)
+    constants = {c.name: c for c in graph.constants}
+    arrays: dict[str, np.ndarray] = {}  # made on first use: most constants are never read here
+
+    def array(name: str) -> np.ndarray:
+        if name not in arrays:
+            arrays[name] = constant_value(constants[name])
+        return arrays[name]
+
     nodes = []
     for node in graph.nodes:
         out_type = graph.types[node.output]
-        if out_type.size <= fold_limit and all(i in values for i in node.inputs):
-            value = eval_node(node, [values[i] for i in node.inputs], out_type)
-            values[node.output] = value
+        if out_type.size <= fold_limit and all(i in constants for i in node.inputs):
+            value = eval_node(node, [array(i) for i in node.inputs], out_type)
+            arrays[node.output] = value
             # tolist() gives Python floats / ints: constant data is plain, hashable values.
-            constants.append(Tensor(node.output, out_type, tuple(value.reshape(-1).tolist())))
+            data = tuple(value.reshape(-1).tolist())
+            constants[node.output] = Tensor(node.output, out_type, data)
         else:
             nodes.append(node)
-    return _rebuilt(graph, constants, nodes)
+    return _rebuilt(graph, constants.values(), nodes)
 
 
 # --- common subexpressions ---------------------------------------------------------------

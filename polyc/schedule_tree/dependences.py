@@ -25,7 +25,8 @@ def _flow(sink: isl.UnionMap, order: isl.UnionMap, *, must: isl.UnionMap | None 
 
 
 def compute_dependences(model: PolyModel) -> PolyModel:
-    """Fill in `flow`, `anti` and `output`.
+    """Fill in `flow`, `anti`, `output` and `input` (read after read: no constraint,
+    but reuse the scheduler should bring close, e.g. siblings reading one tensor).
 
     Before: a model with domain and accesses. After: the same model whose `dependences`
     is, e.g. for a row sum, `{ S_init[i] -> S[i, 0]; S[i, k] -> S[i, k + 1] }` (plus the
@@ -34,7 +35,8 @@ def compute_dependences(model: PolyModel) -> PolyModel:
     flow = _flow(model.reads, model.order, must=model.writes)
     anti = _flow(model.writes, model.order, may=model.reads)
     output = _flow(model.writes, model.order, must=model.writes)
-    return replace(model, flow=flow, anti=anti, output=output)
+    reuse = _flow(model.reads, model.order, may=model.reads)
+    return replace(model, flow=flow, anti=anti, output=output, input=reuse)
 
 
 def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:

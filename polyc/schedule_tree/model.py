@@ -7,6 +7,7 @@ Every field is an isl object, immutable in islpy's functional API:
 - `writes`  instance -> array element written
 - `order`   the original execution order: statements in sequence, each in its own nest
 - `flow`, `anti`, `output`  dependences from isl's dataflow analysis (`dependences` pass)
+- `input`   read-after-read pairs: not constraints, only reuse for the scheduler to exploit
 - `schedule`  the isl schedule tree (`schedule` pass onwards)
 
 Array names in isl are the kernels' C identifiers, so isl never sees a user's string.
@@ -19,6 +20,7 @@ from typing import Mapping
 import islpy as isl
 
 from .comprehension import Bound, Statement, isl_index, loads
+from .tree import schedule_to_text
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class PolyModel:
     flow: isl.UnionMap | None = None
     anti: isl.UnionMap | None = None
     output: isl.UnionMap | None = None
+    input: isl.UnionMap | None = None
     schedule: isl.Schedule | None = None
 
     @property
@@ -43,10 +46,10 @@ class PolyModel:
     def __str__(self) -> str:
         fields = [("domain", self.domain), ("reads", self.reads), ("writes", self.writes),
                   ("order", self.order), ("flow", self.flow), ("anti", self.anti),
-                  ("output", self.output)]
+                  ("output", self.output), ("input", self.input)]
         text = "\n".join(f"{k}: {v}" for k, v in fields if v is not None)
         if self.schedule is not None:
-            text += "\nschedule:\n" + self.schedule.get_root().to_str()
+            text += "\nschedule:\n" + schedule_to_text(self.schedule)
         return text
 
 
@@ -83,6 +86,6 @@ def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
             reads.append(_access(s, arrays[load.tensor], load.index, guards))
         iters = [s.iter_name(d) for d in range(len(s.extents))]
         padded = iters + ["0"] * (depth - len(iters))
-        order.append(f"{s.name}[{', '.join(iters)}] -> [{pos}, {', '.join(padded)}]")
+        order.append(f"{s.name}[{', '.join(iters)}] -> [{', '.join([str(pos)] + padded)}]")
     return PolyModel(domain, _union_map(reads, domain, ctx), _union_map(writes, domain, ctx),
                      _union_map(order, domain, ctx))

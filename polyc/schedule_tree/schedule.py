@@ -15,17 +15,20 @@ def schedule_kernel(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERA
     """Compute a schedule tree respecting every dependence.
 
     Validity and coincidence constraints are all dependences (coincident band members
-    are then exactly the parallel loops); proximity is the flow dependences, so that a
-    consumer is pulled next to its producer.
+    are then exactly the parallel loops); proximity is the flow and read-after-read
+    pairs, so that a consumer is pulled next to its producer and siblings next to each
+    other. Scheduling whole components (not strongly connected pieces first) is what
+    lets isl find one outer loop shared by a reduction and its consumers.
     """
     ctx = model.domain.get_ctx()
+    ctx.set_schedule_whole_component(1)
     ctx.set_max_operations(max_operations)
     ctx.reset_operations()
     try:
         sc = (isl.ScheduleConstraints.on_domain(model.domain)
               .set_validity(model.dependences)
               .set_coincidence(model.dependences)
-              .set_proximity(model.flow))
+              .set_proximity(model.flow.union(model.input)))
         schedule = sc.compute_schedule()
     except isl.Error as e:
         if "maximal number of operations exceeded" in str(e):

@@ -41,8 +41,12 @@ def schedule_to_json(schedule: isl.Schedule) -> dict:
 
 
 def schedule_to_text(schedule: isl.Schedule) -> str:
-    """isl's block YAML form, which `schedule_from_text` reads back (for repros)."""
-    return schedule.get_root().to_str()
+    """isl's block YAML form, which `schedule_from_text` reads back (for repros).
+
+    Printed from the schedule, not from its root node: a node prints with a
+    "# YOU ARE HERE" line marking its position, which is noise in a dump or a diff."""
+    printer = isl.Printer.to_str(schedule.get_ctx()).set_yaml_style(isl.yaml_style.BLOCK)
+    return printer.print_schedule(schedule).get_str()
 
 
 def schedule_from_text(text: str, ctx: isl.Context | None = None) -> isl.Schedule:

@@ -1,0 +1,278 @@
+"""Final schedule trees against the dependences isl computed, and golden checks of what
+matters in the printed trees (not full diffs, per MLIR's TestingGuide).
+
+The legality check here is written independently of `respects_dependences`: the
+lexicographic order is spelled out as constraints by the test itself, and on small
+kernels every dependence pair is also enumerated and compared as Python tuples.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import islpy as isl
+import pytest
+
+from polyc import GraphBuilder
+from polyc.compiler import KernelResult, compile
+from polyc.schedule_tree.dependences import respects_dependences
+from polyc.schedule_tree.tree import schedule_from_text, schedule_to_json, schedule_to_text
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.json"))
+
+
+# --- graphs --------------------------------------------------------------------------------
+
+def _mix_reductions():
+    b = GraphBuilder("reductions")
+    x = b.input("x", [3, 7, 5])
+    return b.build([b.reduce_max(x, axes=[0, 2], keepdims=True), b.reduce_sum(x, axes=[-1]),
+                    b.reduce_prod(x), b.logsumexp(x, axes=[1])])
+
+
+def _mix_contractions():
+    b = GraphBuilder("contractions")
+    a, w = b.input("a", [2, 3, 4]), b.input("w", [5, 4])
+    x, k = b.input("x", [1, 2, 6, 5]), b.input("k", [3, 2, 3, 2])
+    return b.build([b.matmul(a, w, transpose_b=True),
+                    b.conv2d(x, k, strides=[2, 1], pads=[1, 0, 1, 1]),
+                    b.matmul(b.input("v", [4]), b.transpose(a, perm=[0, 2, 1]))])
+
+
+def _mix_movement():
+    b = GraphBuilder("movement")
+    x = b.input("x", [4, 6])
+    y = b.concat(b.pad(x, pads=[[1, 0], [0, 0]]), b.slice(x, starts=[-3], ends=[6], steps=[1]),
+                 axis=0)
+    return b.build([b.reshape(b.softmax(y, axis=0), shape=[-1]), b.layer_norm(x)])
+
+
+MIXES = {"reductions": _mix_reductions, "contractions": _mix_contractions,
+         "movement": _mix_movement}
+
+
+def _kernels(graph) -> tuple[KernelResult, ...]:
+    return compile(graph, build=False).kernels
+
+
+def _all_kernels():
+    for path in EXAMPLES:
+        for k in _kernels(path):
+            yield pytest.param(k, id=f"{path.stem}-{k.name}")
+    for name, make in MIXES.items():
+        for k in _kernels(make()):
+            yield pytest.param(k, id=f"{name}-{k.name}")
+
+
+ALL_KERNELS = list(_all_kernels())
+SMALL_KERNELS = [p for p in ALL_KERNELS if not any(p.id.startswith(e.stem) for e in EXAMPLES)]
+
+
+# --- an independent legality check ---------------------------------------------------------
+
+def _lex_lt(ctx: isl.Context, n: int) -> isl.Map:
+    """{ [t] -> [u] : t <lex u } on n dims, written out here as a disjunction."""
+    t = [f"t{d}" for d in range(n)]
+    u = [f"u{d}" for d in range(n)]
+    cases = [" and ".join([f"{t[e]} = {u[e]}" for e in range(d)] + [f"{t[d]} < {u[d]}"])
+             for d in range(n)]
+    cond = " or ".join(f"({c})" for c in cases) or "false"
+    return isl.Map.read_from_str(ctx, f"{{ [{', '.join(t)}] -> [{', '.join(u)}] : {cond} }}")
+
+
+def _time_pairs(k: KernelResult) -> isl.UnionMap:
+    """For every dependence, (time of its source, time of its sink) in the final schedule."""
+    times = k.schedule.get_map()
+    return k.model.dependences.apply_domain(times).apply_range(times)
+
+
+def _maps(umap: isl.UnionMap) -> list[isl.Map]:
+    out: list[isl.Map] = []
+    umap.foreach_map(out.append)
+    return out
+
+
+def _violations(k: KernelResult) -> list[isl.Map]:
+    ctx = k.schedule.get_ctx()
+    bad = []
+    for m in _maps(_time_pairs(k)):
+        n = m.dim(isl.dim_type.in_)
+        assert m.dim(isl.dim_type.out) == n, "all statements must share one time space"
+        outside = m.subtract(_lex_lt(ctx, n))
+        if not outside.is_empty():
+            bad.append(outside)
+    return bad
+
+
+@pytest.mark.parametrize("k", ALL_KERNELS)
+def test_final_schedule_respects_every_dependence(k: KernelResult):
+    assert _violations(k) == []
+
+
+def _pairs_out_of_order(k: KernelResult) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The same property by enumeration: every (source time, sink time) as Python tuples,
+    compared by Python; no isl set operation between the pairs and the verdict."""
+    pairs = []
+
+    def visit(point: isl.Point) -> None:
+        n = point.get_space().dim(isl.dim_type.set) // 2
+        coords = [point.get_coordinate_val(isl.dim_type.set, d).to_python()
+                  for d in range(2 * n)]
+        pairs.append((tuple(coords[:n]), tuple(coords[n:])))
+
+    for m in _maps(_time_pairs(k)):
+        m.wrap().foreach_point(visit)
+    assert pairs or k.model.dependences.is_empty()
+    return [(src, dst) for src, dst in pairs if not src < dst]
+
+
+@pytest.mark.parametrize("k", SMALL_KERNELS)
+def test_every_dependence_pair_runs_in_order(k: KernelResult):
+    assert _pairs_out_of_order(k) == []
+
+
+def test_the_checks_are_not_vacuous():
+    # Reductions and contractions carry dependences; a check that sees none proves nothing.
+    with_deps = [p for p in ALL_KERNELS if not p.values[0].model.dependences.is_empty()]
+    assert len(with_deps) >= 10
+
+
+# --- wrong schedules are caught -----------------------------------------------------------------
+
+def _row_sum() -> KernelResult:
+    b = GraphBuilder("row_sum")
+    (k,) = _kernels(b.build([b.reduce_sum(b.input("x", [4, 6]), axes=[1])]))
+    return k
+
+
+def test_init_after_update_is_detected():
+    k = _row_sum()
+    lines = schedule_to_text(k.schedule).splitlines()
+    filters = [n for n, line in enumerate(lines) if "- filter:" in line]
+    assert [lines[n].split('"')[1] for n in filters] == ["{ S0_init[i0] }", "{ S0[i0, i1] }"]
+    # swap the two filters of the sequence: every update before its init
+    first, second = filters
+    lines[first], lines[second] = lines[second], lines[first]
+    bad = schedule_from_text("\n".join(lines), k.schedule.get_ctx())
+    assert not respects_dependences(k.model, bad).is_empty()
+    # and the test's own checks see it too, so their silence above means something
+    assert _violations(replace(k, schedule=bad))
+    assert len(_pairs_out_of_order(replace(k, schedule=bad))) == 4  # one init per row
+
+
+def test_reversed_reduction_loop_is_detected():
+    k = _row_sum()
+    ctx = k.schedule.get_ctx()
+    # the row sum's updates with the reduction loop running backwards (k from 5 down to 0):
+    # each read of the partial sum then comes before the write it depends on
+    bad = isl.UnionMap.read_from_str(ctx, "{ S0_init[i0] -> [i0, 0, 0]; "
+                                          "S0[i0, i1] -> [i0, 1, 5 - i1] }")
+    schedule = isl.Schedule.from_domain(k.model.domain).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(bad))
+    assert not respects_dependences(k.model, schedule).is_empty()
+    assert _violations(replace(k, schedule=schedule))
+
+
+def test_the_original_order_is_legal():
+    k = _row_sum()
+    schedule = isl.Schedule.from_domain(k.model.domain).insert_partial_schedule(
+        isl.MultiUnionPwAff.from_union_map(k.model.order))
+    assert respects_dependences(k.model, schedule).is_empty()
+
+
+# --- golden checks of the printed trees -----------------------------------------------------------
+
+def _walk(node: dict):
+    """Every node of a tree in its JSON form, top down."""
+    yield node
+    for child in node["children"]:
+        yield from _walk(child)
+
+
+def _members(schedule: isl.Schedule, statement: str) -> list[tuple[isl.UnionMap, bool]]:
+    """(member restricted to `statement`, coincident) for every band member of the tree."""
+    only = isl.UnionSet.read_from_str(schedule.get_ctx(), f"{{ {statement} }}")
+    out = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.band:
+            partial = node.band_get_partial_schedule()
+            for m in range(node.band_n_member()):
+                member = isl.UnionMap.from_union_pw_aff(partial.get_at(m))
+                out.append((member.intersect_domain(only),
+                            bool(node.band_member_get_coincident(m))))
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    return out
+
+
+def test_reduction_member_is_not_coincident():
+    k = _row_sum()
+    members = _members(k.schedule, "S0[i0, i1]")
+    ctx = k.schedule.get_ctx()
+    along_k = isl.UnionMap.read_from_str(ctx, "{ S0[i0, i1] -> [i1] }")
+    along_rows = isl.UnionMap.read_from_str(ctx, "{ S0[i0, i1] -> [i0] }")
+    assert [c for m, c in members if m.is_equal(along_k)] == [False], members  # partial sums
+    assert [c for m, c in members if m.is_equal(along_rows)] == [True], members  # rows
+
+
+def _exp_graph(n: int):
+    b = GraphBuilder("exp")
+    return b.build([b.exp(b.input("x", [n, n]))])
+
+
+def _elementwise(n: int) -> KernelResult:
+    (k,) = _kernels(_exp_graph(n))
+    return k
+
+
+def test_parallel_mark_on_a_large_elementwise_op():
+    k = _elementwise(256)
+    tree = schedule_to_json(k.schedule)
+    (parallel,) = [n for n in _walk(tree) if n.get("mark") == "parallel"]
+    (band,) = parallel["children"]
+    assert band["kind"] == "band" and band["coincident"][0] is True
+    assert 'mark: "parallel"' in schedule_to_text(k.schedule)
+    assert "#pragma omp parallel for" in compile(_exp_graph(256), build=False).c_source
+
+
+def test_no_parallel_mark_on_a_tiny_op():
+    # waking the thread team costs more than 7x7 exps
+    tree = schedule_to_json(_elementwise(7).schedule)
+    assert "parallel" not in [n.get("mark") for n in _walk(tree)]
+
+
+def test_no_mark_is_doubled():
+    tree = schedule_to_json(_elementwise(256).schedule)
+    for node in _walk(tree):
+        if node["kind"] == "mark":
+            assert node["children"][0].get("mark") != node["mark"], node
+
+
+def test_schedule_json_has_kind_children_and_band_flags():
+    tree = schedule_to_json(_row_sum().schedule)
+    json.dumps(tree)  # plain JSON for the service and the browser
+    assert tree["kind"] == "domain" and "S0_init" in tree["domain"]
+    for node in _walk(tree):
+        assert isinstance(node["kind"], str) and isinstance(node["children"], list)
+    (band,) = [n for n in _walk(tree) if n["kind"] == "band"]
+    assert band["permutable"] is True
+    assert band["members"] == len(band["coincident"]) == 2
+    assert all(isinstance(c, bool) for c in band["coincident"])
+    assert [c["kind"] for c in band["children"]] == ["sequence"]
+    assert [f["filter"] for f in band["children"][0]["children"]] == [
+        "{ S0_init[i0] }", "{ S0[i0, i1] }"]
+
+
+@pytest.mark.parametrize("k", ALL_KERNELS)
+def test_schedule_text_round_trips(k: KernelResult):
+    text = schedule_to_text(k.schedule)
+    assert "YOU ARE HERE" not in text
+    back = schedule_from_text(text, k.schedule.get_ctx())
+    assert schedule_to_text(back) == text
+    assert back.get_map().is_equal(k.schedule.get_map())
+    assert schedule_to_json(back) == schedule_to_json(k.schedule)
+    # and into a fresh context, as a pasted repro would be
+    assert schedule_to_text(schedule_from_text(text)) == text

@@ -20,10 +20,14 @@ from .codegen.lower_cpu import mark_cpu_loops
 from .codegen.runtime import Program
 from .errors import GraphError, InternalError
 from .graph.decompose import decompose_graph
+from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
-from .kernel import Kernel, build_kernels, singleton_groups
+from .kernel import Kernel, build_kernels
+from .schedule_tree.contract import contract_arrays
+from .schedule_tree.oracle import ask_fusion
+from .target import Target, get_target
 from .schedule_tree.dependences import compute_dependences, respects_dependences
 from .schedule_tree.model import PolyModel, build_model
 from .schedule_tree.schedule import DEFAULT_MAX_OPERATIONS, schedule_kernel
@@ -39,10 +43,11 @@ class Options:
     parallel: bool = True  # OpenMP threads over outer parallel loops
     max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
     verify: bool = True  # check every schedule against every dependence
+    fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
 
     def to_json(self) -> dict:
         return {"parallel": self.parallel, "max_operations": self.max_operations,
-                "verify": self.verify}
+                "verify": self.verify, "fuse": self.fuse}
 
 
 @dataclass
@@ -83,6 +88,7 @@ class KernelResult:
     kernel: Kernel
     model: PolyModel
     schedule: isl.Schedule  # final, with target marks
+    fusion_report: tuple[str, ...]  # the fusion proposals that concern this kernel's nodes
 
     @property
     def name(self) -> str:
@@ -100,8 +106,9 @@ class KernelResult:
             "schedule_tree": schedule_to_json(self.schedule),
             "schedule_text": schedule_to_text(self.schedule),
             "initial_schedule_tree": schedule_to_json(self.model.schedule),
-            "fusion_report": [f"kernel covers {', '.join(self.kernel.nodes)}: one kernel per "
-                              "primitive node (no fusion)"],
+            "fusion_report": list(self.fusion_report),
+            "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
+                        if a.kept is not None},
         }
 
 
@@ -111,6 +118,7 @@ class CompiledGraph:
     primitive: Graph  # after decomposition and simplification
     target: str
     options: Options
+    fusion: FusionPlan
     kernels: tuple[KernelResult, ...]
     c_source: str
     trace: Trace
@@ -122,17 +130,20 @@ class CompiledGraph:
         return self.program(inputs, out)
 
 
-def compile_kernel(kernel: Kernel, options: Options, trace: Trace) -> tuple[KernelResult, str]:
-    """The per-kernel half of the pipeline: isl model -> schedule -> marks -> C."""
+def compile_kernel(kernel: Kernel, report: tuple[str, ...], options: Options,
+                   trace: Trace) -> tuple[KernelResult, str]:
+    """The per-kernel half of the pipeline: isl model -> schedule -> buffers -> marks -> C."""
     ctx = isl.Context()  # one per kernel: the operation budget is per context
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     k = kernel.name
     model = trace.run(f"model {k}", build_model, kernel.statements, arrays, ctx)
     model = trace.run(f"dependences {k}", compute_dependences, model)
-    model = trace.run(f"schedule {k}", schedule_kernel, model,
-                      max_operations=options.max_operations)
+    model = trace.run(f"schedule {k}", schedule_kernel, model, kernel.statements,
+                      fused=len(kernel.nodes) > 1, max_operations=options.max_operations)
     if options.verify:
         _verify(model, model.schedule, f"schedule {k}")
+    # buffers follow the fused loop structure, before target marks split bands
+    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, model.schedule)
     # the cpu target: parallel and simd marks
     marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, model.schedule, kernel.statements,
                        parallel=options.parallel, show=schedule_to_text)
@@ -140,7 +151,14 @@ def compile_kernel(kernel: Kernel, options: Options, trace: Trace) -> tuple[Kern
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
     code = trace.run(f"codegen {k}", lambda: str(CpuBuilder(kernel).function(ast)))
-    return KernelResult(kernel, model, marked), code
+    return KernelResult(kernel, model, marked, report), code
+
+
+def plan_fusion(graph: Graph, target: Target, options: Options) -> FusionPlan:
+    """The graph layer's partition, every proposal answered by the oracle."""
+    if not options.fuse:
+        return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
+    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, target))
 
 
 def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
@@ -160,17 +178,18 @@ def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
     g = trace.run("decompose", decompose_graph, loaded)
     g = trace.run("simplify", simplify_graph, g)
-    groups = singleton_groups(g)
-    kernels = trace.run("kernels", build_kernels, g, groups,
+    # fusion needs the primitive graph: only opened composites can share loops
+    plan = trace.run("fuse", plan_fusion, g, get_target(target), options)
+    kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     results, functions = [], []
     for kernel in kernels:
-        result, code = compile_kernel(kernel, options, trace)
+        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), options, trace)
         results.append(result)
         functions.append(code)
     source = PRELUDE + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:
         so = trace.run("build", build_shared_object, source)
-        program = Program(g, kernels, so)
-    return CompiledGraph(loaded, g, target, options, tuple(results), source, trace, program)
+        program = Program(g, tuple(r.kernel for r in results), so)
+    return CompiledGraph(loaded, g, target, options, plan, tuple(results), source, trace, program)

@@ -37,6 +37,13 @@ class Array:
     c_name: str
     type: TensorType
     role: str  # 'in' | 'out' | 'local'
+    kept: tuple[int, ...] | None = None  # a contracted local: the dims its buffer keeps
+
+    @property
+    def buffer_shape(self) -> tuple[int, ...]:
+        if self.kept is None:
+            return self.type.shape
+        return tuple(self.type.shape[k] for k in self.kept)
 
 
 @dataclass(frozen=True)
@@ -56,14 +63,10 @@ class Kernel:
     def __str__(self) -> str:
         lines = [f"kernel {self.name} covers {', '.join(self.nodes)}"]
         for a in self.arrays:
-            lines.append(f"  {a.role:5} {a.c_name}: {a.type}  ({a.tensor!r})")
+            buf = f" as buffer [{','.join(map(str, a.buffer_shape))}]" if a.kept is not None else ""
+            lines.append(f"  {a.role:5} {a.c_name}: {a.type}{buf}  ({a.tensor!r})")
         lines += [f"  {s}" for s in self.statements]
         return "\n".join(lines)
-
-
-def singleton_groups(graph: Graph) -> tuple[tuple[str, ...], ...]:
-    """The partition with one node per kernel, in topological order."""
-    return tuple((n.name,) for n in graph.nodes)
 
 
 def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Kernel, ...]:

@@ -10,6 +10,8 @@ of the array's shape and dtype; `in` pointers are `const`. Arrays never alias.
 """
 from __future__ import annotations
 
+import math
+
 import cgen
 import islpy as isl
 
@@ -27,6 +29,8 @@ class CBuilder:
         self.kernel = kernel
         self.statements: dict[str, Statement] = {s.name: s for s in kernel.statements}
         self.arrays: dict[str, Array] = {a.tensor: a for a in kernel.arrays}
+        # contracted locals: small arrays declared once, private to each thread
+        self.buffers = [a for a in kernel.arrays if a.kept is not None]
 
     # -- the walk ------------------------------------------------------------------
     def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
@@ -34,15 +38,14 @@ class CBuilder:
         apply to the first loop level only."""
         kind = n.get_type()
         if kind == _T.for_:
-            body = self.node(n.for_get_body())
-            if isinstance(body, cgen.Module):  # a pragma'd loop: braces keep it readable
-                body = cgen.Block(body.contents)
+            body = _statement(self.node(n.for_get_body()))
             it = n.for_get_iterator().get_id().get_name()
             return self.emit_loop(it, n.for_get_init().to_C_str(), n.for_get_cond().to_C_str(),
                                   n.for_get_inc().to_C_str(), body, marks)
         if kind == _T.if_:
-            other = self.node(n.if_get_else_node()) if n.if_has_else_node() else None
-            return self.emit_if(n.if_get_cond().to_C_str(), self.node(n.if_get_then_node()), other)
+            other = _statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
+            return self.emit_if(n.if_get_cond().to_C_str(),
+                                _statement(self.node(n.if_get_then_node())), other)
         if kind == _T.block:
             children = n.block_get_children()
             return cgen.Block([self.node(children.get_at(i), marks)
@@ -85,7 +88,11 @@ class CBuilder:
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
                  for s in self.kernel.statements]
-        locals_ = [a for a in self.kernel.arrays if a.role == "local"]
+        for a in self.buffers:
+            size = max(1, math.prod(a.buffer_shape))
+            body.append(cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}[{size}]"))
+        # locals that could not be contracted live whole for the call
+        locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
         for a in locals_:
             body.append(cgen.Statement(
                 f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = malloc({a.type.nbytes})"))
@@ -93,6 +100,11 @@ class CBuilder:
         body += [cgen.Statement(f"free({a.c_name})") for a in locals_]
         decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
         return cgen.FunctionBody(decl, cgen.Block(body))
+
+
+def _statement(g: cgen.Generable) -> cgen.Generable:
+    """`g` as one C statement: a pragma'd loop (a Module) needs braces under a for or if."""
+    return cgen.Block(g.contents) if isinstance(g, cgen.Module) else g
 
 
 def _atom(c: str) -> str:
@@ -107,5 +119,7 @@ class CpuBuilder(CBuilder):
         # both marks on one loop (a one-member band) make `omp parallel for simd`
         words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
+        if "parallel" in marks and self.buffers:  # each thread its own contracted buffers
+            words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
         pragmas = ("omp " + " ".join(words),) if words else ()
         return super().emit_loop(it, init, cond, inc, body, pragmas)

@@ -22,6 +22,13 @@ PRELUDE = r"""#include <math.h>
 static inline long floord(long n, long d) { return n < 0 ? -((-n + d - 1) / d) : n / d; }
 static inline long min(long a, long b) { return a < b ? a : b; }
 static inline long max(long a, long b) { return a > b ? a : b; }
+/* max= and min= updates; a NaN wins, as in numpy */
+#define POLYC_EXTREMA(T, NAME) \
+  static inline T polyc_max_##NAME(T acc, T v) { return (v > acc || v != v) ? v : acc; } \
+  static inline T polyc_min_##NAME(T acc, T v) { return (v < acc || v != v) ? v : acc; }
+POLYC_EXTREMA(float, float32)
+POLYC_EXTREMA(double, float64)
+POLYC_EXTREMA(int32_t, int32)
 /* C integer division, total: x / 0 is 0 and INT32_MIN / -1 wraps, as the reference does */
 static inline int32_t polyc_idiv(int32_t a, int32_t b) {
   return b == 0 ? 0 : (b == -1 ? (int32_t)(0u - (uint32_t)a) : a / b);
@@ -74,17 +81,15 @@ class ExprPrinter:
 
     def access(self, tensor: str, index: tuple[Index, ...]) -> str:
         a = self.arrays[tensor]
-        if not index:
-            return f"{a.c_name}[0]"
-        shape = a.type.shape
+        dims = range(a.type.ndim) if a.kept is None else a.kept  # a buffer drops pinned dims
         terms = []
         stride = 1
-        for d in range(len(shape) - 1, -1, -1):
+        for d in reversed(dims):
             e = c_index(index[d], self.iters)
             if e != "0":
                 e = e if e.replace("_", "").isalnum() else f"({e})"
                 terms.append(e if stride == 1 else f"{e} * {stride}")
-            stride *= shape[d]
+            stride *= a.type.shape[d]
         return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
 
     def value(self, e: Expr) -> str:
@@ -126,5 +131,4 @@ class ExprPrinter:
             if dtype == "int32":
                 return f"{target} = (int32_t)((uint32_t){target} * (uint32_t)({value}));"
             return f"{target} *= {value};"
-        cmp = ">" if reduce == "max" else "<"
-        return f"{{ {C_TYPE[dtype]} v_ = {value}; if (v_ {cmp} {target} || v_ != v_) {target} = v_; }}"
+        return f"{target} = polyc_{reduce}_{dtype}({target}, {value});"

@@ -6,13 +6,24 @@ from __future__ import annotations
 import islpy as isl
 
 from ..errors import ScheduleTooComplex
+from .comprehension import Statement
+from .fusion_tree import fusion_schedule
 from .model import PolyModel
 
 DEFAULT_MAX_OPERATIONS = 20_000_000
 
 
-def schedule_kernel(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
-    """Compute a schedule tree respecting every dependence.
+def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fused: bool,
+                    max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
+    """The kernel's schedule tree: a fused kernel's loop structure from its fusion
+    decisions (`fusion_tree`), a single node's from isl's scheduler."""
+    if fused:
+        return model.with_schedule(fusion_schedule(model, statements))
+    return isl_schedule(model, max_operations=max_operations)
+
+
+def isl_schedule(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
+    """Compute a schedule tree respecting every dependence with isl's scheduler.
 
     Validity and coincidence constraints are all dependences (coincident band members
     are then exactly the parallel loops); proximity is the flow and read-after-read

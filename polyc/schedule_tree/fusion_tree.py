@@ -1,0 +1,220 @@
+"""Schedule trees for fused kernels, built loop level by loop level from exact dependences.
+
+Every statement is scheduled by its own iterators in order (its loop nest, outermost
+first: kept axes before reduced ones), so a fused kernel is a question of which
+statements share which loops. At level l, statements that already share loops 0..l-1
+are cut, in program order, into runs that can also share loop l: a statement joins the
+run before it when every dependence between them, at equal outer iterations, has
+distance >= 0 along l (isl decides, on the exact dependence relations). Runs become a
+sequence; each run's loop a band; the recursion goes on below. Bands that follow each
+other with nothing between are merged when every dependence below them has non-negative
+distance along each member: that band is permutable, i.e. tilable.
+
+This builds the loop structure the graph layer's fusion decisions ask for directly, in
+time linear in the number of dependence relations, where isl's general scheduler on a
+whole fused group (an ILP over all statements) can take minutes. The result is checked
+against every dependence like any other schedule.
+
+    softmax rows: band(i) -> sequence[ band(j){max_init, max},
+                                       band(j){sub, exp, sum_init, sum},
+                                       band(j){div} ]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from .comprehension import Statement
+from .model import PolyModel
+
+
+@dataclass
+class _Band:
+    levels: list[int]
+    statements: list[Statement]
+    coincident: list[bool]
+    permutable: bool
+    child: "_Node"
+
+
+@dataclass
+class _Sequence:
+    runs: list[tuple[list[Statement], "_Node"]]
+
+
+@dataclass
+class _Leaf:
+    pass
+
+
+_Node = _Band | _Sequence | _Leaf
+
+
+@dataclass
+class _Deps:
+    """Dependence relations by (source statement, sink statement)."""
+
+    ctx: isl.Context
+    by_pair: dict[tuple[str, str], isl.Map] = field(default_factory=dict)
+
+    @staticmethod
+    def of(model: PolyModel, relation: isl.UnionMap | None = None) -> "_Deps":
+        """The model's dependences, or `relation` (e.g. its read-after-read pairs)."""
+        deps = _Deps(model.domain.get_ctx())
+        maps = (model.dependences if relation is None else relation).get_map_list()
+        for m in (maps.get_at(i) for i in range(maps.n_map())):
+            key = (m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out))
+            deps.by_pair[key] = deps.by_pair[key].union(m) if key in deps.by_pair else m
+        return deps
+
+    def between(self, group: list[Statement] | set[str], other: list[Statement] | set[str]):
+        names = {s if isinstance(s, str) else s.name for s in group}
+        others = {s if isinstance(s, str) else s.name for s in other}
+        for (src, dst), m in self.by_pair.items():
+            if (src in names and dst in others) or (src in others and dst in names):
+                yield m
+
+    def has(self, m: isl.Map, level: int, relation: str, outer: int | None = None) -> bool:
+        """Is there a pair with equal iterators before `outer` (default `level`) whose
+        sink and source iterators at `level` are in `relation` ('<' or '!=')?"""
+        n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
+        if level >= n_in or level >= n_out:
+            return False
+        outer = level if outer is None else outer
+        src = ", ".join(f"a{k}" for k in range(n_in))
+        dst = ", ".join(f"b{k}" for k in range(n_out))
+        cond = [f"b{k} = a{k}" for k in range(outer)] + [f"b{level} {relation} a{level}"]
+        probe = isl.Map.read_from_str(
+            self.ctx, f"{{ {m.get_tuple_name(isl.dim_type.in_)}[{src}] -> "
+                      f"{m.get_tuple_name(isl.dim_type.out)}[{dst}] : {' and '.join(cond)} }}")
+        return not m.intersect(probe).is_empty()
+
+
+def _rank(s: Statement) -> int:
+    return len(s.extents)
+
+
+def _runs(statements: list[Statement], level: int, deps: _Deps) -> list[list[Statement]]:
+    runs: list[list[Statement]] = []
+    for s in statements:
+        last = runs[-1] if runs else None
+        if (last is not None and _rank(s) > level and all(_rank(r) > level for r in last)
+                and not any(deps.has(m, level, "<") for m in deps.between(last, [s]))):
+            last.append(s)
+        else:
+            runs.append([s])
+    return runs
+
+
+def _build(statements: list[Statement], level: int, deps: _Deps) -> _Node:
+    runs = _runs(statements, level, deps)
+    built = []
+    for run in runs:
+        if all(_rank(s) > level for s in run):
+            inner = list(deps.between(run, run))
+            coincident = not any(deps.has(m, level, "!=") for m in inner)
+            built.append((run, _Band([level], run, [coincident], True, _build(run, level + 1, deps))))
+        elif len(run) == 1:
+            built.append((run, _Leaf()))
+        else:  # pragma: no cover - a run only groups statements that all have the level
+            raise AssertionError("run of statements without a shared loop")
+    if len(built) == 1:
+        return built[0][1]
+    return _Sequence(built)
+
+
+def _merge(node: _Node, deps: _Deps) -> _Node:
+    """Fuse a band with the band right below it when the result stays permutable."""
+    if isinstance(node, _Sequence):
+        return _Sequence([(run, _merge(child, deps)) for run, child in node.runs])
+    if isinstance(node, _Leaf):
+        return node
+    node.child = _merge(node.child, deps)
+    child = node.child
+    if isinstance(child, _Band) and child.statements == node.statements:
+        first = node.levels[0]
+        inner = list(deps.between(node.statements, node.statements))
+        levels = node.levels + child.levels
+        if not any(deps.has(m, lv, "<", outer=first) for m in inner for lv in levels):
+            return _Band(levels, node.statements, node.coincident + child.coincident,
+                         True, child.child)
+    return node
+
+
+def _iters(s: Statement) -> str:
+    return ", ".join(s.iter_name(d) for d in range(_rank(s)))
+
+
+def _filter(statements: list[Statement]) -> str:
+    return "{ " + "; ".join(f"{s.name}[{_iters(s)}]" for s in statements) + " }"
+
+
+def _text(node: _Node) -> str:
+    if isinstance(node, _Leaf):
+        return ""
+    if isinstance(node, _Sequence):
+        parts = []
+        for run, child in node.runs:
+            body = _text(child)
+            parts.append(f'{{ filter: "{_filter(run)}"' + (f", child: {body}" if body else "") + " }")
+        return "{ sequence: [ " + ", ".join(parts) + " ] }"
+    members = []
+    for lv in node.levels:
+        members.append("{ " + "; ".join(f"{s.name}[{_iters(s)}] -> [({s.iter_name(lv)})]"
+                                        for s in node.statements) + " }")
+    coincident = ", ".join(str(int(c)) for c in node.coincident)
+    body = _text(node.child)
+    text = (f'{{ schedule: "[{", ".join(members)}]", permutable: {int(node.permutable)}, '
+            f"coincident: [ {coincident} ]")
+    return text + (f", child: {body}" if body else "") + " }"
+
+
+def fusion_schedule(model: PolyModel, statements: tuple[Statement, ...]) -> isl.Schedule:
+    """The schedule tree of a fused kernel (see the module docstring)."""
+    deps = _Deps.of(model)
+    tree = _merge(_build(list(statements), 0, deps), deps)
+    body = _text(tree)
+    text = f'{{ domain: "{model.domain}"' + (f", child: {body}" if body else "") + " }"
+    return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
+
+
+def shared_depth(model: PolyModel, statements: tuple[Statement, ...], a: set[str],
+                 b: set[str]) -> tuple[int, bool]:
+    """How many outer loops statements of `a` and of `b` share in the fused kernel, and
+    whether the outermost band holding both is permutable.
+
+    Groups with no dependence between them (siblings) only count the loops along which
+    they read the tensor they share at the same index: sharing a loop that traverses it
+    differently in each is legal but reuses nothing.
+    """
+    depth, permutable = _shared(model, statements, a, b)
+    deps = _Deps.of(model)
+    if any(True for _ in deps.between(a, b)):
+        return depth, permutable
+    reuse = _Deps.of(model, model.input)
+    for level in range(depth):
+        if any(reuse.has(m, level, "!=") for m in reuse.between(a, b)):
+            return level, permutable
+    return depth, permutable
+
+
+def _shared(model: PolyModel, statements: tuple[Statement, ...], a: set[str],
+            b: set[str]) -> tuple[int, bool]:
+    deps = _Deps.of(model)
+    depth, permutable, first = 0, True, True
+    node = _merge(_build(list(statements), 0, deps), deps)
+    while True:
+        if isinstance(node, _Sequence):
+            both = [child for run, child in node.runs
+                    if {s.name for s in run} & a and {s.name for s in run} & b]
+            if not both:
+                return depth, permutable
+            node = both[0]
+        elif isinstance(node, _Band):
+            depth += len(node.levels)
+            if first:
+                permutable, first = node.permutable, False
+            node = node.child
+        else:
+            return depth, permutable

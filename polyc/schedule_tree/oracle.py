@@ -1,0 +1,120 @@
+"""The fusion oracle: the graph layer proposes merging two groups of nodes, isl answers.
+
+For a proposal the oracle builds the polyhedral model of the merged group, computes its
+dependences with isl and builds the fused kernel's loop structure from them (the very
+schedule the kernel will get, `fusion_tree`). It answers:
+
+- shared depth: how many outer loops a statement of each group share; 0 when the
+  consumer needs every iteration of the producer done first (a reduction across the
+  loop, a full reduction);
+- permutable: whether the outermost shared band may be tiled;
+- footprint: bytes of distinct array elements one iteration of the shared loops touches,
+  counted exactly with isl, against the capacity of the target's fusion level;
+- saved bytes: the intermediate memory traffic the merge removes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..graph.ir import Graph
+from ..kernel import Kernel, build_kernels
+from ..target import Target
+from .dependences import compute_dependences
+from .fusion_tree import shared_depth
+from .model import PolyModel, build_model
+
+
+@dataclass(frozen=True)
+class FusionAnswer:
+    legal: bool  # a legal schedule shares at least one outer loop between the groups
+    depth: int  # how many outer loops they share
+    permutable: bool  # the shared band can be tiled
+    footprint: int  # bytes touched by one iteration of the shared loops
+    capacity: int  # bytes of the target level the footprint must fit
+    saved_bytes: int  # intermediate memory traffic removed by fusing
+    reason: str
+
+    @property
+    def profitable(self) -> bool:
+        return self.legal and self.footprint <= self.capacity
+
+
+def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
+    """isl names of the statements lowered from `nodes` (S<j> and S<j>_init)."""
+    index = {n: j for j, n in enumerate(kernel.nodes)}
+    prefixes = {f"S{index[n]}" for n in nodes}
+    return {s.name for s in kernel.statements if s.name.split("_")[0] in prefixes}
+
+
+def footprint(model: PolyModel, kernel: Kernel, depth: int) -> int:
+    """Bytes of distinct elements touched by the first iteration of the outer `depth`
+    loops (on box domains every iteration is alike)."""
+    parts = []
+    for s in kernel.statements:
+        iters = ", ".join(s.iter_name(d) for d in range(len(s.extents)))
+        fixed = " and ".join(f"{s.iter_name(d)} = 0" for d in range(min(depth, len(s.extents))))
+        parts.append(f"{s.name}[{iters}]" + (f" : {fixed}" if fixed else ""))
+    first = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
+    touched = model.reads.union(model.writes).intersect_domain(first).range()
+    element = {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+    total = 0
+
+    def add(elements: isl.Set) -> None:
+        nonlocal total
+        total += elements.count_val().to_python() * element[elements.get_tuple_name()]
+
+    touched.foreach_set(add)
+    return total
+
+
+def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Target) -> FusionAnswer:
+    """Can groups `a` and `b` (node names) share outer loops, and is it worth it?"""
+    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    merged = tuple(sorted(a + b, key=order.__getitem__))
+    (kernel,) = build_kernels(graph, (merged,))
+    model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
+                        isl.Context())
+    model = compute_dependences(model)
+    depth, permutable = shared_depth(model, kernel.statements, _statements_of(kernel, a),
+                                     _statements_of(kernel, b))
+    capacity = target.fusion_level.capacity
+    if depth == 0:
+        return FusionAnswer(False, 0, False, 0, capacity, 0,
+                            "no loop can be shared: the consumer needs every iteration of "
+                            "the producer first (e.g. a reduction across the outer loop)")
+    foot = footprint(model, kernel, depth)
+    saved = _saved_bytes(graph, a, b)
+    head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
+    if foot > capacity:
+        reason = (f"{head}, but one iteration touches {_mib(foot)}, more than "
+                  f"{target.fusion_level.name} ({_mib(capacity)})")
+    else:
+        reason = f"{head}, footprint {_mib(foot)} per iteration; saves {_mib(saved)}"
+    return FusionAnswer(True, depth, permutable, foot, capacity, saved, reason)
+
+
+def _saved_bytes(graph: Graph, a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    """Traffic the merge removes. A tensor that becomes local is no longer written to
+    memory nor read back by its consumers in the group; siblings read a shared input
+    once instead of twice."""
+    by_name = {n.name: n for n in graph.nodes}
+
+    def outside(group: set[str]) -> set[str]:
+        return set(graph.outputs) | {t for n in graph.nodes if n.name not in group for t in n.inputs}
+
+    merged = set(a) | set(b)
+    produced = {by_name[n].output for n in merged}
+    newly_local = produced - outside(merged)
+    newly_local &= outside(set(a)) | outside(set(b))
+    saved = sum(graph.types[t].nbytes * (1 + sum(t in by_name[n].inputs for n in merged))
+                for t in newly_local)
+    shared = {t for n in a for t in by_name[n].inputs} & {t for n in b for t in by_name[n].inputs}
+    return saved + sum(graph.types[t].nbytes for t in shared - produced)
+
+
+def _mib(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"

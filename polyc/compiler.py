@@ -28,6 +28,7 @@ from .kernel import Kernel, build_kernels
 from .schedule_tree.contract import contract_arrays
 from .schedule_tree.oracle import ask_fusion
 from .target import Target, get_target
+from .tiling.tile import tile_bands
 from .schedule_tree.dependences import compute_dependences, respects_dependences
 from .schedule_tree.model import PolyModel, build_model
 from .schedule_tree.schedule import DEFAULT_MAX_OPERATIONS, schedule_kernel
@@ -44,10 +45,13 @@ class Options:
     max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
     verify: bool = True  # check every schedule against every dependence
     fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
+    tile: bool = True  # tile permutable bands to fit the target's fastest memory
+    tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
 
     def to_json(self) -> dict:
         return {"parallel": self.parallel, "max_operations": self.max_operations,
-                "verify": self.verify, "fuse": self.fuse}
+                "verify": self.verify, "fuse": self.fuse, "tile": self.tile,
+                "tile_sizes": list(self.tile_sizes) if self.tile_sizes else None}
 
 
 @dataclass
@@ -130,9 +134,10 @@ class CompiledGraph:
         return self.program(inputs, out)
 
 
-def compile_kernel(kernel: Kernel, report: tuple[str, ...], options: Options,
+def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, options: Options,
                    trace: Trace) -> tuple[KernelResult, str]:
-    """The per-kernel half of the pipeline: isl model -> schedule -> buffers -> marks -> C."""
+    """The per-kernel half of the pipeline: isl model -> schedule -> tiles -> buffers ->
+    marks -> C."""
     ctx = isl.Context()  # one per kernel: the operation budget is per context
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     k = kernel.name
@@ -142,16 +147,35 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], options: Options,
                       fused=len(kernel.nodes) > 1, max_operations=options.max_operations)
     if options.verify:
         _verify(model, model.schedule, f"schedule {k}")
-    # buffers follow the fused loop structure, before target marks split bands
-    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, model.schedule)
+    schedule = model.schedule
+    if options.tile:
+        schedule = trace.run(f"tile {k}", tile_bands, model, schedule, kernel, target,
+                             sizes=options.tile_sizes, show=schedule_to_text)
+        if options.verify:
+            _verify(model, schedule, f"tile {k}")
+    # buffers are sized on the final loop order, which tiling may have changed
+    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
     # the cpu target: parallel and simd marks
-    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, model.schedule, kernel.statements,
+    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel.statements,
                        parallel=options.parallel, show=schedule_to_text)
     if options.verify:
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
     code = trace.run(f"codegen {k}", lambda: str(CpuBuilder(kernel).function(ast)))
-    return KernelResult(kernel, model, marked, report), code
+    return KernelResult(kernel, model, marked, report + _buffer_report(kernel)), code
+
+
+def _buffer_report(kernel: Kernel) -> tuple[str, ...]:
+    lines = []
+    for a in kernel.arrays:
+        if a.kept is not None:
+            shape = "x".join(map(str, a.buffer_shape)) or "1"
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
+                         f"{shape} element(s) per thread holds it")
+        elif a.role == "local":
+            lines.append(f"{a.tensor} ({a.type}) stays inside the kernel but could not be "
+                         "contracted: it is materialised whole in scratch memory")
+    return tuple(lines)
 
 
 def plan_fusion(graph: Graph, target: Target, options: Options) -> FusionPlan:
@@ -179,12 +203,14 @@ def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
     g = trace.run("decompose", decompose_graph, loaded)
     g = trace.run("simplify", simplify_graph, g)
     # fusion needs the primitive graph: only opened composites can share loops
-    plan = trace.run("fuse", plan_fusion, g, get_target(target), options)
+    machine = get_target(target)
+    plan = trace.run("fuse", plan_fusion, g, machine, options)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     results, functions = [], []
     for kernel in kernels:
-        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), options, trace)
+        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), machine, options,
+                                      trace)
         results.append(result)
         functions.append(code)
     source = PRELUDE + "\n" + "\n\n".join(functions) + "\n"

@@ -180,41 +180,48 @@ def fusion_schedule(model: PolyModel, statements: tuple[Statement, ...]) -> isl.
 
 
 def shared_depth(model: PolyModel, statements: tuple[Statement, ...], a: set[str],
-                 b: set[str]) -> tuple[int, bool]:
-    """How many outer loops statements of `a` and of `b` share in the fused kernel, and
-    whether the outermost band holding both is permutable.
+                 b: set[str]) -> tuple[int, bool, bool]:
+    """How many outer loops the groups of statements `a` and `b` share in the fused
+    kernel, whether the outermost band holding them is permutable, and whether they are
+    siblings (no dependence between them).
 
-    Groups with no dependence between them (siblings) only count the loops along which
-    they read the tensor they share at the same index: sharing a loop that traverses it
-    differently in each is legal but reuses nothing.
+    Only statements that meet count: for every dependence between the groups, the loops
+    its source and sink share; the minimum over them. Siblings meet where they read the
+    same element, and a loop along which they read it at different indices is shared
+    but reuses nothing, so it ends their shared depth.
     """
-    depth, permutable = _shared(model, statements, a, b)
     deps = _Deps.of(model)
-    if any(True for _ in deps.between(a, b)):
-        return depth, permutable
-    reuse = _Deps.of(model, model.input)
-    for level in range(depth):
-        if any(reuse.has(m, level, "!=") for m in reuse.between(a, b)):
-            return level, permutable
-    return depth, permutable
+    tree = _merge(_build(list(statements), 0, deps), deps)
+    pairs = [(src, dst) for (src, dst) in deps.by_pair
+             if (src in a and dst in b) or (src in b and dst in a)]
+    siblings = not pairs
+    if siblings:
+        reuse = _Deps.of(model, model.input)
+        pairs = [p for p in reuse.by_pair if (p[0] in a and p[1] in b) or (p[0] in b and p[1] in a)]
+    if not pairs:
+        return 0, False, siblings
+    depth = min(_common_depth(tree, src, dst) for src, dst in pairs)
+    if siblings:
+        for level in range(depth):
+            if any(reuse.has(reuse.by_pair[p], level, "!=") for p in pairs):
+                depth = level
+                break
+    permutable = tree.permutable if isinstance(tree, _Band) else True
+    return depth, permutable, siblings
 
 
-def _shared(model: PolyModel, statements: tuple[Statement, ...], a: set[str],
-            b: set[str]) -> tuple[int, bool]:
-    deps = _Deps.of(model)
-    depth, permutable, first = 0, True, True
-    node = _merge(_build(list(statements), 0, deps), deps)
+def _common_depth(node: _Node, x: str, y: str) -> int:
+    """The number of loops statements `x` and `y` share in a built tree."""
+    depth = 0
     while True:
-        if isinstance(node, _Sequence):
-            both = [child for run, child in node.runs
-                    if {s.name for s in run} & a and {s.name for s in run} & b]
-            if not both:
-                return depth, permutable
-            node = both[0]
-        elif isinstance(node, _Band):
+        if isinstance(node, _Band):
             depth += len(node.levels)
-            if first:
-                permutable, first = node.permutable, False
             node = node.child
+        elif isinstance(node, _Sequence):
+            runs = [child for run, child in node.runs
+                    if {x, y} <= {s.name for s in run}]
+            if not runs:
+                return depth
+            node = runs[0]
         else:
-            return depth, permutable
+            return depth

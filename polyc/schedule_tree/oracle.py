@@ -77,9 +77,13 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
                         isl.Context())
     model = compute_dependences(model)
-    depth, permutable = shared_depth(model, kernel.statements, _statements_of(kernel, a),
-                                     _statements_of(kernel, b))
+    depth, permutable, siblings = shared_depth(model, kernel.statements,
+                                               _statements_of(kernel, a), _statements_of(kernel, b))
     capacity = target.fusion_level.capacity
+    if depth == 0 and siblings:
+        return FusionAnswer(False, 0, False, 0, capacity, 0,
+                            "no shared loop reads their common input at the same index: "
+                            "their loops traverse it differently, nothing would be reused")
     if depth == 0:
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no loop can be shared: the consumer needs every iteration of "

@@ -1,0 +1,1 @@
+"""Tiling: legal tiling of permutable bands, tile sizes from the target's memory model."""

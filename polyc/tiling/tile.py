@@ -1,0 +1,111 @@
+"""Tiling permutable bands with sizes from the target's memory model.
+
+Only permutable bands are tiled (isl proved every dependence has non-negative distance
+along each member, so any rectangular tiling is legal; a reduction loop is tiled only
+when that holds). Tile sizes are chosen so that the tile's footprint, the distinct array
+elements touched by one tile counted exactly with isl, fits the target's tile level (L1
+on the CPU): start from the whole band and halve the largest outer tile size until it
+fits, keeping the innermost, contiguous one long enough to vectorise. isl's `band_tile`
+puts the point loops innermost.
+
+    band [i, j, k] of a 512^3 matmul -> tile band [32*floor(i/32), ...] -> point band [i, j, k]
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import islpy as isl
+
+from ..kernel import Kernel
+from ..schedule_tree.comprehension import Statement
+from ..schedule_tree.model import PolyModel
+from ..target import Target
+
+_BAND = isl.schedule_node_type.band
+MIN_INNER_TILE = 64  # elements along the contiguous loop: whole vectors, whole lines
+
+
+def _members(band: isl.ScheduleNode, statements: dict[str, Statement]) -> list[int]:
+    """The extent of each band member (the largest over the band's statements), when
+    every member is a plain iterator of each statement; else []."""
+    extents = []
+    sched = band.band_get_partial_schedule()
+    for m in range(band.band_n_member()):
+        best = 0
+        for text in sched.get_at(m).to_str().strip("{} ").split(";"):
+            name, _, expr = text.partition("->")
+            stmt = statements.get(name.strip().split("[")[0])
+            expr = expr.strip().strip("[]()")
+            if stmt is None or not expr.startswith("i") or not expr[1:].isdigit():
+                return []
+            best = max(best, stmt.extents[int(expr[1:])])
+        extents.append(best)
+    return extents
+
+
+def tile_footprint(model: PolyModel, band: isl.ScheduleNode, sizes: Sequence[int],
+                   element: dict[str, int]) -> int:
+    """Bytes of distinct elements one tile (the first: members in [0, size)) touches."""
+    sched = band.band_get_partial_schedule_union_map().intersect_domain(band.get_domain())
+    n = band.band_n_member()
+    box = " and ".join(f"0 <= t{m} < {s}" for m, s in enumerate(sizes))
+    tile = isl.Set.read_from_str(model.domain.get_ctx(),
+                                 f"{{ [{', '.join(f't{m}' for m in range(n))}] : {box} }}")
+    instances = sched.intersect_range(isl.UnionSet.from_set(tile)).domain()
+    touched = model.reads.union(model.writes).intersect_domain(instances).range()
+    total = 0
+
+    def add(s: isl.Set) -> None:
+        nonlocal total
+        total += s.count_val().to_python() * element[s.get_tuple_name()]
+
+    touched.foreach_set(add)
+    return total
+
+
+def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[int],
+                      capacity: int, element: dict[str, int]) -> list[int]:
+    sizes = list(extents)
+    while tile_footprint(model, band, sizes, element) > capacity:
+        # halve the largest outer size; the innermost only once the others are small
+        outer = [m for m in range(len(sizes) - 1) if sizes[m] > 8]
+        inner_ok = sizes[-1] > MIN_INNER_TILE
+        if outer and (not inner_ok or max(sizes[m] for m in outer) >= sizes[-1] // 4):
+            m = max(outer, key=lambda m: sizes[m])
+        elif inner_ok:
+            m = len(sizes) - 1
+        elif outer:
+            m = max(outer, key=lambda m: sizes[m])
+        else:
+            break
+        sizes[m] = max(1, sizes[m] // 2)
+    return sizes
+
+
+def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, target: Target, *,
+               sizes: Sequence[int] | None = None) -> isl.Schedule:
+    """Tile every permutable band of >= 2 members whose tile must shrink to fit the
+    target's tile level (or with explicit `sizes`, the first entries per band)."""
+    by_name = {s.name: s for s in kernel.statements}
+    element = {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+    capacity = target.tile_level.capacity
+
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if (node.get_type() == _BAND and node.band_n_member() >= 2
+                and node.band_get_permutable()):
+            extents = _members(node, by_name)
+            if extents:
+                chosen = (list(sizes[:len(extents)]) + extents[len(sizes):] if sizes
+                          else choose_tile_sizes(model, node, extents, capacity, element))
+                chosen = [max(1, min(s, e)) for s, e in zip(chosen, extents)]
+                # tiling only the outermost loop is strip-mining: no locality gained
+                if any(s < e for s, e in zip(chosen[1:], extents[1:])):
+                    mv = isl.MultiVal.zero(node.band_get_space())
+                    for m, s in enumerate(chosen):
+                        mv = mv.set_val(m, isl.Val.int_from_si(node.get_ctx(), s))
+                    node = node.band_tile(mv)  # now the tile band; its child the points
+        for i in range(node.n_children()):
+            node = visit(node.child(i)).parent()
+        return node
+
+    return visit(schedule.get_root()).get_schedule()

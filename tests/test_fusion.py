@@ -1,0 +1,163 @@
+"""Fusion with feedback from the schedule-tree engine: what fuses, what does not and why.
+
+Each composite opened into primitives must end up as the kernels DESIGN.md promises, with
+its intermediates in small buffers, and the oracle must refuse with a reason what cannot
+share loops. Every compiled result is also checked against the reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polyc import GraphBuilder
+from polyc.compiler import Options, compile
+from polyc.graph.decompose import decompose_graph
+from polyc.graph.fuse import fuse_graph
+from polyc.graph.reference import run_reference
+from polyc.graph.simplify import simplify_graph
+from polyc.schedule_tree.comprehension import loads
+from polyc.schedule_tree.oracle import ask_fusion
+from polyc.target import cpu_target
+
+
+def _check(graph, compiled, rng=np.random.default_rng(0)):
+    inputs = {t.name: rng.uniform(-2, 2, t.type.shape).astype(t.type.dtype) for t in graph.inputs}
+    got, want = compiled(**inputs), run_reference(graph, inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def _reads_of(kernel, tensor):
+    """How many statements of the kernel load `tensor`: how often it is read per element."""
+    return sum(any(ld.tensor == tensor for ld, _ in loads(s.expr)) for s in kernel.statements)
+
+
+def _single(op, shape, **attrs):
+    b = GraphBuilder(op)
+    x = b.input("x", shape)
+    ins = [x]
+    if op in ("layer_norm", "rms_norm"):
+        ins.append(b.input("gamma", shape[-1:]))
+    if op == "layer_norm":
+        ins.append(b.input("beta", shape[-1:]))
+    return b.build([b.op(op, *ins, out="y", **attrs)])
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+def test_row_composites_become_one_kernel_reading_x_at_most_twice(op):
+    graph = _single(op, [64, 96])
+    compiled = compile(graph)
+    assert len(compiled.kernels) == 1
+    (k,) = compiled.kernels
+    assert _reads_of(k.kernel, "x") <= 2
+    # every intermediate lives in a buffer no larger than a row
+    locals_ = [a for a in k.kernel.arrays if a.role == "local"]
+    assert locals_ and all(a.kept is not None and np.prod(a.buffer_shape) <= 96 for a in locals_)
+    assert any("not materialised in memory" in line for line in k.fusion_report)
+    _check(graph, compiled)
+
+
+def test_gelu_of_linear_is_one_kernel_with_the_matmul():
+    b = GraphBuilder("linear_gelu")
+    x, w, bias = b.input("x", [32, 48]), b.input("w", [48, 40]), b.input("b", [40])
+    graph = b.build([b.gelu(b.linear(x, w, bias), approximate="tanh", out="y")])
+    compiled = compile(graph)
+    assert len(compiled.kernels) == 1
+    assert _reads_of(compiled.kernels[0].kernel, "x") == 1
+    _check(graph, compiled)
+
+
+def test_attention_is_at_most_two_kernels():
+    b = GraphBuilder("attention")
+    q, k, v = (b.input(n, [2, 16, 8]) for n in "qkv")
+    graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+    compiled = compile(graph)
+    assert len(compiled.kernels) <= 2
+    _check(graph, compiled)
+
+
+def test_the_report_records_each_proposal_with_its_reason():
+    compiled = compile(_single("softmax", [16, 32]))
+    report = compiled.kernels[0].fusion_report
+    assert any(line.startswith("vertical: fused y.shifted into y.max: legal at depth 1")
+               for line in report), report
+    assert all("footprint" in line for line in report if "fused" in line)
+
+
+def _oracle(graph, a, b):
+    g = simplify_graph(decompose_graph(graph))
+    return ask_fusion(g, a, b, cpu_target())
+
+
+def test_oracle_rejects_a_consumer_of_a_whole_reduction():
+    b = GraphBuilder("t")
+    x = b.input("x", [64, 64])
+    graph = b.build([b.sub(x, b.reduce_sum(x, out="s"), out="y")])
+    answer = _oracle(graph, ("s",), ("y",))
+    assert not answer.legal and answer.depth == 0
+    assert "needs every iteration of the producer" in answer.reason
+
+
+def test_oracle_rejects_a_fusion_whose_footprint_exceeds_the_cache():
+    # rows of 4 Mi floats: one shared iteration touches 32 MiB, more than L2
+    b = GraphBuilder("t")
+    x = b.input("x", [2, 1 << 22])
+    graph = b.build([b.sub(x, b.reduce_max(x, axes=[1], keepdims=True, out="m"), out="y")])
+    answer = _oracle(graph, ("m",), ("y",))
+    assert answer.legal and answer.depth == 1 and not answer.profitable
+    assert "more than L2" in answer.reason
+    plan = fuse_graph(simplify_graph(decompose_graph(graph)),
+                      lambda g, a, b: ask_fusion(g, a, b, cpu_target()))
+    assert plan.groups == (("m",), ("y",))
+
+
+def test_oracle_rejects_siblings_that_traverse_their_input_differently():
+    # a column reduction and a row reduction of one input share no reuse along any loop
+    b = GraphBuilder("t")
+    x = b.input("x", [32, 48])
+    graph = b.build([b.reduce_sum(x, axes=[0], out="cols"), b.reduce_sum(x, axes=[1], out="rows")])
+    answer = _oracle(graph, ("cols",), ("rows",))
+    assert not answer.legal
+    assert "traverse it differently" in answer.reason
+
+
+def test_oracle_accepts_siblings_reading_one_input_alike():
+    b = GraphBuilder("t")
+    x = b.input("x", [32, 48])
+    graph = b.build([b.exp(x, out="e"), b.neg(x, out="n")])
+    answer = _oracle(graph, ("e",), ("n",))
+    assert answer.legal and answer.depth == 2 and answer.saved_bytes == 32 * 48 * 4
+    assert len(compile(graph).kernels) == 1
+
+
+def test_a_cycle_through_a_third_kernel_is_never_proposed():
+    # the column sum m cannot share the row-wise exp's loops, so m is its own kernel; y
+    # reads both e and m: fusing e with y would put e's kernel on both sides of m's
+    b = GraphBuilder("t")
+    x = b.input("x", [16, 24])
+    e = b.exp(x, out="e")
+    m = b.reduce_sum(e, axes=[0], out="m")
+    graph = b.build([b.sub(e, m, out="y")])
+    plan = compile(graph, build=False).fusion
+    assert "vertical: y + e: rejected: another kernel sits between them (fusing would " \
+           "create a cycle)" in plan.report
+    assert ("e",) in plan.groups
+    _check(graph, compile(graph))
+
+
+def test_fusion_can_be_turned_off():
+    graph = _single("softmax", [8, 8])
+    assert len(compile(graph, options=Options(fuse=False), build=False).kernels) == 5
+
+
+def test_tiling_fits_the_tile_level_and_stays_correct():
+    b = GraphBuilder("t")
+    x = b.input("x", [512, 384])
+    graph = b.build([b.transpose(x, out="y")])
+    compiled = compile(graph)
+    text = compiled.kernels[0].to_json()["schedule_text"]
+    assert "mod" in text  # a tile band and a point band
+    _check(graph, compiled)
+    explicit = compile(graph, options=Options(tile_sizes=(16, 64)))
+    assert "mod 16" in explicit.kernels[0].to_json()["schedule_text"]
+    _check(graph, explicit)

@@ -11,6 +11,7 @@ of the array's shape and dtype; `in` pointers are `const`. Arrays never alias.
 from __future__ import annotations
 
 import math
+import re
 
 import cgen
 import islpy as isl
@@ -38,10 +39,15 @@ class CBuilder:
         apply to the first loop level only."""
         kind = n.get_type()
         if kind == _T.for_:
-            body = _statement(self.node(n.for_get_body()))
             it = n.for_get_iterator().get_id().get_name()
-            return self.emit_loop(it, n.for_get_init().to_C_str(), n.for_get_cond().to_C_str(),
-                                  n.for_get_inc().to_C_str(), body, marks)
+            header = (it, n.for_get_init().to_C_str(), n.for_get_cond().to_C_str(),
+                      n.for_get_inc().to_C_str())
+            inner = n.for_get_body()
+            if "reduce" in marks and inner.get_type() == _T.user:
+                code = self.emit_reduction_loop(*header, inner.user_get_expr())
+                if code is not None:
+                    return code
+            return self.emit_loop(*header, _statement(self.node(inner)), marks)
         if kind == _T.if_:
             other = _statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
             return self.emit_if(n.if_get_cond().to_C_str(),
@@ -68,10 +74,18 @@ class CBuilder:
     def emit_if(self, cond: str, then: cgen.Generable, other: cgen.Generable | None) -> cgen.Generable:
         return cgen.If(cond, then, other)
 
-    def emit_user(self, call: isl.AstExpr) -> cgen.Generable:
+    def emit_reduction_loop(self, it: str, init: str, cond: str, inc: str,
+                            call: isl.AstExpr) -> cgen.Generable | None:
+        """A loop whose body is one reduction update, or None to emit it as any loop."""
+        return None
+
+    def _call(self, call: isl.AstExpr) -> tuple[Statement, list[str]]:
         name = call.get_op_arg(0).get_id().get_name()
         args = [_atom(call.get_op_arg(i).to_C_str()) for i in range(1, call.get_op_n_arg())]
-        return self.emit_assign(self.statements[name], args)
+        return self.statements[name], args
+
+    def emit_user(self, call: isl.AstExpr) -> cgen.Generable:
+        return self.emit_assign(*self._call(call))
 
     def emit_assign(self, s: Statement, iters: list[str]) -> cgen.Generable:
         p = ExprPrinter(self.arrays, lambda pos: iters[pos])
@@ -112,8 +126,26 @@ def _atom(c: str) -> str:
     return c if c.replace("_", "").isalnum() else f"({c})"
 
 
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
 class CpuBuilder(CBuilder):
     """Marks from `lower_cpu` become one OpenMP pragma on the loop right below them."""
+
+    def emit_reduction_loop(self, it, init, cond, inc, call):
+        """The update accumulates in a scalar that `omp simd reduction` may split into
+        one accumulator per vector lane; the element is read once and written once."""
+        s, iters = self._call(call)
+        p = ExprPrinter(self.arrays, lambda pos: iters[pos])
+        target = p.access(s.target, s.index)
+        if re.search(rf"\b{it}\b", target):  # the element moves with the loop: no reduction
+            return None
+        ctype = C_TYPE[s.dtype]
+        loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}",
+                        cgen.Statement(p.update("acc", s.reduce, p.value(s.expr), s.dtype).rstrip(";")))
+        return cgen.Block([cgen.Statement(f"{ctype} acc = {target}"),
+                           cgen.Pragma(f"omp simd reduction({_OMP_REDUCTION[s.reduce]}:acc)"),
+                           loop, cgen.Statement(f"{target} = acc")])
 
     def emit_loop(self, it, init, cond, inc, body, marks):
         # both marks on one loop (a one-member band) make `omp parallel for simd`

@@ -163,7 +163,10 @@ def _exp_shifted(e: _Emitter, x: str, axes: tuple[int, ...]) -> tuple[str, str, 
 def _softmax_into(e: _Emitter, x: str, axis: int, last: bool) -> str:
     _, _, ex = _exp_shifted(e, x, (axis,))
     s = e.op("reduce_sum", ex, axes=(axis,), keepdims=True, role="sum")
-    return e.last("div", ex, s) if last else e.op("div", ex, s, role="probs")
+    # one division per row, then a multiply per element: a vector divide costs several
+    # multiplies, and the result differs by at most an ulp
+    inv = e.op("reciprocal", s, role="inv_sum")
+    return e.last("mul", ex, inv) if last else e.op("mul", ex, inv, role="probs")
 
 
 # --- the rules -------------------------------------------------------------------------

@@ -95,11 +95,32 @@ def _rank(s: Statement) -> int:
     return len(s.extents)
 
 
+def _loops(s: Statement, level: int) -> bool:
+    """Does `s` iterate at `level` (a loop of more than one iteration)?"""
+    return _rank(s) > level and s.extents[level] > 1
+
+
+def _hoisted(statements: list[Statement], level: int, deps: _Deps) -> list[Statement]:
+    """Statements that do not loop at `level` (a reduction's init, a per-row scalar)
+    moved up to just after the last statement they depend on, so they run before a
+    shared loop instead of as a test inside it."""
+    order: list[Statement] = []
+    for s in statements:
+        if _loops(s, level) or not order:
+            order.append(s)
+            continue
+        at = len(order)
+        while at > 0 and not any(True for _ in deps.between([order[at - 1]], [s])):
+            at -= 1
+        order.insert(at, s)
+    return order
+
+
 def _runs(statements: list[Statement], level: int, deps: _Deps) -> list[list[Statement]]:
     runs: list[list[Statement]] = []
-    for s in statements:
+    for s in _hoisted(statements, level, deps):
         last = runs[-1] if runs else None
-        if (last is not None and _rank(s) > level and all(_rank(r) > level for r in last)
+        if (last is not None and _loops(s, level) and all(_loops(r, level) for r in last)
                 and not any(deps.has(m, level, "<") for m in deps.between(last, [s]))):
             last.append(s)
         else:

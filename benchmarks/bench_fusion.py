@@ -1,0 +1,113 @@
+"""Fused memory-bound kernels against numpy's composition and PyTorch eager.
+
+    python benchmarks/bench_fusion.py [--quick]
+
+For log_softmax 4096x4096, softmax 4096x4096 and layer_norm 8192x1024 (float32), at 1 and
+2 threads, in one run: polyc with a reused output buffer (`out=`) and with a fresh one,
+numpy's composition of ufuncs, PyTorch eager (when importable). Each result is given as
+GB/s of compulsory traffic (every input read once, the output written once) and as a
+fraction of the STREAM triad bandwidth measured by `machine.py` in the same run, plus the
+speed-up of polyc (reused output) over numpy and PyTorch. The machine is shared and
+noisy: read ratios, not absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import set_threads, stream_triad_gbs, timeit  # noqa: E402
+
+from polyc import GraphBuilder  # noqa: E402
+from polyc.compiler import compile  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def np_log_softmax(x):
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def np_layer_norm(x, gamma, beta, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(var + eps) * gamma + beta
+
+
+CASES = {
+    # name: (shape, op, numpy version, torch version)
+    "log_softmax": ((4096, 4096), "log_softmax", np_log_softmax,
+                    lambda x: torch.log_softmax(x, dim=-1)),
+    "softmax": ((4096, 4096), "softmax", np_softmax, lambda x: torch.softmax(x, dim=-1)),
+    "layer_norm": ((8192, 1024), "layer_norm", np_layer_norm,
+                   lambda x, g, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b)),
+}
+
+
+def build(name: str):
+    shape, op, _, _ = CASES[name]
+    b = GraphBuilder(name)
+    ins = [b.input("x", shape)]
+    if op == "layer_norm":
+        ins += [b.input("gamma", shape[-1:]), b.input("beta", shape[-1:])]
+    return b.build([b.op(op, *ins, out="y")])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    args = parser.parse_args()
+    repeat = 5 if args.quick else 15
+    rng = np.random.default_rng(0)
+
+    print(f"torch: {torch.__version__ if torch else 'not importable'}")
+    stream = {t: stream_triad_gbs(t) for t in (1, 2)}
+    print("STREAM triad: " + ", ".join(f"{t} thread{'s' * (t > 1)} {g:.1f} GB/s"
+                                       for t, g in stream.items()))
+    header = (f"{'case':12} {'thr':>3} | {'polyc out=':>12} {'polyc fresh':>12} {'numpy':>12} "
+              f"{'torch':>12} | {'%STREAM':>7} {'x numpy':>8} {'x torch':>8}")
+    print(header)
+    print("-" * len(header))
+    for name in args.cases:
+        graph = build(name)
+        compiled = compile(graph)
+        _, _, np_fn, torch_fn = CASES[name]
+        inputs = {t.name: rng.standard_normal(t.type.shape).astype(np.float32)
+                  for t in graph.inputs}
+        traffic = sum(a.nbytes for a in inputs.values()) + inputs["x"].nbytes
+        out = {"y": np.empty_like(inputs["x"])}
+        np_args = [inputs[t.name] for t in graph.inputs]
+        torch_args = [torch.from_numpy(a) for a in np_args] if torch else None
+        for threads in (1, 2):
+            set_threads(threads)
+            reused = timeit(lambda: compiled.program(inputs, out), repeat=repeat)
+            fresh = timeit(lambda: compiled.program(inputs), repeat=repeat)
+            numpy_t = timeit(lambda: np_fn(*np_args), repeat=max(3, repeat // 3))
+            torch_t = timeit(lambda: torch_fn(*torch_args), repeat=repeat) if torch else None
+
+            def gbs(t):
+                return f"{traffic / t / 1e9:7.2f} GB/s" if t else f"{'-':>12}"
+
+            print(f"{name:12} {threads:>3} | {gbs(reused)} {gbs(fresh)} {gbs(numpy_t)} "
+                  f"{gbs(torch_t)} | {traffic / reused / 1e9 / stream[threads]:7.0%} "
+                  f"{numpy_t / reused:8.2f} "
+                  + (f"{torch_t / reused:8.2f}" if torch_t else f"{'-':>8}"))
+        np.testing.assert_allclose(out["y"], np_fn(*np_args), rtol=1e-3, atol=1e-4)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""What this machine can do, measured in the same run as the benchmarks that cite it.
+
+- `stream_triad_gbs(threads)`: STREAM triad a[i] = b[i] + s * c[i] over arrays far larger
+  than the caches, counted as 3 x 8 bytes per element (two reads, one write), best of
+  several runs; a small C program built with the same gcc and flags polyc uses.
+- `set_threads(n)`: the OpenMP thread count of polyc's kernels (and torch's, if loaded).
+- `timeit(fn)`: the median of repeated calls after a warm-up.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+TRIAD_C = r"""
+#include <omp.h>
+#include <stdlib.h>
+double triad(long n, int reps, int threads) {
+  double *a = aligned_alloc(64, n * 8), *b = aligned_alloc(64, n * 8), *c = aligned_alloc(64, n * 8);
+  omp_set_num_threads(threads);
+  #pragma omp parallel for schedule(static)
+  for (long i = 0; i < n; i++) { a[i] = 0; b[i] = 1; c[i] = 2; }
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    double t = omp_get_wtime();
+    #pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) a[i] = b[i] + 3.0 * c[i];
+    t = omp_get_wtime() - t;
+    if (t < best) best = t;
+  }
+  volatile double sink = a[n / 2]; (void)sink;
+  free(a); free(b); free(c);
+  return 3.0 * 8.0 * n / best / 1e9;
+}
+"""
+
+_lib = None
+
+
+def _triad_lib():
+    global _lib
+    if _lib is None:
+        tmp = Path(tempfile.mkdtemp(prefix="polyc-bench-"))
+        (tmp / "triad.c").write_text(TRIAD_C)
+        subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared",
+                        "-o", str(tmp / "triad.so"), str(tmp / "triad.c")], check=True)
+        _lib = ctypes.CDLL(str(tmp / "triad.so"))
+        _lib.triad.restype = ctypes.c_double
+        _lib.triad.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
+    return _lib
+
+
+def stream_triad_gbs(threads: int, elements: int = 1 << 25) -> float:
+    """GB/s of the STREAM triad on `threads` threads (3 arrays of 256 MiB by default)."""
+    return _triad_lib().triad(elements, 10, threads)
+
+
+def set_threads(n: int) -> None:
+    gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+    gomp.omp_set_num_threads(n)
+    try:
+        import torch
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+
+
+def timeit(fn, *, repeat: int = 15, warmup: int = 2) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -93,6 +93,23 @@ def cmd_run(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_serve(args) -> int:
+    # imported here: the CLI's other commands need neither FastAPI nor uvicorn
+    from .server import Settings, serve
+    from .server.settings import default_cache_url, default_workers
+    try:
+        settings = Settings(cache_url=args.cache or default_cache_url(),
+                            workers=default_workers() if args.workers is None else args.workers,
+                            compile_timeout_s=args.compile_timeout, queue_size=args.queue_size,
+                            max_body_bytes=args.max_body_bytes,
+                            worker_memory_bytes=args.worker_memory_mb << 20)
+        return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
+                     access_log=args.access_log)
+    except ValueError as e:  # a bad flag value or cache URL
+        print(f"polyc: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("serve", help="run the HTTP compile service")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=None,
+                   help="compile worker processes (default: one per CPU)")
+    p.add_argument("--cache", default=None,
+                   help="sqlite:///PATH (sqlite:////abs/path.db for an absolute path) or "
+                        "redis://HOST:PORT/DB (default: POLYC_CACHE_URL, else a SQLite "
+                        "file under the user's cache directory)")
+    p.add_argument("--compile-timeout", type=float, default=60.0,
+                   help="seconds one compile may take (then 504)")
+    p.add_argument("--queue-size", type=int, default=64,
+                   help="compiles that may wait for a worker (then 503)")
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20,
+                   help="larger request bodies get 413")
+    p.add_argument("--worker-memory-mb", type=int, default=4096,
+                   help="address-space limit of each worker and its gcc")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(fn=cmd_serve)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

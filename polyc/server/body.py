@@ -1,0 +1,101 @@
+"""Reading and parsing a request body, refusing what could hurt the server.
+
+In order: a content type other than JSON (415), a body over the size limit (413, checked
+on the declared length and again while streaming), JSON nested deeper than the limit
+(400, checked on the raw bytes before any parser recurses into it: a C parser can
+overflow its stack on millions of '['), and text that is not strict JSON (400: NaN,
+Infinity and numbers that overflow a double are refused, as polyc's loader does).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import Request
+
+from .problems import ApiProblem
+
+# a JSON string literal (linear-time: no nested quantifiers)
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STEP = np.zeros(256, dtype=np.int32)  # +1 for an opening bracket, -1 for a closing one
+_STEP[[ord("["), ord("{")]] = 1
+_STEP[[ord("]"), ord("}")]] = -1
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    ctype = request.headers.get("content-type")
+    if ctype is not None:
+        media = ctype.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise ApiProblem(415, "unsupported-media-type", "Unsupported Media Type",
+                             f"send the request body as application/json, not "
+                             f"{media or 'an empty content type'!r}",
+                             headers={"Accept-Post": "application/json"})
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> ApiProblem:
+    return ApiProblem(413, "body-too-large", "Content Too Large",
+                      f"the request body is over the limit of {max_bytes} bytes")
+
+
+def nesting_depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings skipped)."""
+    if body.count(b"[") + body.count(b"{") <= 1:
+        return body.count(b"[") + body.count(b"{")
+    stripped = _STRING.sub(b'""', body)
+    codes = np.frombuffer(stripped, dtype=np.uint8)
+    return int(np.cumsum(_STEP[codes]).max(initial=0))
+
+
+def parse_body(body: bytes, *, max_depth: int) -> Any:
+    if not body.strip():
+        raise ApiProblem(400, "invalid-json", "Invalid JSON",
+                         "the request body is empty: expected a JSON object with a 'graph'")
+    if body.count(b"[") + body.count(b"{") > max_depth and nesting_depth(body) > max_depth:
+        raise ApiProblem(400, "too-deep", "JSON Nested Too Deeply",
+                         f"the request body nests arrays and objects more than {max_depth} "
+                         "levels deep")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ApiProblem(400, "invalid-json", "Invalid JSON", _explain(body, e)) from None
+
+
+def _refuse_constant(token: str):
+    raise ValueError(f"{token} is not valid JSON (NaN and Infinity are refused)")
+
+
+def _refuse_overflow(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text} is too large for a double")
+    return value
+
+
+def _explain(body: bytes, error: orjson.JSONDecodeError) -> str:
+    """A message naming the problem: Python's parser words syntax errors well, and the
+    hooks name NaN, Infinity and overflowing numbers."""
+    try:
+        json.loads(body, parse_constant=_refuse_constant, parse_float=_refuse_overflow)
+    except json.JSONDecodeError as e:
+        return f"invalid JSON: {e}"
+    except UnicodeDecodeError:
+        return "invalid JSON: the body is not UTF-8 text"
+    except ValueError as e:
+        return f"invalid JSON: {e}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply"
+    return f"invalid JSON: {error}"  # e.g. a lone surrogate, which only orjson refuses

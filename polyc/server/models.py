@@ -1,0 +1,191 @@
+"""Pydantic models of every request and response; they are what /openapi.json shows.
+
+The graph itself is a free-form object here, checked by polyc's loader, so that a bad
+graph gets polyc's messages (naming node, op and field) rather than pydantic's; its JSON
+schema still describes the subgraph format so that clients and fuzzers see its shape.
+`CompileOptions` mirrors `polyc.compiler.Options` field by field, so an option added
+there is accepted here (and enters the cache key through `Options.to_json()`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..compiler import TARGETS, Options
+from ..graph.ir import DTYPES
+from ..graph.ops import OPS
+
+KEY_PATTERN = r"^[0-9a-f]{64}$"
+
+_TENSOR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "dtype": {"type": "string", "enum": list(DTYPES)},
+    },
+    "required": ["name", "shape"],
+}
+GRAPH_SCHEMA = {
+    "type": "object",
+    "description": "A subgraph in polyc's format (DESIGN.md, 'The subgraph format'); "
+                   "validated by polyc's loader, whose messages name node, op and field.",
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "inputs": {"type": "array", "items": _TENSOR_SCHEMA},
+        "nodes": {"type": "array", "items": {
+            "type": "object",
+            "properties": {
+                "op": {"type": "string", "enum": sorted(OPS)},
+                "inputs": {"type": "array", "items": {"type": "string"}},
+                "outputs": {"type": "array", "items": {"type": "string"},
+                            "minItems": 1, "maxItems": 1},
+                "attrs": {"type": "object"},
+                "name": {"type": "string"},
+            },
+            "required": ["op", "inputs", "outputs"],
+        }},
+        "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "constants": {"type": "array", "items": {
+            **_TENSOR_SCHEMA,
+            "properties": {**_TENSOR_SCHEMA["properties"],
+                           "data": {"type": "array", "items": {"type": "number"}}},
+            "required": ["name", "shape", "data"],
+        }},
+    },
+    "required": ["inputs", "nodes", "outputs"],
+    "example": {
+        "name": "scaled_exp",
+        "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+        "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["y"]}],
+        "outputs": ["y"],
+    },
+}
+
+# bounds and descriptions for known options; any other option gets its type only
+_OPTION_FIELDS: dict[str, dict] = {
+    "parallel": {"description": "OpenMP threads over outer parallel loops"},
+    "max_operations": {"ge": 1, "le": 10**12,
+                       "description": "isl's operation budget per kernel; past it the "
+                                      "answer is 422 'schedule too complex'"},
+    "verify": {"description": "check every schedule against every dependence"},
+}
+
+
+def _options_model() -> type[BaseModel]:
+    hints = typing.get_type_hints(Options)
+    fields = {f.name: (hints[f.name], Field(f.default, strict=True,
+                                            **_OPTION_FIELDS.get(f.name, {})))
+              for f in dataclasses.fields(Options)}
+    return create_model("CompileOptions", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+CompileOptions = _options_model()
+Target = Literal[TARGETS]  # type: ignore[valid-type]
+
+
+class CompileRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    graph: dict[str, Any] = Field(json_schema_extra=GRAPH_SCHEMA)
+    target: Target = Field("cpu", description="the target to compile for")
+    options: CompileOptions = Field(default_factory=CompileOptions)  # type: ignore[valid-type]
+
+
+class KernelSummary(BaseModel):
+    name: str = Field(description="the C function")
+    nodes: list[str] = Field(description="primitive nodes the kernel computes")
+    schedule_tree: dict[str, Any] = Field(description="the final isl schedule tree, as JSON")
+    fusion_report: list[str] = Field(description="the fusion oracle's decisions and reasons")
+
+
+class CompileResponse(BaseModel):
+    key: str = Field(pattern=KEY_PATTERN, description="content key (sha256, hex)")
+    cache_hit: bool = Field(description="answered from the cache, nothing compiled")
+    coalesced: bool = Field(description="a miss answered by an identical compile already "
+                                        "under way (in this server or another replica)")
+    target: str
+    options: dict[str, Any] = Field(description="every option, defaults filled in")
+    graph_name: str
+    c_source: str
+    kernels: list[KernelSummary]
+    timings: dict[str, float] = Field(description="seconds per pipeline stage of the "
+                                                   "compile that produced this result")
+    notes: list[str] = Field(description="the loader's warnings about this request's graph, "
+                                         "e.g. nodes that reach no output (dropped)")
+
+
+class ArrayInfo(BaseModel):
+    tensor: str
+    c_name: str
+    role: str
+    shape: list[int]
+    dtype: str
+
+
+class KernelDetail(KernelSummary):
+    statements: list[str]
+    arrays: list[ArrayInfo]
+    dependences: str
+    schedule_text: str = Field(description="isl's block form of the final tree (readable back)")
+    initial_schedule_tree: dict[str, Any]
+
+
+class BundlePart(BaseModel):
+    name: str
+    size: int
+    sha256: str
+
+
+class KernelRecord(BaseModel):
+    key: str = Field(pattern=KEY_PATTERN)
+    created: float = Field(description="when the result was compiled (Unix time)")
+    target: str
+    options: dict[str, Any]
+    graph: dict[str, Any] = Field(description="the canonical graph the key was computed from")
+    graph_name: str
+    c_source: str
+    kernels: list[KernelDetail]
+    timings: dict[str, float]
+    notes: list[str]
+    toolchain: dict[str, str] = Field(description="versions and flags covered by the key")
+    parts: list[BundlePart] = Field(description="the stored bundle's manifest")
+
+
+class KernelSchedule(BaseModel):
+    name: str
+    schedule_tree: dict[str, Any]
+    initial_schedule_tree: dict[str, Any]
+    schedule_text: str
+
+
+class ScheduleTrees(BaseModel):
+    key: str = Field(pattern=KEY_PATTERN)
+    kernels: list[KernelSchedule]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class ProblemItem(BaseModel):
+    pointer: str = Field(description="JSON pointer into the request body")
+    message: str
+    node: str | None = None
+    op: str | None = None
+    field: str | None = None
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[ProblemItem] | None = None

@@ -1,0 +1,260 @@
+"""The compile service: from a request body to a stored, verified result.
+
+    body -> (memo: same bytes seen before -> key) -> parse -> validate (pydantic, then
+    polyc's loader) -> content key -> in-memory entry | stored entry | single-flight
+    compile in a worker -> publish the bundle -> response bytes
+
+Everything here runs on the event loop except parsing and validating a large body
+(offloaded to a thread) and the compile itself (a worker process).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from ..compiler import Options
+from ..errors import GraphError, Problem
+from ..graph.load import load_graph
+from . import worker_main as wm
+from .body import parse_body
+from .bundle import CorruptBundle, decode_bundle
+from .cache import Entry, ResultCache
+from .keys import Toolchain, canonical_graph
+from .models import CompileRequest
+from .problems import ApiProblem, graph_errors, pydantic_errors
+from .settings import Settings
+from .singleflight import SingleFlight, across_replicas
+from .workers import CompileTimeout, QueueFull, WorkerCrashed, WorkerPool
+
+log = logging.getLogger("polyc.server")
+
+MEMO_ENTRIES = 8192
+# a graph that kills its worker this many times is refused (422) instead of retried: a
+# crash is usually memory exhaustion (RLIMIT_AS), and the same graph would do it again
+CRASH_LIMIT = 2
+CRASH_ENTRIES = 1024
+HIT, COALESCED, COMPILED = "hit", "coalesced", "compiled"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated compile request and its content key."""
+
+    key: str
+    canonical: bytes  # canonical graph JSON
+    target: str
+    options: dict
+    graph_doc: dict  # as the client sent it, for error pointers
+    notes: tuple[str, ...]  # the loader's warnings (the canonical graph has no dead nodes)
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(v), "a value")
+
+
+class CompileService:
+    def __init__(self, settings: Settings, cache: ResultCache, pool: WorkerPool,
+                 toolchain: Toolchain, metrics):
+        self.settings = settings
+        self.cache = cache
+        self.pool = pool
+        self.toolchain = toolchain
+        self.metrics = metrics
+        self._flights: SingleFlight = SingleFlight()
+        # sha256 of a request body -> its content key: a repeated identical request skips
+        # parsing and validation (the mapping is a pure function of the bytes)
+        self._memo: OrderedDict[bytes, tuple[str, tuple[str, ...]]] = OrderedDict()
+        self._crashes: OrderedDict[str, int] = OrderedDict()  # key -> workers it killed
+
+    # -- the compile endpoint ---------------------------------------------------------------
+    async def compile_request(self, body: bytes) -> bytes:
+        digest = hashlib.sha256(body).digest()
+        seen = self._memo.get(digest)
+        if seen is not None:
+            entry = self.cache.hot(seen[0])
+            if entry is not None:
+                self.metrics.cache_hits.inc()
+                return self.compile_body(entry, HIT, seen[1])
+        if len(body) > self.settings.offload_bytes:
+            prepared = await run_in_threadpool(self.prepare, body)
+        else:
+            prepared = self.prepare(body)
+        entry, how = await self.resolve(prepared)
+        self._memo[digest] = (prepared.key, prepared.notes)
+        if len(self._memo) > MEMO_ENTRIES:
+            self._memo.popitem(last=False)
+        return self.compile_body(entry, how, prepared.notes)
+
+    def prepare(self, body: bytes) -> Prepared:
+        """Parse and validate; raises ApiProblem (400/422) naming the offending fields."""
+        doc = parse_body(body, max_depth=self.settings.max_json_depth)
+        if not isinstance(doc, dict):
+            raise ApiProblem(422, "invalid-request", "Invalid Request",
+                             f"the body must be a JSON object with 'graph' (and optionally "
+                             f"'target' and 'options'), not {_json_type(doc)}",
+                             errors=[{"pointer": "", "message": "expected an object"}])
+        try:
+            request = CompileRequest.model_validate(doc)
+        except ValidationError as e:
+            errors = pydantic_errors(e.errors(include_url=False, include_input=False))
+            raise ApiProblem(422, "invalid-request", "Invalid Request",
+                             "; ".join(f"{x['pointer'] or '/'}: {x['message']}" for x in errors),
+                             errors=errors) from None
+        try:
+            graph = load_graph(request.graph, limits=self.settings.limits)
+            canonical = canonical_graph(graph)
+        except GraphError as e:
+            raise self._graph_problem(request.graph, e.problems) from None
+        except Exception as e:  # the validator broke on this input: a polyc bug, logged;
+            # still the input's doing, so a 4xx (no client input may produce a 500)
+            log.exception("polyc's graph validator failed on a request")
+            raise ApiProblem(422, "invalid-graph", "Invalid Graph",
+                             f"polyc could not validate this graph ({type(e).__name__}: {e}); "
+                             "this is a polyc bug and was logged") from None
+        options = Options(**request.options.model_dump()).to_json()
+        key = self.toolchain.key(canonical, request.target, options)
+        return Prepared(key, canonical, request.target, options, request.graph, graph.notes)
+
+    @staticmethod
+    def _graph_problem(doc: dict, problems: tuple[Problem, ...]) -> ApiProblem:
+        n = len(problems)
+        return ApiProblem(422, "invalid-graph", "Invalid Graph",
+                          str(problems[0]) + (f" (and {n - 1} more problems)" if n > 1 else ""),
+                          errors=graph_errors(doc, problems))
+
+    async def resolve(self, p: Prepared) -> tuple[Entry, str]:
+        """The entry for a prepared request and how it was obtained."""
+        entry = await self.cache.get(p.key)
+        if entry is not None:
+            self.metrics.cache_hits.inc()
+            return entry, HIT
+        self.metrics.cache_misses.inc()
+        (entry, elsewhere), joined = await self._flights.do(p.key, lambda: self._produce(p))
+        if joined or elsewhere:
+            self.metrics.coalesced.inc()
+            return entry, COALESCED
+        return entry, COMPILED
+
+    async def _produce(self, p: Prepared) -> tuple[Entry, bool]:
+        """Compile once across replicas: (entry, whether another replica compiled it)."""
+        return await across_replicas(
+            self.cache.backend, p.key, lookup=lambda: self.cache.get(p.key),
+            produce=lambda: self._compile(p),
+            ttl_s=self.settings.compile_timeout_s + 30, poll_s=self.settings.lock_poll_s)
+
+    def _crash_problem(self, key: str, cause: str) -> ApiProblem:
+        n = self._crashes[key]
+        return ApiProblem(422, "compile-crashed", "Graph Crashes The Compiler",
+                          f"{cause}; this graph has crashed a compile worker {n} times and is "
+                          "refused (most likely it needs more memory than the "
+                          f"{self.settings.worker_memory_bytes} bytes a worker may use)")
+
+    async def _compile(self, p: Prepared) -> Entry:
+        if self._crashes.get(p.key, 0) >= CRASH_LIMIT:
+            raise self._crash_problem(p.key, "not compiled")
+        job = {"key": p.key, "graph": p.canonical, "target": p.target, "options": p.options,
+               "limits": self.settings.limits, "timeout_s": self.settings.compile_timeout_s,
+               "notes": list(p.notes), "toolchain": self.toolchain.to_json()}
+        try:
+            reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
+        except QueueFull as e:
+            self.metrics.rejected.inc()
+            raise ApiProblem(503, "queue-full", "Service Unavailable",
+                             f"every compile worker is busy and the queue is full; retry in "
+                             f"{e.retry_after_s} s",
+                             headers={"Retry-After": str(e.retry_after_s)}) from None
+        except CompileTimeout as e:
+            self.metrics.compiles.inc(outcome="timeout")
+            raise ApiProblem(504, "compile-timeout", "Compile Timed Out",
+                             f"{e}; the worker was stopped and nothing was cached") from None
+        except WorkerCrashed as e:
+            self.metrics.compiles.inc(outcome="crash")
+            self._crashes[p.key] = self._crashes.pop(p.key, 0) + 1
+            if len(self._crashes) > CRASH_ENTRIES:
+                self._crashes.popitem(last=False)
+            if self._crashes[p.key] >= CRASH_LIMIT:
+                raise self._crash_problem(p.key, str(e)) from None
+            raise ApiProblem(503, "worker-crashed", "Service Unavailable",
+                             f"{e} while compiling; it was replaced and nothing was cached; "
+                             "retry", headers={"Retry-After": "1"}) from None
+        if reply[0] == "ok":
+            blob = reply[1]
+            try:
+                entry = Entry.from_bundle(decode_bundle(blob, p.key))
+            except CorruptBundle as e:
+                self.metrics.compiles.inc(outcome="internal")
+                raise ApiProblem(500, "internal", "Internal Error",
+                                 f"a worker returned a damaged result ({e})") from None
+            self.metrics.compiles.inc(outcome="ok")
+            # the pipeline's own stage times: queueing for a worker is not compiling
+            self.metrics.compile_seconds.observe(sum(entry.record["timings"].values()))
+            await self.cache.put(entry, blob)
+            return entry
+        _, kind, message, problems = reply
+        self.metrics.compiles.inc(outcome=kind)
+        raise self._worker_problem(p, kind, message, problems)
+
+    def _worker_problem(self, p: Prepared, kind: str, message: str, problems: list) -> ApiProblem:
+        if kind == wm.INVALID_GRAPH and problems:
+            return self._graph_problem(p.graph_doc, tuple(Problem(**x) for x in problems))
+        if kind == wm.TOO_COMPLEX:
+            return ApiProblem(422, "schedule-too-complex", "Schedule Too Complex",
+                              f"{message}; raise options.max_operations or simplify the graph",
+                              errors=[{"pointer": "/options/max_operations",
+                                       "message": message}])
+        if kind == wm.OUT_OF_MEMORY:
+            return ApiProblem(422, "out-of-memory", "Graph Too Large To Compile",
+                              f"{message}; the limit is {self.settings.worker_memory_bytes} "
+                              "bytes per worker")
+        if kind == wm.DISK_FULL:
+            return ApiProblem(503, "disk-full", "Service Unavailable",
+                              f"{message}; nothing was cached", headers={"Retry-After": "60"})
+        return ApiProblem(500, "internal", "Internal Compiler Error",
+                          f"polyc failed on a valid graph (a polyc bug, not yours): {message}")
+
+    # -- stored results -----------------------------------------------------------------------
+    async def lookup(self, key: str) -> Entry:
+        entry = await self.cache.get(key)
+        if entry is None:
+            raise ApiProblem(404, "unknown-key", "Not Found",
+                             f"no compiled result is stored under key {key}")
+        return entry
+
+    # -- response bodies (built once per entry and kind, then served as bytes) --------------
+    def compile_body(self, entry: Entry, how: str, notes: tuple[str, ...] = ()) -> bytes:
+        """The compile answer. `notes` are this request's (dropped nodes do not change the
+        key, so two requests for one entry may differ in them)."""
+        body = None if notes else entry.bodies.get(how)
+        if body is None:
+            rec = entry.record
+            body = orjson.dumps({
+                "key": entry.key, "cache_hit": how == HIT, "coalesced": how == COALESCED,
+                "target": rec["target"], "options": rec["options"],
+                "graph_name": rec["graph_name"], "c_source": entry.c_source,
+                "kernels": [{"name": k["name"], "nodes": k["nodes"],
+                             "schedule_tree": k["schedule_tree"],
+                             "fusion_report": k["fusion_report"]} for k in rec["kernels"]],
+                "timings": rec["timings"], "notes": list(notes)})
+            if how == HIT and not notes:  # served over and over; the others are one-offs
+                entry.bodies[how] = body
+        return body
+
+    @staticmethod
+    def record_body(entry: Entry) -> bytes:
+        return orjson.dumps({"key": entry.key, "created": entry.created, **entry.record,
+                             "c_source": entry.c_source, "parts": list(entry.manifest)})
+
+    @staticmethod
+    def schedule_body(entry: Entry) -> bytes:
+        return orjson.dumps({"key": entry.key, "kernels": [
+            {"name": k["name"], "schedule_tree": k["schedule_tree"],
+             "initial_schedule_tree": k["initial_schedule_tree"],
+             "schedule_text": k["schedule_text"]} for k in entry.record["kernels"]]})

@@ -1,0 +1,244 @@
+"""The HTTP API through FastAPI's test client: compile, hit, fetch, metrics, schema.
+
+One app (two real compile workers, a SQLite cache in a temp dir) serves the module;
+each test compiles its own small graph so that tests do not share cache entries.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+import warnings
+
+import pytest
+
+from polyc.server import Settings, create_app
+
+with warnings.catch_warnings():  # starlette's notice about its httpx dependency
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+
+def graph(name: str, shape=(4, 8), op: str = "exp") -> dict:
+    return {"name": name, "inputs": [{"name": "x", "shape": list(shape), "dtype": "float32"}],
+            "nodes": [{"op": op, "inputs": ["x"], "outputs": ["y"]}], "outputs": ["y"]}
+
+
+def metric(client, name: str, **labels) -> float:
+    text = client.get("/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pattern = "^" + re.escape(name + ("{" + want + "}" if labels else "")) + r" (\S+)$"
+    m = re.search(pattern, text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("api")
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp}/cache.sqlite3", workers=2))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_compile_then_hit(client):
+    r = client.post("/v1/compile", json={"graph": graph("first")})
+    assert r.status_code == 200, r.text
+    a = r.json()
+    assert re.fullmatch(r"[0-9a-f]{64}", a["key"])
+    assert a["cache_hit"] is False and a["coalesced"] is False
+    assert "void polyc_k0" in a["c_source"] and "expf(" in a["c_source"]
+    assert a["target"] == "cpu" and a["options"]["parallel"] is True
+    k = a["kernels"][0]
+    assert k["schedule_tree"]["kind"] == "domain" and isinstance(k["fusion_report"], list)
+    assert {"schedule", "codegen", "build"} <= set(a["timings"])
+    b = client.post("/v1/compile", json={"graph": graph("first")}).json()
+    assert b["cache_hit"] is True
+    assert (b["key"], b["c_source"], b["kernels"]) == (a["key"], a["c_source"], a["kernels"])
+
+
+def test_fetch_stored_result(client):
+    a = client.post("/v1/compile", json={"graph": graph("fetch", (3, 5))}).json()
+    key = a["key"]
+    rec = client.get(f"/v1/kernels/{key}")
+    assert rec.status_code == 200 and rec.headers["content-type"] == "application/json"
+    rec = rec.json()
+    assert rec["key"] == key and rec["c_source"] == a["c_source"]
+    assert rec["graph"]["inputs"] == [{"name": "x", "shape": [3, 5], "dtype": "float32"}]
+    assert rec["kernels"][0]["schedule_text"] and rec["kernels"][0]["statements"]
+    assert {p["name"] for p in rec["parts"]} == {"record.json", "kernels.c", "kernels.so"}
+    assert rec["toolchain"]["cc"] and rec["created"] > 0
+
+    src = client.get(f"/v1/kernels/{key}/source")
+    assert src.headers["content-type"].startswith("text/x-c")
+    assert src.text == a["c_source"]
+
+    trees = client.get(f"/v1/kernels/{key}/schedule").json()
+    assert trees["key"] == key
+    assert trees["kernels"][0]["schedule_tree"] == a["kernels"][0]["schedule_tree"]
+    assert trees["kernels"][0]["initial_schedule_tree"]["kind"] == "domain"
+
+    obj = client.get(f"/v1/kernels/{key}/object").content
+    assert obj.startswith(b"\x7fELF")
+    so_part = next(p for p in rec["parts"] if p["name"] == "kernels.so")
+    assert hashlib.sha256(obj).hexdigest() == so_part["sha256"]
+
+
+def test_unknown_key_is_404_problem(client):
+    for suffix in ("", "/source", "/schedule", "/object"):
+        r = client.get(f"/v1/kernels/{'0' * 64}{suffix}")
+        assert r.status_code == 404
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.json()["type"].endswith("unknown-key") and "0" * 64 in r.json()["detail"]
+
+
+def test_metrics_count_requests_hits_misses_and_compiles(client):
+    before = {
+        "hits": metric(client, "polyc_cache_hits_total"),
+        "misses": metric(client, "polyc_cache_misses_total"),
+        "ok": metric(client, "polyc_compiles_total", outcome="ok"),
+        "seconds": metric(client, "polyc_compile_seconds_count"),
+        "posts": metric(client, "polyc_http_requests_total", method="POST",
+                        route="/v1/compile", status="200"),
+        "bad": metric(client, "polyc_http_requests_total", method="POST",
+                      route="/v1/compile", status="422"),
+    }
+    for _ in range(3):
+        assert client.post("/v1/compile", json={"graph": graph("metrics")}).status_code == 200
+    assert client.post("/v1/compile", json={"graph": {}}).status_code == 422
+    after = {
+        "hits": metric(client, "polyc_cache_hits_total"),
+        "misses": metric(client, "polyc_cache_misses_total"),
+        "ok": metric(client, "polyc_compiles_total", outcome="ok"),
+        "seconds": metric(client, "polyc_compile_seconds_count"),
+        "posts": metric(client, "polyc_http_requests_total", method="POST",
+                        route="/v1/compile", status="200"),
+        "bad": metric(client, "polyc_http_requests_total", method="POST",
+                      route="/v1/compile", status="422"),
+    }
+    assert {k: after[k] - before[k] for k in before} == {
+        "hits": 2, "misses": 1, "ok": 1, "seconds": 1, "posts": 3, "bad": 1}
+    text = client.get("/metrics").text
+    assert "# TYPE polyc_compile_seconds histogram" in text
+    assert client.get("/metrics").headers["content-type"].startswith("text/plain")
+
+
+def test_spelling_of_the_json_does_not_change_the_key(client):
+    g = graph("spelling")
+    g["constants"] = [{"name": "c", "shape": [8], "dtype": "float32", "data": [1] * 8}]
+    g["nodes"] = [{"op": "add", "inputs": ["x", "c"], "outputs": ["y"]}]
+    first = client.post("/v1/compile", json={"graph": g}).json()
+    text = json.dumps({"options": {}, "target": "cpu", "graph": g}, indent=4, sort_keys=True)
+    text = text.replace(" 1,", " 1.0,").replace(" 1\n", " 1e0\n")
+    assert "1e0" in text and "1.0," in text
+    r = client.post("/v1/compile", content=text.encode(),
+                    headers={"content-type": "application/json; charset=utf-8"})
+    assert r.json()["key"] == first["key"] and r.json()["cache_hit"] is True
+
+
+def test_options_and_target_are_part_of_the_key(client):
+    a = client.post("/v1/compile", json={"graph": graph("opts")}).json()
+    b = client.post("/v1/compile", json={"graph": graph("opts"),
+                                         "options": {"parallel": False}}).json()
+    assert a["key"] != b["key"] and b["cache_hit"] is False
+    assert b["options"]["parallel"] is False and "omp parallel" not in b["c_source"]
+    c = client.post("/v1/compile", json={"graph": graph("opts"), "target": "cpu",
+                                         "options": {"parallel": True}}).json()
+    assert c["key"] == a["key"] and c["cache_hit"] is True
+
+
+def test_identical_concurrent_requests_compile_once(client):
+    before = metric(client, "polyc_compiles_total", outcome="ok")
+    body = {"graph": graph("concurrent", (6, 6), "tanh")}
+    results = []
+
+    def post():
+        results.append(client.post("/v1/compile", json=body))
+
+    threads = [threading.Thread(target=post) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in results] == [200] * 6
+    answers = [r.json() for r in results]
+    assert len({a["key"] for a in answers}) == 1
+    assert sum(not a["cache_hit"] and not a["coalesced"] for a in answers) == 1
+    assert metric(client, "polyc_compiles_total", outcome="ok") - before == 1
+
+
+def test_exploding_schedule_is_422_schedule_too_complex(client):
+    g = {"inputs": [{"name": "a", "shape": [8, 8]}, {"name": "b", "shape": [8, 8]}],
+         "nodes": [{"op": "matmul", "inputs": ["a", "b"], "outputs": ["y"]}], "outputs": ["y"]}
+    r = client.post("/v1/compile", json={"graph": g, "options": {"max_operations": 100}})
+    assert r.status_code == 422, r.text
+    p = r.json()
+    assert p["type"].endswith("schedule-too-complex") and "schedule too complex" in p["detail"]
+    assert p["errors"][0]["pointer"] == "/options/max_operations"
+    # the failure is not cached: a bigger budget compiles
+    assert client.post("/v1/compile", json={"graph": g}).status_code == 200
+
+
+def test_healthz(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_openapi_schema_describes_every_model(client):
+    schema = client.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+    for name in ("CompileRequest", "CompileOptions", "CompileResponse", "KernelSummary",
+                 "KernelRecord", "KernelDetail", "ScheduleTrees", "Health", "ProblemDetails"):
+        assert name in components, name
+    post = schema["paths"]["/v1/compile"]["post"]
+    body_schema = post["requestBody"]["content"]["application/json"]["schema"]
+    assert body_schema == {"$ref": "#/components/schemas/CompileRequest"}
+    assert components["CompileRequest"]["properties"]["graph"]["required"] == [
+        "inputs", "nodes", "outputs"]
+    ok = post["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/CompileResponse"}
+    for status in ("400", "413", "415", "422", "503", "504"):
+        content = post["responses"][status]["content"]
+        assert set(content) == {"application/problem+json"}, status
+    assert "HTTPValidationError" not in components  # FastAPI's default 422 is replaced
+    paths = set(schema["paths"])
+    assert {"/v1/compile", "/v1/kernels/{key}", "/v1/kernels/{key}/source",
+            "/v1/kernels/{key}/schedule", "/healthz", "/metrics"} <= paths
+
+
+def test_queue_full_is_503_with_retry_after(tmp_path):
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/c.sqlite3", workers=1,
+                              queue_size=0))
+    with TestClient(app) as c:
+        pool = app.state.service.pool
+        first = []
+        t = threading.Thread(target=lambda: first.append(
+            c.post("/v1/compile", json={"graph": graph("busy", (16, 16), "sigmoid")})))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not pool.busy_pids() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        r = c.post("/v1/compile", json={"graph": graph("turned-away")})
+        health = c.get("/healthz")  # liveness does not wait for the queue
+        t.join()
+        assert r.status_code == 503, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["type"].endswith("queue-full")
+        assert health.status_code == 200
+        assert first[0].status_code == 200
+        # a hit never needs a worker, so it is served even when the queue is full
+        assert c.post("/v1/compile", json={"graph": graph("busy", (16, 16), "sigmoid")}
+                      ).json()["cache_hit"] is True
+
+
+def test_dropped_nodes_are_noted_per_request_and_do_not_change_the_key(client):
+    lean = graph("dead", (5, 5))
+    fat = graph("dead", (5, 5))
+    fat["nodes"] = fat["nodes"] + [{"op": "neg", "inputs": ["x"], "outputs": ["unused"]}]
+    a = client.post("/v1/compile", json={"graph": fat}).json()
+    assert any("'unused'" in n and "dropped" in n for n in a["notes"])
+    b = client.post("/v1/compile", json={"graph": lean}).json()
+    assert b["key"] == a["key"] and b["cache_hit"] is True and b["notes"] == []
+    c = client.post("/v1/compile", json={"graph": fat}).json()
+    assert c["cache_hit"] is True and c["notes"] == a["notes"]

@@ -1,0 +1,198 @@
+"""The service's pure parts: content keys, bundles, body checks, error pointers, metrics.
+
+The key must not depend on how a client spells its JSON, and must depend on everything
+that changes the generated code; a bundle must refuse any damage; a hostile body must be
+refused before a parser recurses into it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+
+import pytest
+
+from polyc import load_graph
+from polyc.compiler import Options
+from polyc.errors import Problem
+from polyc.server import worker_main
+from polyc.server.body import nesting_depth, parse_body
+from polyc.server.bundle import CorruptBundle, decode_bundle, encode_bundle
+from polyc.server.keys import Toolchain, canonical_graph
+from polyc.server.metrics import Metrics
+from polyc.server.models import CompileOptions, CompileRequest
+from polyc.server.problems import ApiProblem, graph_pointer
+
+TOOLCHAIN = Toolchain(polyc="0.1.0", islpy="2026.1", isl="isl-x", cc="gcc",
+                      cc_version="gcc 12", cflags="-O3", cpu="flags=avx2 sse")
+
+
+def graph_doc(**over):
+    doc = {"name": "g",
+           "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+           "constants": [{"name": "c", "shape": [3], "dtype": "float32", "data": [1, 2.5, 3]}],
+           "nodes": [{"op": "add", "inputs": ["x", "c"], "outputs": ["s"]},
+                     {"op": "layer_norm", "inputs": ["s"], "outputs": ["y"],
+                      "attrs": {"epsilon": 0.001}}],
+           "outputs": ["y"]}
+    doc.update(over)
+    return doc
+
+
+def key_of(doc, target="cpu", options=Options(), toolchain=TOOLCHAIN):
+    return toolchain.key(canonical_graph(load_graph(doc)), target, options.to_json())
+
+
+# -- content keys ---------------------------------------------------------------------------
+
+def test_key_ignores_key_order_whitespace_and_number_spelling():
+    base = key_of(graph_doc())
+    doc = graph_doc()
+    doc["constants"][0]["data"] = ["DATA"]
+    doc["nodes"][1]["attrs"]["epsilon"] = "EPS"
+    text = json.dumps(doc, indent=3, sort_keys=True)
+    respelled = text.replace('"DATA"', "1.0, 25e-1, 3e0").replace('"EPS"', "1e-3")
+    assert key_of(json.loads(respelled)) == base
+    reordered = dict(reversed(list(graph_doc().items())))
+    assert key_of(reordered) == base
+
+
+def test_key_fills_defaults():
+    # dtype float32 and attrs left at their defaults spell the same graph
+    doc = graph_doc()
+    del doc["inputs"][0]["dtype"]
+    assert key_of(doc) == key_of(graph_doc())
+
+
+@pytest.mark.parametrize("change", [
+    lambda: key_of(graph_doc(name="other")),
+    lambda: key_of(graph_doc(constants=[{"name": "c", "shape": [3], "data": [1, 2.5, 4]}])),
+    lambda: key_of(graph_doc(), options=Options(parallel=False)),
+    lambda: key_of(graph_doc(), options=Options(max_operations=12345)),
+    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cc_version="gcc 13")),
+    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cflags="-O2")),
+    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, islpy="2027.1")),
+    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, polyc="0.2.0")),
+    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cpu="flags=sse")),
+], ids=["graph-name", "constant", "parallel", "max-ops", "gcc", "cflags", "islpy", "polyc",
+        "cpu"])
+def test_key_covers_everything_that_changes_the_output(change):
+    assert change() != key_of(graph_doc())
+
+
+def test_int32_constants_stay_integers_in_the_canonical_form():
+    doc = graph_doc(inputs=[{"name": "x", "shape": [3], "dtype": "int32"}],
+                    constants=[{"name": "c", "shape": [3], "dtype": "int32", "data": [1, 2, 3]}],
+                    nodes=[{"op": "add", "inputs": ["x", "c"], "outputs": ["y"]}])
+    assert b'"data":[1,2,3]' in canonical_graph(load_graph(doc))
+
+
+def test_real_toolchain_is_detected():
+    tc = Toolchain.detect()
+    assert tc.polyc and tc.islpy and tc.cc_version and "-march=native" in tc.cflags
+    assert len(tc.key(b"{}", "cpu", {})) == 64
+
+
+# -- bundles -------------------------------------------------------------------------------
+
+PARTS = {"record.json": b'{"a": 1}', "kernels.c": b"void f(void) {}\n",
+         "kernels.so": b"\x7fELF" * 99}
+
+
+def test_bundle_round_trip():
+    blob = encode_bundle("k" * 64, PARTS)
+    b = decode_bundle(blob, "k" * 64)
+    assert b.parts == PARTS and b.size == len(blob)
+    assert [p["name"] for p in b.manifest] == list(PARTS)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda b: b[:-1],  # truncated payload
+    lambda b: b[:len(b) // 2],  # truncated in the middle
+    lambda b: b[:20],  # truncated in the manifest
+    lambda b: b + b"x",  # trailing junk
+    lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:],  # one bit flipped in the object
+    lambda b: b.replace(b'"size":8', b'"size":9'),  # manifest edited
+    lambda b: b"",
+    lambda b: b"polyc-bundle/2\n" + b[15:],  # another format
+], ids=["last-byte", "half", "manifest", "junk", "bit-flip", "edited", "empty", "magic"])
+def test_bundle_damage_is_detected(damage):
+    blob = encode_bundle("k" * 64, PARTS)
+    with pytest.raises(CorruptBundle):
+        decode_bundle(damage(blob), "k" * 64)
+
+
+def test_bundle_filed_under_another_key_is_refused():
+    with pytest.raises(CorruptBundle, match="another key"):
+        decode_bundle(encode_bundle("a" * 64, PARTS), "b" * 64)
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+def test_nesting_depth_skips_strings():
+    assert nesting_depth(b'{"a": [[1], {"b": []}]}') == 4
+    assert nesting_depth(b'{"a": "[[[[[[[[[[", "b": "\\"[[["}') == 1
+    assert nesting_depth(b"[" * 100_000) == 100_000
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"", "empty"),
+    (b'{"graph": NaN}', "NaN"),
+    (b'{"graph": -Infinity}', "Infinity"),
+    (b'{"graph": 1e999}', "too large"),
+    (b'{"graph": ', "Expecting value"),
+    (b'{"graph": "\xff"}', "UTF-8"),
+    (b"[" * 1_000_000, "levels deep"),
+])
+def test_bad_bodies_are_refused_with_a_reason(body, words):
+    with pytest.raises(ApiProblem) as e:
+        parse_body(body, max_depth=64)
+    assert e.value.status == 400 and words in e.value.detail
+
+
+# -- models ------------------------------------------------------------------------------------
+
+def test_compile_options_mirror_the_compiler_options():
+    assert set(CompileOptions.model_fields) == set(Options().to_json())
+    assert CompileOptions().model_dump(mode="json") == Options().to_json()
+    assert set(CompileRequest.model_fields) == {"graph", "target", "options"}
+
+
+# -- pointers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("problem, expected", [
+    (Problem("m", None, None, "outputs"), "/graph/outputs"),
+    (Problem("m", None, None, "nodes[1]"), "/graph/nodes/1"),
+    (Problem("m", "x", None, "shape"), "/graph/inputs/0/shape"),
+    (Problem("m", "c", None, "data"), "/graph/constants/0/data"),
+    (Problem("m", "y", "layer_norm", "attrs.epsilon"), "/graph/nodes/1/attrs/epsilon"),
+    (Problem("m", "s", "add", "inputs"), "/graph/nodes/0/inputs"),
+    (Problem("m", "nodes[0]", None, "op"), "/graph/nodes/0/op"),
+    (Problem("m", "nowhere", "exp", "a/b"), "/graph/a~1b"),
+])
+def test_problems_point_at_the_field(problem, expected):
+    assert graph_pointer(graph_doc(), problem) == expected
+
+
+# -- worker error mapping ------------------------------------------------------------------------
+
+def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
+    def full(source, *, timeout_s):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(worker_main, "build_object", full)
+    job = {"key": "k" * 64, "graph": canonical_graph(load_graph(graph_doc())), "target": "cpu",
+           "options": Options().to_json(), "limits": __import__("polyc").Limits(),
+           "timeout_s": 30, "notes": [], "toolchain": TOOLCHAIN.to_json()}
+    reply = worker_main.run_job(job)
+    assert reply[0] == "error" and reply[1] == worker_main.DISK_FULL
+
+
+def test_metrics_render_prometheus_text():
+    m = Metrics()
+    m.requests.inc(method="GET", route="/x", status="200")
+    m.compile_seconds.observe(0.3)
+    text = m.render()
+    assert 'polyc_http_requests_total{method="GET",route="/x",status="200"} 1' in text
+    assert 'polyc_compile_seconds_bucket{le="0.5"} 1' in text
+    assert 'polyc_compile_seconds_bucket{le="0.25"} 0' in text
+    assert "polyc_compile_seconds_count 1" in text

@@ -110,6 +110,23 @@ def cmd_serve(args) -> int:
         return 2
 
 
+def cmd_tune(args) -> int:
+    from .compiler import Options
+    from .graph.load import load_graph
+    from .microkernels.tuning import tune_graph
+
+    def progress(done: int, total: int, text: str) -> None:
+        bar = "#" * (20 * done // total)
+        print(f"\r[{bar:<20}] {done}/{total} {text:<48}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    graph = load_graph(args.graph)
+    lines = tune_graph(graph, options=Options(parallel=not args.no_parallel),
+                       budget=args.budget, repeat=args.repeat, progress=progress)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("tune", help="measure microkernel tile sizes, keep the best in the cache")
+    p.add_argument("graph", help="subgraph JSON file")
+    p.add_argument("--budget", type=int, default=18, help="candidates to measure")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per candidate")
+    p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
+    p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("serve", help="run the HTTP compile service")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

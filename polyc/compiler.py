@@ -24,7 +24,9 @@ from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
+from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
+from .microkernels.match import map_microkernels
 from .schedule_tree.contract import contract_arrays
 from .schedule_tree.oracle import ask_fusion
 from .target import Target, get_target
@@ -47,11 +49,18 @@ class Options:
     fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
     tile: bool = True  # tile permutable bands to fit the target's fastest memory
     tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
+    microkernels: bool = True  # contractions and row reductions onto polyc/microkernels
+    microkernel_isa: str = ""  # '' the best the target has, else 'avx512' | 'avx2' | 'portable'
+    microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
+    threads: int = 0  # OpenMP team size of microkernel nests (0: OMP_NUM_THREADS)
 
     def to_json(self) -> dict:
         return {"parallel": self.parallel, "max_operations": self.max_operations,
                 "verify": self.verify, "fuse": self.fuse, "tile": self.tile,
-                "tile_sizes": list(self.tile_sizes) if self.tile_sizes else None}
+                "tile_sizes": list(self.tile_sizes) if self.tile_sizes else None,
+                "microkernels": self.microkernels, "microkernel_isa": self.microkernel_isa,
+                "microkernel_tiles": [list(t) for t in self.microkernel_tiles],
+                "threads": self.threads}
 
 
 @dataclass
@@ -147,6 +156,9 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
                       fused=len(kernel.nodes) > 1, max_operations=options.max_operations)
     if options.verify:
         _verify(model, model.schedule, f"schedule {k}")
+    # before tiling: bands under a microkernel's marks are already tiled for its shape
+    model = trace.run(f"microkernels {k}", map_microkernels, model, kernel, options=options,
+                      target=target, show=lambda m: schedule_to_text(m.schedule))
     schedule = model.schedule
     if options.tile:
         schedule = trace.run(f"tile {k}", tile_bands, model, schedule, kernel, target,
@@ -157,7 +169,7 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
     # the cpu target: parallel and simd marks
     marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel.statements,
-                       parallel=options.parallel, show=schedule_to_text)
+                       model.dependences, parallel=options.parallel, show=schedule_to_text)
     if options.verify:
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
@@ -202,6 +214,8 @@ def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
     g = trace.run("decompose", decompose_graph, loaded)
     g = trace.run("simplify", simplify_graph, g)
+    if options.verify:
+        verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops
     machine = get_target(target)
     plan = trace.run("fuse", plan_fusion, g, machine, options)

@@ -74,7 +74,7 @@ def test_compile_writes_its_files(tmp_path, capsys):
 
 
 STAGES = ("load", "decompose", "simplify", "fuse", "kernels", "model", "dependences",
-          "schedule", "tile", "contract", "lower-cpu", "codegen", "build")
+          "schedule", "microkernels", "tile", "contract", "lower-cpu", "codegen", "build")
 
 
 def test_print_after_all_shows_every_pass(tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_print_after_all_shows_every_pass(tmp_path, capsys):
     assert {p.split(" ")[0] for p in printed} == set(STAGES)
     # every per-kernel pass, for every kernel
     kernels = [k.name for k in compile(path, build=False).kernels]
-    for stage in STAGES[5:12]:
+    for stage in STAGES[5:13]:
         assert [p for p in printed if p.startswith(stage + " ")] == [
             f"{stage} {k}" for k in kernels]
 

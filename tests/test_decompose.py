@@ -7,22 +7,13 @@ from hypothesis import given, settings, strategies as st
 
 from polyc.graph import Graph, GraphBuilder, load_graph
 from polyc.graph.decompose import decompose_graph
-from polyc.graph.ops import OPS, infer
+from polyc.graph.ops import OPS
 from polyc.graph.reference import run_reference
+from polyc.graph.verify import verify_graph
 
 
 def check_well_formed(g: Graph) -> None:
-    """Topological order, unique names, and every recorded type equal to re-inference."""
-    known = {t.name for t in g.inputs + g.constants}
-    assert len(known) == len(g.inputs) + len(g.constants)
-    assert len({n.name for n in g.nodes}) == len(g.nodes)
-    for n in g.nodes:
-        assert all(i in known for i in n.inputs), f"{n} reads a tensor not yet produced"
-        assert n.output not in known
-        known.add(n.output)
-        assert infer(OPS[n.op], n.attrs, [g.types[i] for i in n.inputs]) == g.types[n.output]
-    assert set(g.types) == known
-    assert all(o in known for o in g.outputs)
+    verify_graph(g, "test")
 
 
 # One graph per composite op and variant: (builder of its graph, input shapes).

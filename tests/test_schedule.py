@@ -257,12 +257,13 @@ def test_schedule_json_has_kind_children_and_band_flags():
     assert tree["kind"] == "domain" and "S0_init" in tree["domain"]
     for node in _walk(tree):
         assert isinstance(node["kind"], str) and isinstance(node["children"], list)
-    (band,) = [n for n in _walk(tree) if n["kind"] == "band"]
-    assert band["permutable"] is True
-    assert band["members"] == len(band["coincident"]) == 2
-    assert all(isinstance(c, bool) for c in band["coincident"])
-    assert [c["kind"] for c in band["children"]] == ["sequence"]
-    assert [f["filter"] for f in band["children"][0]["children"]] == [
+    # rows, then the reduction loop split off under its `reduce` mark
+    rows, sums = [n for n in _walk(tree) if n["kind"] == "band"]
+    assert rows["permutable"] is True and rows["coincident"] == [True]
+    assert sums["members"] == len(sums["coincident"]) == 1 and sums["coincident"] == [False]
+    assert [n["mark"] for n in _walk(tree) if n["kind"] == "mark"] == ["reduce"]
+    assert [c["kind"] for c in sums["children"]] == ["sequence"]
+    assert [f["filter"] for f in sums["children"][0]["children"]] == [
         "{ S0_init[i0] }", "{ S0[i0, i1] }"]
 
 

@@ -18,6 +18,7 @@ import islpy as isl
 
 from ..kernel import Array, Kernel, c_comment
 from ..schedule_tree.comprehension import Statement
+from ..microkernels.emit import MicrokernelEmitter, handles as is_microkernel_mark
 from .cexpr import C_TYPE, ExprPrinter
 
 _T = isl.ast_node_type
@@ -43,10 +44,17 @@ class CBuilder:
             header = (it, n.for_get_init().to_C_str(), n.for_get_cond().to_C_str(),
                       n.for_get_inc().to_C_str())
             inner = n.for_get_body()
-            if "reduce" in marks and inner.get_type() == _T.user:
-                code = self.emit_reduction_loop(*header, inner.user_get_expr())
-                if code is not None:
-                    return code
+            if "reduce" in marks or "simd" in marks:
+                calls = _user_calls(inner)
+                reused = self.reused_buffers(it, calls) if calls else None
+                if reused is None:  # a buffer shared by the iterations: no vector lanes
+                    marks = tuple(m for m in marks if m not in ("reduce", "simd"))
+                elif "reduce" in marks:
+                    code = self.emit_reduction_loop(*header, calls, reused)
+                    if code is not None:
+                        return code
+                if reused:
+                    marks += (f"private({', '.join(reused)})",)
             return self.emit_loop(*header, _statement(self.node(inner)), marks)
         if kind == _T.if_:
             other = _statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
@@ -57,7 +65,7 @@ class CBuilder:
             return cgen.Block([self.node(children.get_at(i), marks)
                                for i in range(children.n_ast_node())])
         if kind == _T.mark:
-            return self.node(n.mark_get_node(), marks + (n.mark_get_id().get_name(),))
+            return self.emit_mark(n.mark_get_id().get_name(), n.mark_get_node(), marks)
         if kind == _T.user:
             return self.emit_user(n.user_get_expr())
         raise NotImplementedError(f"isl AST node of kind {kind}")
@@ -74,10 +82,34 @@ class CBuilder:
     def emit_if(self, cond: str, then: cgen.Generable, other: cgen.Generable | None) -> cgen.Generable:
         return cgen.If(cond, then, other)
 
+    def emit_mark(self, name: str, child: isl.AstNode, marks: tuple[str, ...]) -> cgen.Generable:
+        """A schedule-tree mark above `child`; by default it applies to the first loop
+        level below it (`marks`), a target's builder may emit code of its own."""
+        return self.node(child, marks + (name,))
+
     def emit_reduction_loop(self, it: str, init: str, cond: str, inc: str,
-                            call: isl.AstExpr) -> cgen.Generable | None:
-        """A loop whose body is one reduction update, or None to emit it as any loop."""
+                            calls: list[isl.AstExpr], private: list[str]) -> cgen.Generable | None:
+        """A loop of statements whose only carried dependences are reductions', or None
+        to emit it as any loop."""
         return None
+
+    def reused_buffers(self, it: str, calls: list[isl.AstExpr]) -> list[str] | None:
+        """Contracted scalars the loop's statements write in every iteration (each vector
+        lane needs its own), or None when a larger buffer is reused across iterations
+        (its slots would be shared by the lanes)."""
+        scalars = []
+        for call in calls:
+            s, iters = self._call(call)
+            a = self.arrays[s.target]
+            if a.kept is None or s.reduce is not None:
+                continue
+            target = ExprPrinter(self.arrays, lambda pos: iters[pos]).access(s.target, s.index)
+            if re.search(rf"\b{it}\b", target):
+                continue
+            if a.kept:
+                return None
+            scalars.append(a.c_name)
+        return sorted(set(scalars))
 
     def _call(self, call: isl.AstExpr) -> tuple[Statement, list[str]]:
         name = call.get_op_arg(0).get_id().get_name()
@@ -103,8 +135,8 @@ class CBuilder:
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
                  for s in self.kernel.statements]
         for a in self.buffers:
-            size = max(1, math.prod(a.buffer_shape))
-            body.append(cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}[{size}]"))
+            size = f"[{math.prod(a.buffer_shape)}]" if a.kept else ""
+            body.append(cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}{size}"))
         # locals that could not be contracted live whole for the call
         locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
         for a in locals_:
@@ -114,6 +146,19 @@ class CBuilder:
         body += [cgen.Statement(f"free({a.c_name})") for a in locals_]
         decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
         return cgen.FunctionBody(decl, cgen.Block(body))
+
+
+def _user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
+    """The statement calls of a loop body made only of statements, else None."""
+    if node.get_type() == _T.user:
+        return [node.user_get_expr()]
+    if node.get_type() != _T.block:
+        return None
+    children = node.block_get_children()
+    kids = [children.get_at(i) for i in range(children.n_ast_node())]
+    if any(k.get_type() != _T.user for k in kids):
+        return None
+    return [k.user_get_expr() for k in kids]
 
 
 def _statement(g: cgen.Generable) -> cgen.Generable:
@@ -130,28 +175,73 @@ _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
 class CpuBuilder(CBuilder):
-    """Marks from `lower_cpu` become one OpenMP pragma on the loop right below them."""
+    """Marks from `lower_cpu` become one OpenMP pragma on the loop right below them;
+    microkernel marks (`polyc/microkernels/match.py`) become packing, kernel calls and
+    write-back (`polyc/microkernels/emit.py`), the kernels' C pasted before the function."""
 
-    def emit_reduction_loop(self, it, init, cond, inc, call):
-        """The update accumulates in a scalar that `omp simd reduction` may split into
-        one accumulator per vector lane; the element is read once and written once."""
-        s, iters = self._call(call)
-        p = ExprPrinter(self.arrays, lambda pos: iters[pos])
-        target = p.access(s.target, s.index)
-        if re.search(rf"\b{it}\b", target):  # the element moves with the loop: no reduction
-            return None
-        ctype = C_TYPE[s.dtype]
-        loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}",
-                        cgen.Statement(p.update("acc", s.reduce, p.value(s.expr), s.dtype).rstrip(";")))
-        return cgen.Block([cgen.Statement(f"{ctype} acc = {target}"),
-                           cgen.Pragma(f"omp simd reduction({_OMP_REDUCTION[s.reduce]}:acc)"),
-                           loop, cgen.Statement(f"{target} = acc")])
+    def __init__(self, kernel: Kernel):
+        super().__init__(kernel)
+        self.loops: list[str] = []  # iterators of the loops around the node being built
+        self.microkernels = MicrokernelEmitter(self)
+
+    def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
+        if n.get_type() != _T.for_:
+            return super().node(n, marks)
+        self.loops.append(n.for_get_iterator().get_id().get_name())
+        try:
+            return super().node(n, marks)
+        finally:
+            self.loops.pop()
+
+    def emit_mark(self, name, child, marks):
+        if is_microkernel_mark(name):
+            return self.microkernels.emit(name, child, marks)
+        return super().emit_mark(name, child, marks)
+
+    def function(self, ast: isl.AstNode) -> cgen.Generable:
+        fn = super().function(ast)
+        kernels = self.microkernels.sources()  # include-guarded: pasted once per kernel
+        return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
 
     def emit_loop(self, it, init, cond, inc, body, marks):
         # both marks on one loop (a one-member band) make `omp parallel for simd`
         words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
+        private = [m for m in marks if m.startswith("private(")]
         if "parallel" in marks and self.buffers:  # each thread its own contracted buffers
             words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
+        elif words:
+            words += private
         pragmas = ("omp " + " ".join(words),) if words else ()
+        # pragmas a microkernel mark asked for (`omp for` of a team) pass through
+        pragmas = tuple(m for m in marks if m.startswith("omp ")) + pragmas
         return super().emit_loop(it, init, cond, inc, body, pragmas)
+
+    def emit_reduction_loop(self, it, init, cond, inc, calls, private):
+        """Each reduction whose element stays put in the loop accumulates in a scalar that
+        `omp simd reduction` splits into one accumulator per vector lane; the element is
+        read before the loop and written after it."""
+        accs: dict[str, tuple[str, str, str]] = {}  # element -> (scalar, op, C type)
+        body = []
+        for call in calls:
+            s, iters = self._call(call)
+            p = ExprPrinter(self.arrays, lambda pos: iters[pos])
+            target = p.access(s.target, s.index)
+            if s.reduce is not None and not re.search(rf"\b{it}\b", target):
+                if target not in accs:
+                    accs[target] = (f"acc{len(accs)}", s.reduce, C_TYPE[s.dtype])
+                target = accs[target][0]
+            body.append(cgen.Statement(p.update(target, s.reduce, p.value(s.expr), s.dtype)
+                                       .rstrip(";")))
+        if not accs:
+            return None
+        clauses = " ".join(f"reduction({_OMP_REDUCTION[op]}:{acc})" for acc, op, _ in accs.values())
+        if private:
+            clauses += f" private({', '.join(private)})"
+        loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}",
+                        body[0] if len(body) == 1 else cgen.Block(body))
+        return cgen.Block([cgen.Statement(f"{ctype} {acc} = {element}")
+                           for element, (acc, _, ctype) in accs.items()]
+                          + [cgen.Pragma(f"omp simd {clauses}"), loop]
+                          + [cgen.Statement(f"{element} = {acc}")
+                             for element, (acc, _, _) in accs.items()])

@@ -48,6 +48,11 @@ def build_key(source: str) -> str:
     return h.hexdigest()
 
 
+def gcc_command(c_file: Path | str, so_file: Path | str) -> list[str]:
+    """The one command line that turns generated C into a shared object."""
+    return [CC, *CFLAGS, "-o", str(so_file), str(c_file), "-lm"]
+
+
 def build_shared_object(source: str) -> Path:
     """Compile `source` (or reuse the cached object) and return the .so path."""
     out_dir = cache_dir() / "build"
@@ -59,10 +64,9 @@ def build_shared_object(source: str) -> Path:
         c_file = Path(tmp) / "kernels.c"
         c_file.write_text(source)
         tmp_so = Path(tmp) / "kernels.so"
-        cmd = [CC, *CFLAGS, "-o", str(tmp_so), str(c_file), "-lm"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-                                  start_new_session=True)
+            proc = subprocess.run(gcc_command(c_file, tmp_so), capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S, start_new_session=True)
         except subprocess.TimeoutExpired:
             raise BuildError(f"{CC} took longer than {BUILD_TIMEOUT_S} s") from None
         except OSError as e:

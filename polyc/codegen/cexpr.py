@@ -30,23 +30,23 @@ POLYC_EXTREMA(float, float32)
 POLYC_EXTREMA(double, float64)
 POLYC_EXTREMA(int32_t, int32)
 /* float32 transcendentals that gcc can vectorise (libm's are opaque calls): branch-free,
-   within 2 ulp (erf: 2e-7 absolute), with IEEE results for +-inf and NaN */
+   within 2 ulp (erf: 4e-7 absolute), with IEEE results for +-inf and NaN */
 static inline float polyc_bits_to_float(int32_t i) { union { int32_t i; float f; } u = { i }; return u.f; }
 static inline int32_t polyc_float_to_bits(float f) { union { float f; int32_t i; } u = { f }; return u.i; }
 static inline float polyc_expf(float x) {
-  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  /* results below 2^-125 flush to zero, as with FTZ hardware */
+  float xc = x < -86.6433f ? -86.6433f : (x > 88.7228394f ? 88.7228394f : x);
   float n = __builtin_rintf(xc * 1.44269504088896341f);          /* x = n ln2 + r */
   float r = __builtin_fmaf(n, -0.693145751953125f, xc);
   r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 5040.0f;                                      /* exp(r), |r| <= ln2/2 */
-  p = __builtin_fmaf(p, r, 1.0f / 720.0f); p = __builtin_fmaf(p, r, 1.0f / 120.0f);
-  p = __builtin_fmaf(p, r, 1.0f / 24.0f); p = __builtin_fmaf(p, r, 1.0f / 6.0f);
-  p = __builtin_fmaf(p, r, 0.5f); p = __builtin_fmaf(p, r, 1.0f); p = __builtin_fmaf(p, r, 1.0f);
-  int32_t k = (int32_t)n, half = k / 2;                          /* 2^n in two exact steps */
-  float y = p * polyc_bits_to_float((half + 127) << 23) * polyc_bits_to_float((k - half + 127) << 23);
+  float p = 1.0f / 720.0f;                                       /* exp(r), |r| <= ln2/2 */
+  p = __builtin_fmaf(p, r, 1.0f / 120.0f); p = __builtin_fmaf(p, r, 1.0f / 24.0f);
+  p = __builtin_fmaf(p, r, 1.0f / 6.0f); p = __builtin_fmaf(p, r, 0.5f);
+  p = __builtin_fmaf(p, r, 1.0f); p = __builtin_fmaf(p, r, 1.0f);
+  /* p * 2^n by adding n to p's exponent: p is in [0.7, 1.42], so the sum stays normal */
+  float y = polyc_bits_to_float(polyc_float_to_bits(p) + ((int32_t)n << 23));
   y = x > 88.7228394f ? INFINITY : y;
-  y = x < -103.972f ? 0.0f : y;
-  return x != x ? x : y;
+  return x < -86.6433f ? 0.0f : y;  /* a NaN stays NaN: r, p and y are NaN */
 }
 static inline float polyc_logf(float x) {
   int32_t sub = x < 1.17549435e-38f;                             /* scale subnormals up */
@@ -146,6 +146,8 @@ class ExprPrinter:
 
     def access(self, tensor: str, index: tuple[Index, ...]) -> str:
         a = self.arrays[tensor]
+        if a.kept == ():
+            return a.c_name  # a buffer of one element is a C scalar
         dims = range(a.type.ndim) if a.kept is None else a.kept  # a buffer drops pinned dims
         terms = []
         stride = 1

@@ -5,11 +5,11 @@ tree and the browser view, and codegen only has to translate them:
 
 - `parallel` above the outermost band on each path whose first member is coincident,
   when the work below it is large enough to pay for waking the thread team;
-- `simd` above the last member of an innermost band when that member is coincident
-  (the band is split so the mark sits on exactly that loop);
-- `reduce` instead when that member carries a float reduction, the band's only
-  statement: its partial results may be combined in any order (sum, max, ...), so the
-  loop vectorises with one accumulator per lane.
+- on the last loop of an innermost band (the band is split so the mark sits on exactly
+  that loop): `simd` when the loop carries no dependence, `reduce` when every dependence
+  it carries is a float reduction statement's on itself, whose partial results may be
+  combined in any order (sum, max, ...), so the loop vectorises with one accumulator
+  per lane. Both are decided with isl on the dependences and the schedule.
 """
 from __future__ import annotations
 
@@ -36,16 +36,41 @@ def _below_mark(node: isl.ScheduleNode, *marks: str) -> bool:
             and node.parent().mark_get_id().get_name() in marks)
 
 
-def _single_float_reduction(band: isl.ScheduleNode, by_name: dict[str, Statement]) -> bool:
-    names: list[str] = []
-    band.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
-    return (len(names) == 1 and by_name[names[0]].reduce is not None
-            and by_name[names[0]].dtype != "int32")
+def _only_statements(node: isl.ScheduleNode) -> bool:
+    """Is there no loop below `node` (a leaf, or a sequence of statements)?"""
+    if node.get_type() == _LEAF:
+        return True
+    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
+        return all(node.child(i).child(0).get_type() == _LEAF for i in range(node.n_children()))
+    return False
 
 
-def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...], *,
-                   parallel: bool = True) -> isl.Schedule:
-    """Insert `parallel` and `simd` marks (see the module docstring)."""
+def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
+                     by_name: dict[str, Statement]) -> str | None:
+    """'simd', 'reduce' or None for the last member of `band` (see the module doc)."""
+    if not _only_statements(band.child(0)):
+        return None
+    n = band.band_n_member()
+    last = band.band_split(n - 1).child(0) if n > 1 else band
+    outer = last.get_prefix_schedule_union_map()
+    inner = last.band_get_partial_schedule_union_map()
+    domain = last.get_domain()
+    same_outer = outer.apply_range(outer.reverse())
+    carried = (deps.intersect_domain(domain).intersect_range(domain).intersect(same_outer)
+               .subtract(inner.apply_range(inner.reverse())))
+    if carried.is_empty():
+        return "simd"
+    maps = carried.get_map_list()
+    for m in (maps.get_at(i) for i in range(maps.n_map())):
+        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+        if src != dst or by_name[src].reduce is None or by_name[src].dtype == "int32":
+            return None
+    return "reduce"
+
+
+def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...],
+                   dependences: isl.UnionMap, *, parallel: bool = True) -> isl.Schedule:
+    """Insert `parallel`, `simd` and `reduce` marks (see the module docstring)."""
     sizes = {s.name: math.prod(s.extents) for s in statements}
     by_name = {s.name: s for s in statements}
 
@@ -53,12 +78,7 @@ def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...], *,
         inserted = 0
         if node.get_type() == _BAND and not _below_mark(node, "simd", "reduce"):
             n = node.band_n_member()
-            inner = None
-            if node.child(0).get_type() == _LEAF:
-                if node.band_member_get_coincident(n - 1):
-                    inner = "simd"
-                elif _single_float_reduction(node, by_name):
-                    inner = "reduce"
+            inner = _inner_loop_kind(node, dependences, by_name)
             if inner and n > 1:
                 node = node.band_split(n - 1)
                 node = node.child(0).insert_mark(isl.Id(inner)).parent()

@@ -78,8 +78,8 @@ def _plan(model: PolyModel, schedule: isl.Schedule, array: Array) -> tuple[int, 
         when = touching.reverse().apply_range(_prefix(bands, d))  # element -> iterations
         if not when.is_single_valued():
             continue
-        kept = tuple(k for k in range(array.type.ndim)
-                     if not any(_pins(when, k, t) for t in range(d)))
+        kept = tuple(k for k in range(array.type.ndim) if array.type.shape[k] > 1
+                     and not any(_pins(when, k, t) for t in range(d)))
         return d, kept
     return 0, tuple(range(array.type.ndim))
 

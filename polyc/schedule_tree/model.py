@@ -40,6 +40,19 @@ class PolyModel:
         """Every dependence a schedule must respect."""
         return self.flow.union(self.anti).union(self.output)
 
+    def bytes_touched(self, instances: isl.UnionSet, element_bytes: Mapping[str, int]) -> int:
+        """Bytes of the distinct array elements that `instances` read or write, counted
+        exactly by isl; `element_bytes` maps array names to their element size."""
+        touched = self.reads.union(self.writes).intersect_domain(instances).range()
+        total = 0
+
+        def add(elements: isl.Set) -> None:
+            nonlocal total
+            total += elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
+
+        touched.foreach_set(add)
+        return total
+
     def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
         return replace(self, schedule=schedule)
 

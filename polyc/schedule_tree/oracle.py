@@ -57,16 +57,8 @@ def footprint(model: PolyModel, kernel: Kernel, depth: int) -> int:
         fixed = " and ".join(f"{s.iter_name(d)} = 0" for d in range(min(depth, len(s.extents))))
         parts.append(f"{s.name}[{iters}]" + (f" : {fixed}" if fixed else ""))
     first = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
-    touched = model.reads.union(model.writes).intersect_domain(first).range()
-    element = {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
-    total = 0
-
-    def add(elements: isl.Set) -> None:
-        nonlocal total
-        total += elements.count_val().to_python() * element[elements.get_tuple_name()]
-
-    touched.foreach_set(add)
-    return total
+    return model.bytes_touched(first, {a.c_name: a.type.nbytes // max(a.type.size, 1)
+                                       for a in kernel.arrays})
 
 
 def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Target) -> FusionAnswer:

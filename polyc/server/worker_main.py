@@ -136,7 +136,7 @@ def build_object(source: str, *, timeout_s: float) -> bytes:
     group (no new session), so killing the group on a time-out kills gcc and its cc1/as
     too; and the object is built fresh, so the bundle never inherits a damaged file.
     """
-    from ..codegen.build import CC, CFLAGS
+    from ..codegen.build import CC, gcc_command
     from ..errors import BuildError
 
     with tempfile.TemporaryDirectory(prefix="polyc-build-") as tmp:
@@ -144,7 +144,7 @@ def build_object(source: str, *, timeout_s: float) -> bytes:
         c_file.write_text(source, encoding="utf-8")
         so = Path(tmp) / "kernels.so"
         cpu = max(1, int(timeout_s) + 1)
-        proc = subprocess.Popen([CC, *CFLAGS, "-o", str(so), str(c_file), "-lm"],
+        proc = subprocess.Popen(gcc_command(c_file, so),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
                                 preexec_fn=lambda: _limit_gcc(cpu))

@@ -51,16 +51,7 @@ def tile_footprint(model: PolyModel, band: isl.ScheduleNode, sizes: Sequence[int
     box = " and ".join(f"0 <= t{m} < {s}" for m, s in enumerate(sizes))
     tile = isl.Set.read_from_str(model.domain.get_ctx(),
                                  f"{{ [{', '.join(f't{m}' for m in range(n))}] : {box} }}")
-    instances = sched.intersect_range(isl.UnionSet.from_set(tile)).domain()
-    touched = model.reads.union(model.writes).intersect_domain(instances).range()
-    total = 0
-
-    def add(s: isl.Set) -> None:
-        nonlocal total
-        total += s.count_val().to_python() * element[s.get_tuple_name()]
-
-    touched.foreach_set(add)
-    return total
+    return model.bytes_touched(sched.intersect_range(isl.UnionSet.from_set(tile)).domain(), element)
 
 
 def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[int],

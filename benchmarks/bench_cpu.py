@@ -1,0 +1,292 @@
+"""polyc's CPU kernels beside numpy (OpenBLAS), PyTorch eager and torch.compile.
+
+    python benchmarks/bench_cpu.py [--threads 1,2] [--repeat 15] [--no-compile]
+
+Prints one table, measured in one run: for each case and thread count, the best time of
+`--repeat` runs after warm-up as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions:
+bytes read), and polyc's result as a fraction of the machine's FMA peak or read
+bandwidth, both measured first by two small C programs built here with gcc. Each thread
+count runs in its own process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's
+threads set before anything starts a thread pool). PyTorch columns show "-" when torch
+is not importable; torch.compile needs a C++ compiler and takes a while per case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# --- the machine's limits ----------------------------------------------------------------
+
+PEAK_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <omp.h>
+/* 12 independent 8-wide FMA chains per thread: enough to cover the FMA latency of every
+   x86-64 core with AVX2, so the loop runs at the FMA units' throughput */
+static double chains(long n) {
+  double t = omp_get_wtime();
+  __asm__ volatile(
+    "vxorps %%ymm0,%%ymm0,%%ymm0\n vxorps %%ymm1,%%ymm1,%%ymm1\n vxorps %%ymm2,%%ymm2,%%ymm2\n"
+    "vxorps %%ymm3,%%ymm3,%%ymm3\n vxorps %%ymm4,%%ymm4,%%ymm4\n vxorps %%ymm5,%%ymm5,%%ymm5\n"
+    "vxorps %%ymm6,%%ymm6,%%ymm6\n vxorps %%ymm7,%%ymm7,%%ymm7\n vxorps %%ymm8,%%ymm8,%%ymm8\n"
+    "vxorps %%ymm9,%%ymm9,%%ymm9\n vxorps %%ymm10,%%ymm10,%%ymm10\n vxorps %%ymm11,%%ymm11,%%ymm11\n"
+    "vxorps %%ymm14,%%ymm14,%%ymm14\n vxorps %%ymm15,%%ymm15,%%ymm15\n"
+    "mov %0, %%rcx\n"
+    "1:\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm0\n vfmadd231ps %%ymm14,%%ymm15,%%ymm1\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm2\n vfmadd231ps %%ymm14,%%ymm15,%%ymm3\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm4\n vfmadd231ps %%ymm14,%%ymm15,%%ymm5\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm6\n vfmadd231ps %%ymm14,%%ymm15,%%ymm7\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm8\n vfmadd231ps %%ymm14,%%ymm15,%%ymm9\n"
+    "vfmadd231ps %%ymm14,%%ymm15,%%ymm10\n vfmadd231ps %%ymm14,%%ymm15,%%ymm11\n"
+    "dec %%rcx\n jnz 1b\n"
+    :: "r"(n) : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+       "xmm8", "xmm9", "xmm10", "xmm11", "xmm14", "xmm15", "cc");
+  return omp_get_wtime() - t;
+}
+int main(void) {
+  long n = 40000000;
+  double best = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    double t0 = omp_get_wtime(), slowest = 0;
+#pragma omp parallel reduction(max:slowest)
+    slowest = chains(n);
+    (void)t0;
+    double flops = 12.0 * 16.0 * n * omp_get_max_threads();
+    if (flops / slowest > best) best = flops / slowest;
+  }
+  printf("%.3f\n", best / 1e9);
+  return 0;
+}
+"""
+
+BANDWIDTH_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+/* read bandwidth: sum a 512 MiB array (far beyond every cache), 4 x 8 lanes per thread */
+typedef float v8 __attribute__((vector_size(32)));
+int main(void) {
+  long n = 1L << 27;
+  float *x = aligned_alloc(64, n * sizeof(float));
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < n; i++) x[i] = 1.0f;
+  double best = 0, sink = 0;
+  for (int rep = 0; rep < 7; rep++) {
+    double t = omp_get_wtime(), total = 0;
+#pragma omp parallel for schedule(static) reduction(+:total)
+    for (long b = 0; b < n; b += 8192) {
+      v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+      for (long i = b; i < b + 8192; i += 32) {
+        a0 += *(const v8 *)(x + i); a1 += *(const v8 *)(x + i + 8);
+        a2 += *(const v8 *)(x + i + 16); a3 += *(const v8 *)(x + i + 24);
+      }
+      v8 a = (a0 + a1) + (a2 + a3);
+      for (int l = 0; l < 8; l++) total += a[l];
+    }
+    t = omp_get_wtime() - t;
+    sink += total;
+    if (n * 4.0 / t > best) best = n * 4.0 / t;
+  }
+  printf("%.3f\n", best / 1e9 + 0 * sink);
+  return 0;
+}
+"""
+
+
+def machine_limits(threads: int, workdir: Path) -> tuple[float, float]:
+    """(FMA peak GFLOP/s, read bandwidth GB/s) with `threads` threads."""
+    out = []
+    for name, src in (("peak", PEAK_C), ("bandwidth", BANDWIDTH_C)):
+        exe = workdir / name
+        if not exe.exists():
+            c = workdir / f"{name}.c"
+            c.write_text(src)
+            subprocess.run([os.environ.get("POLYC_CC", "gcc"), "-O3", "-march=native", "-fopenmp",
+                            "-o", str(exe), str(c)], check=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="spread")
+        out.append(float(subprocess.run([str(exe)], capture_output=True, text=True, env=env,
+                                        check=True).stdout))
+    return out[0], out[1]
+
+
+# --- the cases -----------------------------------------------------------------------------
+
+def _gelu_np(h):
+    return 0.5 * h * (1.0 + np.tanh(np.float32(0.7978845608028654) * (h + np.float32(0.044715) * h * h * h)))
+
+
+def _conv_np(x, w):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+    return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+
+
+def cases():
+    """name -> (graph builder, inputs, work, unit, numpy fn, torch fn (on torch tensors))"""
+    import polyc
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.uniform(-1, 1, shape).astype(np.float32)
+
+    out = []
+
+    def matmul(name, sa, sb):
+        def build():
+            b = polyc.GraphBuilder(name)
+            return b.build([b.matmul(b.input("a", sa), b.input("w", sb))])
+        m, k = sa[-2:]
+        n = sb[-1]
+        batch = int(np.prod(sa[:-2])) if len(sa) > 2 else 1
+        out.append((name, build, {"a": rand(*sa), "w": rand(*sb)}, 2.0 * batch * m * n * k,
+                    "GFLOP/s", lambda a, w: a @ w, lambda t, a, w: t.matmul(a, w)))
+
+    matmul("matmul 1024^3", (1024, 1024), (1024, 1024))
+    matmul("matmul 512^3", (512, 512), (512, 512))
+    matmul("matmul 127x255x383", (127, 383), (383, 255))
+    matmul("batched 16x(256x64 @ 64x256)", (16, 256, 64), (16, 64, 256))
+
+    def linear_gelu():
+        b = polyc.GraphBuilder("linear_gelu")
+        x, w, bias = b.input("x", (1024, 1024)), b.input("w", (1024, 4096)), b.input("b", (4096,))
+        return b.build([b.gelu(b.linear(x, w, bias), approximate="tanh")])
+    out.append(("linear+gelu 1024x1024 @ 1024x4096", linear_gelu,
+                {"x": rand(1024, 1024), "w": rand(1024, 4096), "b": rand(4096)},
+                2.0 * 1024 * 1024 * 4096, "GFLOP/s", lambda x, w, b: _gelu_np(x @ w + b),
+                lambda t, x, w, b: t.nn.functional.gelu(t.addmm(b, x, w), approximate="tanh")))
+
+    def conv():
+        b = polyc.GraphBuilder("conv2d")
+        return b.build([b.conv2d(b.input("x", (1, 64, 56, 56)), b.input("w", (64, 64, 3, 3)),
+                                 pads=[1, 1, 1, 1])])
+    out.append(("conv2d 1x64x56x56, 64 3x3", conv,
+                {"x": rand(1, 64, 56, 56), "w": rand(64, 64, 3, 3)},
+                2.0 * 64 * 56 * 56 * 64 * 9, "GFLOP/s", _conv_np,
+                lambda t, x, w: t.nn.functional.conv2d(x, w, padding=1)))
+
+    def rsum():
+        b = polyc.GraphBuilder("reduce_sum")
+        return b.build([b.reduce_sum(b.input("x", (8192, 8192)), axes=[1])])
+    out.append(("reduce_sum 8192x8192 axis 1", rsum, {"x": rand(8192, 8192)}, 8192 * 8192 * 4.0,
+                "GB/s", lambda x: x.sum(axis=1), lambda t, x: x.sum(dim=1)))
+    return out
+
+
+def best_time(fn, repeat: int, budget_s: float = 8.0) -> float:
+    fn()
+    fn()
+    times = []
+    start = time.perf_counter()
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if time.perf_counter() - start > budget_s and len(times) >= 3:
+            break
+    return min(times)
+
+
+def worker(threads: int, repeat: int, use_compile: bool) -> dict:
+    """Runs in a process whose thread pools were sized by the environment."""
+    from polyc.compiler import Options, compile
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+    results = {}
+    for name, build, inputs, work, unit, np_fn, torch_fn in cases():
+        row: dict = {"unit": unit}
+        graph = build()
+        compiled = compile(graph, options=Options(threads=threads))
+        kernels = [line.split('"')[1].split()[1] for k in compiled.kernels
+                   for line in k.to_json()["schedule_text"].splitlines()
+                   if 'mark: "microkernel ' in line]
+        row["kernel"] = ",".join(sorted(set(kernels))) or "-"
+        out = {o: np.empty(graph.types[o].shape, graph.types[o].dtype) for o in graph.outputs}
+        args = list(inputs.values())
+        row["polyc"] = work / best_time(lambda: compiled.program(inputs, out), repeat) / 1e9
+        row["numpy"] = work / best_time(lambda: np_fn(*args), repeat) / 1e9
+        if torch is not None:
+            targs = [torch.from_numpy(a) for a in args]
+            with torch.no_grad():
+                row["torch"] = work / best_time(lambda: torch_fn(torch, *targs), repeat) / 1e9
+                if use_compile:
+                    try:
+                        cfn = torch.compile(lambda *a: torch_fn(torch, *a))
+                        row["torch.compile"] = work / best_time(lambda: cfn(*targs), repeat) / 1e9
+                    except Exception as e:  # no C++ compiler, an unsupported op, ...
+                        row["torch.compile"] = None
+                        row["torch.compile error"] = str(e).splitlines()[0][:80]
+        results[name] = row
+        print(f"  [{threads} thread(s)] {name}: done", file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.repeat, not args.no_compile)))
+        return 0
+    counts = [int(t) for t in args.threads.split(",")]
+    limits, results = {}, {}
+    with tempfile.TemporaryDirectory(prefix="polyc-bench-") as tmp:
+        for t in counts:
+            limits[t] = machine_limits(t, Path(tmp))
+            env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
+                       MKL_NUM_THREADS=str(t))
+            cmd = [sys.executable, __file__, "--worker", str(t), "--repeat", str(args.repeat)]
+            cmd += ["--no-compile"] if args.no_compile else []
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+                return 1
+            results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(table(counts, limits, results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"limits": limits, "results": results}, indent=1))
+    return 0
+
+
+def table(counts, limits, results) -> str:
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    lines = ["machine: " + ", ".join(f"{t} thread(s): FMA peak {limits[t][0]:.1f} GFLOP/s, "
+                                     f"read bandwidth {limits[t][1]:.1f} GB/s" for t in counts)]
+    head = (f"{'case':36} {'thr':>3} {'unit':>7} {'polyc':>7} {'numpy':>7} {'torch':>7} "
+            f"{'compile':>7} {'x numpy':>7} {'x torch':>7} {'of peak':>7}  kernel")
+    lines += [head, "-" * len(head)]
+    names = list(results[counts[0]])
+    for name in names:
+        for t in counts:
+            r = results[t][name]
+            peak, bw = limits[t]
+            limit = bw if r["unit"] == "GB/s" else peak
+            vs_np = r["polyc"] / r["numpy"]
+            vs_torch = r["polyc"] / r["torch"] if r.get("torch") else None
+            lines.append(f"{name:36} {t:>3} {r['unit']:>7} {f(r['polyc']):>7} {f(r['numpy']):>7} "
+                         f"{f(r.get('torch')):>7} {f(r.get('torch.compile')):>7} "
+                         f"{vs_np:>6.2f}x {('-' if vs_torch is None else f'{vs_torch:.2f}x'):>7} "
+                         f"{100 * r['polyc'] / limit:>6.0f}%  {r['kernel']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

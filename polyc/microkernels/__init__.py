@@ -1,0 +1,1 @@
+"""Fixed-shape microkernels (C, one file each) with their registry, matcher and codegen."""

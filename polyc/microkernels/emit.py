@@ -1,0 +1,370 @@
+"""Codegen of the microkernel marks (`match.py`) for the CPU builder.
+
+`CpuBuilder.emit_mark` hands every mark this module knows to `MicrokernelEmitter`:
+
+- `gemm ...`: declares the packing buffers and, for par=inner, opens one OpenMP
+  parallel region around the whole tiled nest (its loops run in every thread; the
+  `omp for` loops below split the work, their implicit barriers order packing and use);
+- `pack_b` / `pack_a`: packs the current B block / A block into the kernel's panels,
+  then emits the subtree below;
+- `team_for`: the loop right below is shared by the team (`omp for schedule(static)`);
+- `microkernel <gemm kernel>`: replaces the statements below by the kernel call on the
+  packed panels and the write-back: partial sums go to memory, the last block applies
+  the init and the epilogue statements on the tile, in registers, and stores the
+  kernel's outputs (never the intermediates);
+- `microkernel row_*`: replaces a row loop by one call of the row kernel.
+
+Tile origins come from the isl AST: the loops opened since the `gemm` mark are the tile
+loops the plan lists, in order. Anything unexpected falls back to the plain loops below
+the mark, which compute the same values.
+"""
+from __future__ import annotations
+
+import cgen
+import islpy as isl
+
+from ..errors import InternalError
+from ..schedule_tree.comprehension import Const, Expr, Load
+from ..codegen.cexpr import C_TYPE, ExprPrinter
+from . import registry
+from .analysis import GemmView, gemm_view, iterators, loads_of
+from .match import GemmPlan
+
+_T = isl.ast_node_type
+_WORDS = ("gemm", "pack_b", "pack_a", "team_for", "microkernel")
+
+
+def handles(mark: str) -> bool:
+    return mark.split(" ", 1)[0] in _WORDS
+
+
+class _Scalars(ExprPrinter):
+    """Prints loads of tensors the write-back holds in C scalars as those scalars."""
+
+    def __init__(self, arrays, iters, scalars: dict[str, str]):
+        super().__init__(arrays, iters)
+        self.scalars = scalars
+
+    def value(self, e: Expr) -> str:
+        if isinstance(e, Load) and e.tensor in self.scalars:
+            return self.scalars[e.tensor]
+        return super().value(e)
+
+
+def _decompose(names: list[str], extents: list[int], flat: str) -> list[cgen.Generable]:
+    """`const long name = ...` for each dim of a row-major flattened index."""
+    out, w = [], 1
+    weights = []
+    for n in reversed(extents):
+        weights.append(w)
+        w *= n
+    weights.reverse()
+    for k, (name, n, w) in enumerate(zip(names, extents, weights)):
+        e = flat if w == 1 else f"({flat}) / {w}"
+        if k > 0:
+            e = f"({e}) % {n}"
+        out.append(cgen.Statement(f"const long {name} = {e}"))
+    return out
+
+
+class MicrokernelEmitter:
+    def __init__(self, builder):
+        self.b = builder  # the CpuBuilder: node(), loops, arrays, kernel
+        self.used: list[registry.Microkernel] = []
+        self.plan: GemmPlan | None = None
+        self.view: GemmView | None = None
+        self.base = 0
+
+    # -- dispatch ----------------------------------------------------------------------
+    def emit(self, name: str, child: isl.AstNode, marks: tuple[str, ...]) -> cgen.Generable:
+        word = name.split(" ", 1)[0]
+        if word == "gemm":
+            return self.gemm(name, child, marks)
+        if word == "microkernel" and name.split()[1].startswith("row_"):
+            return self.row(name, child, marks)
+        if self.plan is None:  # a mark outside its gemm: plain loops
+            return self.b.node(child, marks)
+        if word == "team_for":
+            return self.b.node(child, marks + ("omp for schedule(static)",))
+        if word == "pack_b":
+            return self.pack(child, marks, "b")
+        if word == "pack_a":
+            return self.pack(child, marks, "a")
+        return self.tile(child)
+
+    def _tile_loops(self, allowed: set[str]) -> dict[str, str]:
+        """Tile loop role -> its C iterator, checked against the plan."""
+        opened = self.b.loops[self.base:]
+        roles = self.plan.loops[:len(opened)]
+        if len(opened) > len(self.plan.loops) or not set(roles) <= allowed:
+            raise InternalError("codegen", f"microkernel tile loops {opened} do not match "
+                                           f"the plan's {self.plan.loops}")
+        return dict(zip(roles, opened))
+
+    # -- gemm ----------------------------------------------------------------------------
+    def gemm(self, name: str, child, marks) -> cgen.Generable:
+        plan = GemmPlan.parse(name)
+        view = gemm_view(self.b.kernel)
+        if view is None or view.stmt.name != plan.stmt:
+            raise InternalError("codegen", f"mark {name!r} does not fit kernel {self.b.kernel.name}")
+        mk = registry.by_name(plan.kernel)
+        if mk not in self.used:
+            self.used.append(mk)
+        self.plan, self.view, self.base, self.mk = plan, view, len(self.b.loops), mk
+        t = plan.tiles
+        body: list[cgen.Generable] = [cgen.Comment(
+            f"{plan.kernel}: C[{view.batches}x {plan.m}x{plan.n}] += A[{plan.m}x{plan.k}] "
+            f"B[{plan.k}x{plan.n}]; tiles mc={t.mc} nc={t.nc} kc={t.kc}, {plan.par} threads")]
+        if self._acc_local():
+            body.append(cgen.Statement(
+                f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
+        inner = self.b.node(child, marks)
+        if plan.par == "inner":
+            body += self._buffers()
+            threads = f" num_threads({plan.threads})" if plan.threads else ""
+            body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block([inner])]
+        else:
+            body.append(inner)
+        self.plan = self.view = None
+        return cgen.Block(body)
+
+    def _acc_local(self) -> bool:
+        """Partial sums of a result no one outside reads go to a scratch buffer."""
+        role = self.b.arrays[self.view.stmt.target].role
+        return role != "out" and "pc" in self.plan.loops
+
+    def _buffers(self) -> list[cgen.Generable]:
+        t, mk = self.plan.tiles, self.mk
+        kc, nc, mc = min(t.kc, self.plan.k), min(t.nc, _up(self.plan.n, mk.nr)), min(t.mc, _up(self.plan.m, mk.mr))
+        return [cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * _up(nc, mk.nr)})"),
+                cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, {4 * kc * _up(mc, mk.mr)})")]
+
+    def _batch_values(self, loops: dict[str, str]) -> dict[int, str]:
+        return {d: loops.get(f"b{d}", "0") for d in self.view.batch}
+
+    # -- packing ---------------------------------------------------------------------------
+    def pack(self, child, marks, side: str) -> cgen.Generable:
+        plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
+        s0 = view.stmt
+        if side == "b":
+            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc"})
+            head = [cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
+                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
+                    cgen.Statement(f"const long mk_j0 = {loops.get('jc', '0')}"),
+                    cgen.Statement(f"const long mk_nc = min({t.nc}, {plan.n} - mk_j0)")]
+            tile, total, own = mk.nr, plan.n, view.cols
+            expr, start, size, buf = view.b_expr, "mk_j0", "mk_nc", "mk_pb"
+        else:
+            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
+            head = [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
+                    cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
+            tile, total, own = mk.mr, plan.m, view.rows
+            expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
+        if plan.par != "inner":
+            head += (self._buffers()[0:1] if side == "b" else self._buffers()[1:2])
+        # iterator values: batch dims from their loops, own dims and K from the element
+        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
+        batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
+                 for d, v in self._batch_values(loops).items()
+                 if view.out_iter[d] in iterators(expr)]
+        own_names = [f"mk_s{view.out_iter[d]}" for d in own]
+        own_ext = [view.shape[d] for d in own]
+        red_names = [f"mk_s{q}" for q in view.red]
+        red_ext = [s0.extents[q] for q in view.red]
+        value = p.value(expr)
+        inner_is_own = self._contiguous_along(expr, {view.out_iter[d] for d in own})
+        dst = f"mk_dst[mk_p * {tile} + mk_x]"
+        k_vars = _decompose(red_names, red_ext, "mk_k0 + mk_p")
+        x_vars = _decompose(own_names, own_ext, f"{start} + mk_xp + mk_x")
+        valid = f"mk_nv"
+        if inner_is_own and len(own) > 1:
+            # several dims flattened (conv2d's output pixels): decompose the panel's start
+            # once, then step the dims with carries, no division per element
+            base = _decompose([f"mk_b{n}" for n in own_names], own_ext, f"{start} + mk_xp")
+            def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
+                if k == 0:
+                    return cgen.Statement(f"++{own_names[0]}")
+                return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+                               cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+            step = carry(len(own_names) - 1)
+            nest = cgen.Block(base + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
+                k_vars + [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names] + [
+                    cgen.Statement("long mk_x = 0"),
+                    cgen.For("", f"mk_x < {valid}", "mk_x++",
+                             cgen.Block([cgen.Assign(dst, value), step])),
+                    cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))])
+        elif inner_is_own:
+            nest = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
+                cgen.Statement("long mk_x = 0"),
+                cgen.For("", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [cgen.Assign(dst, value)])),
+                cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))
+        else:
+            nest = cgen.Block([
+                cgen.For("long mk_x = 0", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [
+                    cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
+                        k_vars + [cgen.Assign(dst, value)]))])),
+                cgen.For(f"long mk_x = {valid}", f"mk_x < {tile}", "mk_x++", cgen.For(
+                    "long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Assign(dst, "0.0f")))])
+        panel = cgen.Block([
+            cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
+            cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
+            nest])
+        loop = cgen.For(f"long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)
+        code: list[cgen.Generable] = head + batch
+        if plan.par == "inner":
+            code.append(cgen.Pragma("omp for schedule(static)"))
+        code.append(loop)
+        code.append(self.b.node(child, marks))
+        return cgen.Block(code)
+
+    @staticmethod
+    def _contiguous_along(expr: Expr, own: set[int]) -> bool:
+        """Does the operand's first load walk memory along the tile's own dims (then
+        the packing loop runs over them innermost), rather than along K?"""
+        for load in loads_of(expr):
+            if load.index:
+                return bool(iterators(load.index[-1]) & own)
+        return True
+
+    # -- the tile: kernel call and write-back ---------------------------------------------
+    def tile(self, child) -> cgen.Generable:
+        plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
+        loops = self._tile_loops(set(plan.loops))
+        s0 = view.stmt
+        MR, NR = mk.mr, mk.nr
+        it = loops.get("ir", loops.get("ic", "0"))
+        jt = loops.get("jr", loops.get("jc", "0"))
+        has_pc = "pc" in plan.loops
+        h = self.b.arrays[s0.target]
+        acc_name = "mk_acc" if self._acc_local() else h.c_name
+        out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
+               cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
+               cgen.Statement(f"const long mk_nr = min({NR}, {plan.n} - mk_jt)"),
+               cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc"),
+               cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc")]
+        batch_vals = self._batch_values(loops)
+        boff = " + ".join(f"{v} * {_stride(view.shape, d)}" for d, v in batch_vals.items()
+                          if v != "0") or "0"
+        out.append(cgen.Statement(f"const long mk_boff = {boff}"))
+        for d, v in batch_vals.items():
+            out.append(cgen.Statement(f"const long mk_o{d} = {v}"))
+        call = mk.c_function
+        first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")
+        # the direct path: a full tile accumulated in memory (C += A B), nothing to apply;
+        # it needs a pc loop (else the only block is first and last) unless the result
+        # is a plain zero-initialised output
+        zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
+        applies = bool(view.epilogue) or h.role != "out"
+        direct = [f"mk_mr == {MR}", f"mk_nr == {NR}"]
+        direct += [] if zero_init else [f"!{first}"]
+        direct += [f"!{last}"] if applies else []
+        cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + mk_jt"
+        slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                cgen.Statement(f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+        if has_pc:
+            slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
+                                self._final(first, acc_name)))
+        else:
+            slow.append(self._final("1", acc_name))
+        if has_pc or (zero_init and not applies):
+            out.append(cgen.If(" && ".join(direct),
+                               cgen.Statement(f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"),
+                               cgen.Block(slow)))
+        else:
+            out += slow
+        return cgen.Block(out)
+
+    def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
+        view, NR = self.view, self.mk.nr
+        rows = _decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
+                          "mk_it + mk_r")
+        cols = _decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
+                          "mk_jt + mk_c")
+        inner = cgen.For("long mk_c = 0", "mk_c < mk_nr", "mk_c++", cgen.Block(cols + body))
+        col_loop = cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
+        return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(rows + [col_loop]))
+
+    def _init_value(self, first: str, acc_name: str) -> str:
+        view = self.view
+        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        init = p.value(view.init.expr)
+        if first == "1":
+            return init
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + mk_jt + mk_c]"
+        return f"({first} ? {init} : {mem})"
+
+    def _partial(self, first: str, acc_name: str) -> cgen.Generable:
+        NR = self.mk.nr
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + mk_jt + mk_c]"
+        body = [cgen.Assign(mem, f"mk_tile[mk_r * {NR} + mk_c] + {self._init_value(first, acc_name)}")]
+        return cgen.Block([self._rows_cols(body, simd=False)])
+
+    def _final(self, first: str, acc_name: str) -> cgen.Generable:
+        view, NR = self.view, self.mk.nr
+        s0 = view.stmt
+        ctype = C_TYPE[s0.dtype]
+        body = [cgen.Statement(f"const {ctype} mk_v = mk_tile[mk_r * {NR} + mk_c] + "
+                               f"{self._init_value(first, acc_name)}")]
+        scalars = {s0.target: "mk_v"}
+        plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        if self.b.arrays[s0.target].role == "out":
+            body.append(cgen.Assign(plain.access(s0.target, view.init.index), "mk_v"))
+        for k, e in enumerate(view.epilogue):
+            p = _Scalars(self.b.arrays, lambda pos: f"mk_o{pos}", scalars)
+            name = f"mk_e{k}"
+            body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name} = {p.value(e.expr)}"))
+            scalars[e.target] = name
+            if self.b.arrays[e.target].role == "out":
+                body.append(cgen.Assign(plain.access(e.target, e.index), name))
+        return cgen.Block([self._rows_cols(body, simd=True)])
+
+    # -- row kernels -------------------------------------------------------------------
+    def row(self, name: str, child, marks) -> cgen.Generable:
+        kind, stmt_name = name.split()[1], name.split()[2]
+        node = child
+        while node.get_type() == _T.mark:
+            node = node.mark_get_node()
+        s = self.b.statements.get(stmt_name)
+        if s is None or node.get_type() != _T.for_ or node.for_get_body().get_type() != _T.user:
+            return self.b.node(child, marks)
+        it = node.for_get_iterator().get_id().get_name()
+        got, iters = self.b._call(node.for_get_body().user_get_expr())
+        cond = node.for_get_cond()
+        axis = len(s.extents) - 1
+        load = s.expr
+        arr = self.b.arrays[load.tensor]
+        if (got.name != s.name or iters[axis] != it or node.for_get_inc().to_C_str() != "1"
+                or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt)
+                or cond.get_op_arg(0).to_C_str() != it
+                or (arr.kept is not None and arr.type.ndim - 1 not in arr.kept)):
+            return self.b.node(child, marks)
+        mk = registry.by_name(kind)
+        if mk not in self.used:
+            self.used.append(mk)
+        lo = f"({node.for_get_init().to_C_str()})"
+        hi = f"({cond.get_op_arg(1).to_C_str()})"
+        count = f"{hi} - {lo}" + (" + 1" if cond.get_op_type() == isl.ast_expr_op_type.le else "")
+        at = list(iters)
+        at[axis] = lo
+        p = ExprPrinter(self.b.arrays, lambda pos: at[pos])
+        target = p.access(s.target, s.index)
+        value = f"{mk.c_function}(&{p.access(load.tensor, load.index)}, {count})"
+        return cgen.Block([cgen.Comment(f"{mk.name}: {s.name} over a row of {s.extents[axis]}"),
+                           cgen.Statement(p.update(target, s.reduce, value, s.dtype).rstrip(";"))])
+
+    def sources(self) -> str:
+        return registry.c_source(self.used) if self.used else ""
+
+
+def _up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def _stride(shape: tuple[int, ...], d: int) -> int:
+    w = 1
+    for n in shape[d + 1:]:
+        w *= n
+    return w
+
+
+__all__ = ["MicrokernelEmitter", "handles"]

@@ -1,0 +1,290 @@
+"""The microkernel matcher: contraction and row-reduction tiles -> marked schedule trees.
+
+`map_microkernels` rewrites the schedule tree of a kernel that `analysis.gemm_view`
+recognises (a contraction with its init and elementwise epilogue) into BLIS's loop nest,
+every loop a band of the tree and every decision a mark:
+
+    mark "gemm S0 sgemm_avx2_6x16 m=1024 n=1024 k=1024 mc=210 nc=1024 kc=256 par=inner ..."
+      band [batch dims]                   (when batched; parallel when par=batch)
+        band [jc = nc*floor(j/nc)]        (dropped when one block covers N, etc.)
+          band [pc = kc*floor(k/kc)]      init at pc = 0, epilogue at the last pc
+            mark "pack_b S0"              pack B (kc x nc) into kc x nr row panels
+              band [ic = mc*floor(i/mc)]
+                mark "pack_a S0"          pack A (mc x kc) into mr x kc column panels
+                  mark "team_for S0"      (par=inner: the team shares these tiles)
+                    band [jr = nr*floor(j/nr)]
+                      band [ir = mr*floor(i/mr)]
+                        mark "microkernel sgemm_avx2_6x16 S0"
+                          band [i.., j..]  sequence [init, S0 (band [k..]), E1, E2, ...]
+
+The statements stay in the tree below the microkernel mark, so the tree is checked
+against every dependence like any other; codegen replaces that subtree by the kernel
+call and a write-back that applies init and epilogue on the tile (`emit.py`). Packing
+evaluates the operands' expressions, so transposes, broadcasting, scaling folded into an
+operand and conv2d's gather with its zero padding all happen while packing.
+
+Reductions of float32 along a contiguous innermost axis (sum, max) get a mark above
+their innermost band: `mark "microkernel row_sum_f32 S0"`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from ..kernel import Kernel
+from ..schedule_tree.comprehension import Statement
+from ..schedule_tree.model import PolyModel
+from ..target import Target, cpu_target
+from . import registry, tuning
+from .analysis import GemmView, gemm_view, row_views
+from .tiles import Tiles, apply_overrides, model_tiles
+
+# below this many multiply-adds the naive loops win: packing and the call cost more
+MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
+# threads are woken only when the contraction has this many multiply-adds
+MIN_PARALLEL_FLOPS = 1 << 21
+# shorter rows reduce as fast in the compiler's own vectorised loop
+MIN_ROW = 128
+
+_ATOMIC = ', options: "{ atomic[x] }"'
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """What the gemm mark records: everything codegen needs beyond `gemm_view`."""
+
+    stmt: str
+    kernel: str  # registry name
+    m: int
+    n: int
+    k: int
+    tiles: Tiles
+    par: str  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
+    threads: int  # 0: OMP_NUM_THREADS / all cores
+    loops: tuple[str, ...] = field(default=())  # tile loops present, outermost first
+
+    def mark(self) -> str:
+        t = self.tiles
+        return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} mc={t.mc} "
+                f"nc={t.nc} kc={t.kc} par={self.par} threads={self.threads} "
+                f"loops={','.join(self.loops) or '-'}")
+
+    @staticmethod
+    def parse(mark: str) -> "GemmPlan":
+        words = mark.split()
+        kv = dict(w.split("=", 1) for w in words[3:])
+        loops = () if kv["loops"] == "-" else tuple(kv["loops"].split(","))
+        return GemmPlan(words[1], words[2], int(kv["m"]), int(kv["n"]), int(kv["k"]),
+                        Tiles(int(kv["mc"]), int(kv["nc"]), int(kv["kc"])), kv["par"],
+                        int(kv["threads"]), loops)
+
+
+def is_gemm_mark(name: str) -> bool:
+    return name.startswith("gemm ")
+
+
+def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Target | None = None
+                     ) -> PolyModel:
+    """Map the kernel's contraction (or its row reductions) onto microkernels.
+
+    Before: band(i, j) -> sequence[S0_init, S0 -> band(k), S1 (bias), S2 (gelu) ...].
+    After: the tree in the module docstring; a kernel with no match is returned as is.
+    Options read: `microkernels` (off: no change), `microkernel_isa`, `microkernel_tiles`,
+    `parallel`, `threads`.
+    """
+    if not getattr(options, "microkernels", True):
+        return model
+    target = target or cpu_target()
+    view = gemm_view(kernel)
+    if view is not None:
+        mk = registry.select("gemm", "float32", target, getattr(options, "microkernel_isa", ""))
+        if mk is not None and view.flops >= MIN_GEMM_FLOPS:
+            plan = plan_gemm(view, mk, kernel, target, options)
+            # codegen reads tile origins off the loop iterators: isl must not scale a
+            # strided loop (16*i2) down to its quotient (i2)
+            model.domain.get_ctx().set_ast_build_scale_strides(0)
+            return model.with_schedule(gemm_schedule(model, view, plan))
+    rows = [r for r in row_views(kernel) if r.length >= MIN_ROW]
+    if len(rows) == 1 and len(kernel.statements) == 2:
+        tree = row_schedule(model, kernel, rows[0])
+        if tree is not None:
+            return model.with_schedule(tree)
+    return model.with_schedule(_mark_rows(model.schedule, kernel))
+
+
+def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,
+              options) -> GemmPlan:
+    M, N, K = view.M, view.N, view.K
+    tiles = model_tiles(M, N, K, mk, target)
+    overrides = dict(tuning.lookup(kernel, target) or {})
+    overrides.update(dict(getattr(options, "microkernel_tiles", ()) or ()))
+    tiles = apply_overrides(tiles, overrides, M, N, K, mk)
+    par = "none"
+    if getattr(options, "parallel", True) and view.flops >= MIN_PARALLEL_FLOPS:
+        first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
+        cores = max(1, target.cores)
+        par = "batch" if first >= cores and (first % cores == 0 or first >= 4 * cores) else "inner"
+    loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]
+    loops += ["jc"] if N > tiles.nc else []
+    loops += ["pc"] if K > tiles.kc else []
+    loops += ["ic"] if M > tiles.mc else []
+    loops += ["jr"] if min(N, tiles.nc) > mk.nr else []
+    loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
+    if par == "inner" and not {"jr", "ir"} & set(loops):
+        par = "none"  # one tile per block: nothing for a team to share
+    return GemmPlan(view.stmt.name, mk.name, M, N, K, tiles, par,
+                    int(getattr(options, "threads", 0) or 0), tuple(loops))
+
+
+# --- the gemm tree, as isl's schedule-tree text ----------------------------------------
+
+def _decl(s: Statement) -> str:
+    return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
+
+
+def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan) -> isl.Schedule:
+    """The tree of the module docstring for `view` with `plan`'s tiles."""
+    s0, mk = view.stmt, registry.by_name(plan.kernel)
+    others = (view.init,) + view.epilogue
+    t = plan.tiles
+
+    def out_name(s: Statement, d: int) -> str:  # the iterator of output dim d in s
+        return s.iter_name(view.out_iter[d] if s is s0 else d)
+
+    def flat(s: Statement, dims: tuple[int, ...]) -> str:
+        w = view.strides(dims)
+        return " + ".join(f"{w[d]}*{out_name(s, d)}" for d in dims) or "0"
+
+    kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
+    last_pc = t.kc * ((view.K - 1) // t.kc)
+
+    def member(expr_of) -> str:
+        return "{ " + "; ".join(f"{_decl(s)} -> [({expr_of(s)})]" for s in (s0,) + others) + " }"
+
+    def band(members: list[str], child: str, coincident: bool = False, options: bool = True) -> str:
+        flags = ", ".join("1" if coincident else "0" for _ in members)
+        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 0, coincident: [ {flags} ]'
+                + (_ATOMIC if options else "") + f", child: {child} }}")
+
+    def mark(name: str, child: str) -> str:
+        return f'{{ mark: "{name}", child: {child} }}'
+
+    # innermost first: the point loops and the statements' own order
+    filters = [f'{{ filter: "{{ {_decl(view.init)} }}" }}',
+               f'{{ filter: "{{ {_decl(s0)} }}", child: {{ schedule: "['
+               + ", ".join(f"{{ {_decl(s0)} -> [({s0.iter_name(p)})] }}" for p in view.red)
+               + ']" } }']
+    filters += [f'{{ filter: "{{ {_decl(e)} }}" }}' for e in view.epilogue]
+    tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
+    point = [member(lambda s, d=d: out_name(s, d)) for d in view.rows + view.cols]
+    tree = band(point, tree, options=False)
+    tree = mark(f"microkernel {plan.kernel} {s0.name}", tree)
+    tiled = {
+        "ir": lambda s: f"{mk.mr}*floor(({flat(s, view.rows)})/{mk.mr})",
+        "jr": lambda s: f"{mk.nr}*floor(({flat(s, view.cols)})/{mk.nr})",
+        "ic": lambda s: f"{t.mc}*floor(({flat(s, view.rows)})/{t.mc})",
+        "pc": lambda s: (f"{t.kc}*floor(({kflat})/{t.kc})" if s is s0
+                         else "0" if s is view.init else str(last_pc)),
+        "jc": lambda s: f"{t.nc}*floor(({flat(s, view.cols)})/{t.nc})",
+    }
+    loops = plan.loops
+    for name in ("ir", "jr"):
+        if name in loops:
+            tree = band([member(tiled[name])], tree)
+    if plan.par == "inner":
+        tree = mark(f"team_for {s0.name}", tree)
+    tree = mark(f"pack_a {s0.name}", tree)
+    if "ic" in loops:
+        tree = band([member(tiled["ic"])], tree)
+    tree = mark(f"pack_b {s0.name}", tree)
+    for name in ("pc", "jc"):
+        if name in loops:
+            tree = band([member(tiled[name])], tree)
+    batch = [d for d in view.batch if view.shape[d] > 1]
+    if batch:
+        members = [member(lambda s, d=d: out_name(s, d)) for d in batch]
+        tree = band(members, tree, coincident=plan.par == "batch")
+        if plan.par == "batch":
+            tree = mark("parallel", tree)
+    tree = mark(plan.mark(), tree)
+    text = f'{{ domain: "{model.domain}", child: {tree} }}'
+    return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
+
+
+# --- row reductions ------------------------------------------------------------------
+
+def row_schedule(model: PolyModel, kernel: Kernel, row) -> isl.Schedule | None:
+    """A kernel that is one reduction (init, update) along its innermost axis:
+
+        band [kept dims] -> sequence [ init, mark "microkernel row_sum_f32 S0" -> band [k] ]
+    """
+    s = row.stmt
+    init = next((x for x in kernel.statements if x is not s), None)
+    kept = list(range(len(s.extents) - 1))
+    where: dict[int, int] = {}  # update iterator -> init iterator
+    for j, e in enumerate(s.index):
+        if e.terms:
+            if len(e.terms) != 1 or e.terms[0][1] != 1 or e.const:
+                return None
+            where[e.terms[0][0]] = j
+    if (init is None or init.target != s.target or init.reduce is not None
+            or sorted(where) != kept or kernel.statements.index(init) != 0):
+        return None
+    kind = "row_sum" if s.reduce == "sum" else "row_max"
+    inner = (f'{{ mark: "microkernel {kind}_f32 {s.name}", child: {{ schedule: '
+             f'"[{{ {_decl(s)} -> [({s.iter_name(row.axis)})] }}]" }} }}')
+    seq = (f'{{ sequence: [ {{ filter: "{{ {_decl(init)} }}" }}, '
+           f'{{ filter: "{{ {_decl(s)} }}", child: {inner} }} ] }}')
+    members = [f"{{ {_decl(init)} -> [({init.iter_name(where[p])})]; "
+               f"{_decl(s)} -> [({s.iter_name(p)})] }}" for p in kept]
+    tree = seq
+    if members:
+        flags = ", ".join("1" for _ in members)
+        tree = (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
+                f"coincident: [ {flags} ], child: {seq} }}")
+    text = f'{{ domain: "{model.domain}", child: {tree} }}'
+    return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
+
+
+_BAND, _LEAF, _MARK = (isl.schedule_node_type.band, isl.schedule_node_type.leaf,
+                       isl.schedule_node_type.mark)
+
+
+def _names(node: isl.ScheduleNode) -> list[str]:
+    out: list[str] = []
+    node.get_domain().foreach_set(lambda s: out.append(s.get_tuple_name()))
+    return out
+
+
+def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
+    """A `microkernel row_*` mark above the innermost band of each matching reduction
+    (split off its band so the mark holds exactly the row loop)."""
+    rows = {r.stmt.name: r for r in row_views(kernel) if r.length >= MIN_ROW}
+    if not rows:
+        return schedule
+
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() == _BAND and node.child(0).get_type() == _LEAF:
+            names = _names(node)
+            if len(names) == 1 and names[0] in rows:
+                r = rows[names[0]]
+                n = node.band_n_member()
+                got = isl.UnionMap.from_union_pw_aff(node.band_get_partial_schedule().get_at(n - 1))
+                want = isl.UnionMap.read_from_str(
+                    node.get_ctx(), f"{{ {_decl(r.stmt)} -> [({r.stmt.iter_name(r.axis)})] }}")
+                if got.intersect_domain(node.get_domain()).is_equal(
+                        want.intersect_domain(node.get_domain())):
+                    kind = "row_sum" if r.stmt.reduce == "sum" else "row_max"
+                    name = isl.Id(f"microkernel {kind}_f32 {r.stmt.name}")
+                    if n > 1:  # back to the outer half: the caller steps up from here
+                        return node.band_split(n - 1).child(0).insert_mark(name).parent()
+                    return node.insert_mark(name)
+        for i in range(node.n_children()):
+            node = visit(node.child(i)).parent()
+        return node
+
+    return visit(schedule.get_root()).get_schedule()
+
+
+__all__ = ["GemmPlan", "gemm_schedule", "is_gemm_mark", "map_microkernels", "plan_gemm"]

@@ -1,0 +1,136 @@
+"""The microkernel registry: every hand-written kernel described as data.
+
+Each entry names its C file (one kernel per file, its contract in the file's header
+comment), the tile it computes, the layout its operands must be packed in, its alignment
+and the target features it needs. The matcher reads the registry to pick a kernel and
+its tile shape; codegen pastes the chosen files (include-guarded) into the translation
+unit; the browser view can show `to_json()`.
+
+A target's features are those gcc enables for it (`-march=native` on the host: the flags
+the generated code is built with), so a kernel is only chosen where it compiles and runs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..target import Target
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Microkernel:
+    name: str  # registry name; the C function is `polyc_<name>`
+    kind: str  # 'gemm' | 'row_sum' | 'row_max' | 'row_maxsumexp'
+    dtype: str
+    file: str  # C source beside this module
+    features: tuple[str, ...]  # target features it needs (gcc's -m flags, without -m)
+    mr: int = 1  # gemm: rows of C per call
+    nr: int = 1  # gemm: columns of C per call
+    alignment: int = 32  # bytes, of packed operands
+    layouts: tuple[tuple[str, str], ...] = ()  # operand -> layout it must be packed in
+    writes: str = ""  # overwrite / accumulate contract of the result
+    needs: tuple[str, ...] = ()  # other C files pasted before this one
+    rank: int = 0  # among kernels of one kind whose features a target has, higher wins
+
+    @property
+    def c_function(self) -> str:
+        return f"polyc_{self.name}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "file": self.file,
+                "c_function": self.c_function, "features": list(self.features),
+                "tile": [self.mr, self.nr], "alignment": self.alignment,
+                "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs)}
+
+
+def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
+          rank: int) -> Microkernel:
+    return Microkernel(
+        name, "gemm", "float32", file, features, mr, nr, alignment,
+        layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
+                 ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
+                 ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
+        writes="accumulate=0: C = A B; accumulate=1: C += A B",
+        needs=("support.c",), rank=rank)
+
+
+def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Microkernel:
+    return Microkernel(kind + "_f32", kind, "float32", file, (), 1, 32, 1,
+                       layouts=(("x", "one contiguous row, unit stride, any alignment"),),
+                       writes=writes, needs=needs)
+
+
+REGISTRY: tuple[Microkernel, ...] = (
+    _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3),
+    _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2),
+    _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1),
+    _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator"),
+    _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),
+    _row("row_maxsumexp", "row_maxsumexp_f32.c",
+         "writes max and sum(exp(x - max)) through two pointers"),
+)
+
+ISAS = {"avx512": "sgemm_avx512_14x32", "avx2": "sgemm_avx2_6x16", "portable": "sgemm_vec_6x16"}
+
+
+def by_name(name: str) -> Microkernel:
+    return next(m for m in REGISTRY if m.name == name)
+
+
+@functools.lru_cache(maxsize=None)
+def host_features() -> frozenset[str]:
+    """The x86 features gcc enables with -march=native (what generated code is built
+    with); from /proc/cpuinfo when gcc cannot be asked."""
+    cc = os.environ.get("POLYC_CC", "gcc")
+    try:
+        out = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True,
+                             text=True, timeout=30).stdout
+        found = re.findall(r"^\s+-m([a-z0-9.\-]+)\s+\[enabled\]", out, re.M)
+        if found:
+            return frozenset(found)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def target_features(target: Target) -> frozenset[str]:
+    return host_features() if target.name == "cpu" else frozenset()
+
+
+def select(kind: str, dtype: str, target: Target, isa: str = "") -> Microkernel | None:
+    """The best kernel of `kind` for `dtype` whose features the target has; `isa`
+    ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if unsupported)."""
+    have = target_features(target)
+    fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
+            and set(m.features) <= have]
+    if isa and kind == "gemm":
+        fits = [m for m in fits if m.name == ISAS.get(isa)]
+    return max(fits, key=lambda m: m.rank, default=None)
+
+
+def c_source(kernels: list[Microkernel]) -> str:
+    """The C of `kernels` and what they need, each file once, dependencies first.
+    Every file is include-guarded, so kernels pasted by two functions do not clash."""
+    order: list[str] = []
+
+    def add(file: str) -> None:
+        if file not in order:
+            order.append(file)
+
+    for m in kernels:
+        for need in m.needs:
+            add(need)
+        add(m.file)
+    return "\n".join((HERE / f).read_text() for f in order)

@@ -1,0 +1,48 @@
+/* polyc microkernel row_max_f32: the maximum of a contiguous float32 row.
+ *
+ * Contract (mirrored as data in polyc/microkernels/registry.py):
+ *   polyc_row_max_f32(x, n) = max(x[0], ..., x[n - 1]), n >= 0 (-inf for n = 0);
+ *               a NaN anywhere in the row gives NaN, as numpy's max
+ *   layout      one contiguous row (unit stride); x any alignment
+ *   features    none (GCC vector extensions: AVX2 code with -march=native on x86-64)
+ */
+#ifndef POLYC_ROW_MAX_F32
+#define POLYC_ROW_MAX_F32
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float polyc_rm_v8f __attribute__((vector_size(32)));
+typedef int32_t polyc_rm_v8i __attribute__((vector_size(32)));
+
+/* acc where acc >= v, else v; a NaN lane in v always wins (sticky once taken) */
+static inline polyc_rm_v8f polyc_rm_max(polyc_rm_v8f acc, polyc_rm_v8f v)
+{
+  polyc_rm_v8i take = (v > acc) | (v != v);
+  return (polyc_rm_v8f)(((polyc_rm_v8i)v & take) | ((polyc_rm_v8i)acc & ~take));
+}
+
+static float polyc_row_max_f32(const float *restrict x, long n)
+{
+  const polyc_rm_v8f lo = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                           -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  polyc_rm_v8f a0 = lo, a1 = lo, a2 = lo, a3 = lo;
+  long k = 0;
+  for (; k + 32 <= n; k += 32) {
+    polyc_rm_v8f v0, v1, v2, v3;
+    memcpy(&v0, x + k, 32);
+    memcpy(&v1, x + k + 8, 32);
+    memcpy(&v2, x + k + 16, 32);
+    memcpy(&v3, x + k + 24, 32);
+    a0 = polyc_rm_max(a0, v0); a1 = polyc_rm_max(a1, v1);
+    a2 = polyc_rm_max(a2, v2); a3 = polyc_rm_max(a3, v3);
+  }
+  polyc_rm_v8f a = polyc_rm_max(polyc_rm_max(a0, a1), polyc_rm_max(a2, a3));
+  float m = -INFINITY;
+  for (int l = 0; l < 8; l++)  /* once NaN, always NaN */
+    m = m != m ? m : ((a[l] > m || a[l] != a[l]) ? a[l] : m);
+  for (; k < n; k++)
+    m = m != m ? m : ((x[k] > m || x[k] != x[k]) ? x[k] : m);
+  return m;
+}
+#endif

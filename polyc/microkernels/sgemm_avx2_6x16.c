@@ -1,0 +1,52 @@
+/* polyc microkernel sgemm_avx2_6x16: a register-blocked float32 matmul tile.
+ *
+ * Contract (mirrored as data in polyc/microkernels/registry.py):
+ *   tile        MR = 6 rows x NR = 16 columns of C, any depth kc >= 1
+ *   A           packed column panel, A[p * 6 + r] = a(r, p) for 0 <= p < kc, 0 <= r < 6;
+ *               32-byte aligned; rows past the matrix edge are packed as zeros
+ *   B           packed row panel, B[p * 16 + c] = b(p, c) for 0 <= c < 16; 32-byte
+ *               aligned; columns past the matrix edge are packed as zeros
+ *   C           row-major tile C[r * ldc + c], no alignment needed; every one of the
+ *               6 x 16 entries is written, so the caller passes a full tile (a stack tile
+ *               when the tile hangs over the matrix edge)
+ *   accumulate  0: C = A B (C is not read), 1: C += A B
+ *   features    avx2, fma. 12 ymm accumulators, 2 B vectors, 1 broadcast: 15 of 16 ymm.
+ */
+#ifndef POLYC_SGEMM_AVX2_6X16
+#define POLYC_SGEMM_AVX2_6X16
+#include <immintrin.h>
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_6x16(long kc, const float *restrict A, const float *restrict B,
+                                  float *restrict C, long ldc, int accumulate)
+{
+  __m256 lo[6], hi[6];  /* fully unrolled: gcc keeps all 12 in registers */
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) {
+    lo[r] = _mm256_setzero_ps();
+    hi[r] = _mm256_setzero_ps();
+  }
+  for (int r = 0; r < 6; r++) {  /* C is read or written last: start fetching it now */
+    _mm_prefetch((const char *)(C + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(C + r * ldc + 15), _MM_HINT_T0);
+  }
+  for (long p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+      __m256 a = _mm256_broadcast_ss(A + p * 6 + r);
+      lo[r] = _mm256_fmadd_ps(a, b0, lo[r]);
+      hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) {
+    float *row = C + r * ldc;
+    if (accumulate) {
+      lo[r] = _mm256_add_ps(lo[r], _mm256_loadu_ps(row));
+      hi[r] = _mm256_add_ps(hi[r], _mm256_loadu_ps(row + 8));
+    }
+    _mm256_storeu_ps(row, lo[r]);
+    _mm256_storeu_ps(row + 8, hi[r]);
+  }
+}
+#endif

@@ -1,0 +1,52 @@
+/* polyc microkernel sgemm_vec_6x16: the portable float32 matmul tile, written with GCC
+ * vector extensions, for targets without AVX2 + FMA (gcc lowers the 8-wide vectors to
+ * whatever the target has, down to scalar code).
+ *
+ * Contract (mirrored as data in polyc/microkernels/registry.py): the same as
+ * sgemm_avx2_6x16, so packing is shared.
+ *   tile        MR = 6 rows x NR = 16 columns of C, any depth kc >= 1
+ *   A           packed column panel, A[p * 6 + r] = a(r, p); 32-byte aligned
+ *   B           packed row panel, B[p * 16 + c] = b(p, c); 32-byte aligned
+ *   C           row-major tile C[r * ldc + c], no alignment needed; all 6 x 16 written
+ *   accumulate  0: C = A B (C is not read), 1: C += A B
+ *   features    none
+ */
+#ifndef POLYC_SGEMM_VEC_6X16
+#define POLYC_SGEMM_VEC_6X16
+#include <string.h>
+
+typedef float polyc_v8f __attribute__((vector_size(32)));
+
+static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *restrict B,
+                                 float *restrict C, long ldc, int accumulate)
+{
+  polyc_v8f lo[6], hi[6];
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) {
+    lo[r] = (polyc_v8f){0};
+    hi[r] = (polyc_v8f){0};
+  }
+  for (long p = 0; p < kc; p++) {
+    polyc_v8f b0 = *(const polyc_v8f *)(B + p * 16), b1 = *(const polyc_v8f *)(B + p * 16 + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+      float a = A[p * 6 + r];
+      lo[r] += a * b0;
+      hi[r] += a * b1;
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < 6; r++) {
+    float *row = C + r * ldc;
+    if (accumulate) {
+      polyc_v8f x, y;
+      memcpy(&x, row, sizeof x);
+      memcpy(&y, row + 8, sizeof y);
+      lo[r] += x;
+      hi[r] += y;
+    }
+    memcpy(row, &lo[r], sizeof lo[r]);
+    memcpy(row + 8, &hi[r], sizeof hi[r]);
+  }
+}
+#endif

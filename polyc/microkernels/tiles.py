@@ -1,0 +1,55 @@
+"""Tile sizes of a contraction from the target's memory model (BLIS's analysis), with
+overrides from the options and from `polyc tune`.
+
+    kc: one A micro-panel (mr x kc) and one B micro-panel (kc x nr) fill 3/4 of L1
+    mc: the packed A block (mc x kc) fills half of L2
+    nc: the packed B block (kc x nc) fills half of one core's share of L3
+
+Each is then balanced: the extent is cut into as many blocks as that size needs, and
+the blocks made equal (rounded up to the kernel's tile), so no block is a sliver.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..target import Target
+from .registry import Microkernel
+
+
+@dataclass(frozen=True)
+class Tiles:
+    mc: int
+    nc: int
+    kc: int
+
+    def to_json(self) -> dict:
+        return {"mc": self.mc, "nc": self.nc, "kc": self.kc}
+
+
+def _balanced(extent: int, size: int, unit: int) -> int:
+    size = max(unit, size - size % unit)
+    blocks = math.ceil(extent / size)
+    return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
+
+
+def model_tiles(M: int, N: int, K: int, mk: Microkernel, target: Target) -> Tiles:
+    l1, l2, l3 = (target.levels[i].capacity for i in range(3))
+    elem = 4
+    kc = int(0.75 * l1) // ((mk.mr + mk.nr) * elem)
+    kc = _balanced(K, kc, 4)
+    mc = _balanced(M, (l2 // 2) // (kc * elem), mk.mr)
+    nc = _balanced(N, (l3 // 2 // max(1, target.cores)) // (kc * elem), mk.nr)
+    return Tiles(mc, nc, kc)
+
+
+def apply_overrides(tiles: Tiles, overrides: dict[str, int], M: int, N: int, K: int,
+                    mk: Microkernel) -> Tiles:
+    """Tile sizes asked for (options or the tuning cache), made legal: mc a multiple of
+    mr, nc of nr, kc at least 1."""
+    mc = overrides.get("mc", tiles.mc)
+    nc = overrides.get("nc", tiles.nc)
+    kc = overrides.get("kc", tiles.kc)
+    mc = max(mk.mr, mc - mc % mk.mr)
+    nc = max(mk.nr, nc - nc % mk.nr)
+    return Tiles(mc, nc, max(1, kc))

@@ -1,0 +1,141 @@
+"""The tuning cache: the best tile sizes `polyc tune` measured, per (kernel, target,
+machine), in one JSON file under the build cache directory. Compiles look a kernel up
+here before falling back to the memory model's choice.
+
+The kernel's key hashes its printed statements (shapes, accesses, epilogue), so any
+graph that produces the same kernel reuses the measurement.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from ..codegen.build import cache_dir
+from ..kernel import Kernel
+from ..target import Target
+from .registry import host_features
+
+
+def machine_id() -> str:
+    """The CPU model, core count and enabled features: where a measurement holds."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    feats = ",".join(sorted(f for f in host_features() if f.startswith(("avx", "fma", "sse"))))
+    return f"{model}|{os.cpu_count()}|{hashlib.sha256(feats.encode()).hexdigest()[:12]}"
+
+
+def kernel_key(kernel: Kernel, target: Target) -> str:
+    text = "\n".join(str(s).split("  #")[0] for s in kernel.statements)
+    return hashlib.sha256(f"{text}\n{target.name}\n{machine_id()}".encode()).hexdigest()
+
+
+def _path() -> Path:
+    return cache_dir() / "tuning.json"
+
+
+def _load() -> dict:
+    try:
+        return json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lookup(kernel: Kernel, target: Target) -> dict[str, int] | None:
+    entry = _load().get(kernel_key(kernel, target))
+    return dict(entry["tiles"]) if entry else None
+
+
+def store(kernel: Kernel, target: Target, tiles: dict[str, int], seconds: float) -> None:
+    """Record the best tiles for `kernel` (written atomically: tuners may race)."""
+    data = _load()
+    data[kernel_key(kernel, target)] = {"kernel": kernel.name, "tiles": tiles,
+                                        "seconds": seconds, "machine": machine_id()}
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(f.name, path)
+
+
+def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: int,
+               budget: int) -> list[dict[str, int]]:
+    """Tile sizes around the memory model's choice: kc and mc halved and doubled, nc
+    halved, the model's own first; each clipped to the extents and made legal."""
+    kc0, mc0, nc0 = plan_tiles["kc"], plan_tiles["mc"], plan_tiles["nc"]
+    out: list[dict[str, int]] = []
+    for kc in (kc0, kc0 // 2, kc0 * 2):
+        for mc in (mc0, mc0 // 2, mc0 * 2):
+            for nc in (nc0, nc0 // 2):
+                t = {"kc": max(8, min(kc, k)), "mc": max(mr, min(mc - mc % mr, m + mr - 1)),
+                     "nc": max(nr, min(nc - nc % nr, n + nr - 1))}
+                t["mc"] -= t["mc"] % mr
+                t["nc"] -= t["nc"] % nr
+                if t not in out:
+                    out.append(t)
+    return out[:max(1, budget)]
+
+
+def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=None) -> list[str]:
+    """Measure tile-size candidates for every microkernel contraction of `graph`, keep
+    the fastest in the tuning cache; returns report lines. `progress(done, total, text)`
+    is called after each measurement."""
+    import dataclasses
+    import time
+
+    import numpy as np
+
+    from ..cli import random_inputs
+    from ..compiler import compile
+    from ..target import cpu_target
+    from .match import GemmPlan
+
+    base = compile(graph, options=options, build=False)
+    plans = []
+    for kr in base.kernels:
+        for line in kr.to_json()["schedule_text"].splitlines():
+            if 'mark: "gemm ' in line:
+                plans.append((kr.kernel, GemmPlan.parse(line.split('"')[1])))
+    if not plans:
+        return ["no microkernel contraction in this graph: nothing to tune"]
+    from .registry import by_name
+    kernel0, plan0 = plans[0]
+    mk = by_name(plan0.kernel)
+    cands = candidates(plan0.tiles.to_json(), plan0.m, plan0.n, plan0.k, mk.mr, mk.nr, budget)
+    inputs = random_inputs(base.graph)
+    best: tuple[float, dict] | None = None
+    lines = []
+    for done, tiles in enumerate(cands, 1):
+        opts = dataclasses.replace(options, microkernel_tiles=tuple(sorted(tiles.items())))
+        compiled = compile(graph, options=opts)
+        out = {o: np.empty(compiled.graph.types[o].shape, compiled.graph.types[o].dtype)
+               for o in compiled.graph.outputs}
+        compiled.program(inputs, out)
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            compiled.program(inputs, out)
+            times.append(time.perf_counter() - t)
+        seconds = min(times)
+        text = " ".join(f"{k}={v}" for k, v in tiles.items()) + f": {seconds * 1e3:.3f} ms"
+        lines.append(text)
+        if best is None or seconds < best[0]:
+            best = (seconds, tiles)
+        if progress:
+            progress(done, len(cands), text)
+    seconds, tiles = best
+    target = cpu_target()
+    for kernel, _ in plans:
+        store(kernel, target, tiles, seconds)
+    lines.append("best: " + " ".join(f"{k}={v}" for k, v in tiles.items())
+                 + f" ({seconds * 1e3:.3f} ms), kept for {len(plans)} kernel(s) on {machine_id()}")
+    return lines

@@ -1,0 +1,232 @@
+"""Microkernels: the registry, the matcher's marks, and compiled contractions and row
+reductions against the numpy reference (every benchmark shape, odd shapes, every
+epilogue kind, forced kernel variants and tile sizes, and random shapes by hypothesis).
+"""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from polyc import GraphBuilder
+from polyc.codegen.build import CC
+from polyc.compiler import Options, compile
+from polyc.graph.reference import run_reference
+from polyc.microkernels import registry
+from polyc.microkernels.match import GemmPlan
+from polyc.target import cpu_target
+
+
+def _check(graph, inputs, options=Options(), rtol=1e-4, atol=1e-4):
+    compiled = compile(graph, options=options)
+    got = compiled(**inputs)
+    want = run_reference(graph, inputs)
+    for name in graph.outputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+    return compiled
+
+
+def _gemm_marks(compiled) -> list[str]:
+    return [line.split('"')[1] for k in compiled.kernels
+            for line in k.to_json()["schedule_text"].splitlines() if 'mark: "gemm ' in line]
+
+
+def _rand(rng, shape, lo=-1.0, hi=1.0):
+    return rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def _matmul(sa, sb, epilogue=None, **attrs):
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("mm")
+    a, w = b.input("a", sa), b.input("w", sb)
+    inputs = {"a": _rand(rng, sa), "w": _rand(rng, sb)}
+    y = b.matmul(a, w, **attrs)
+    if epilogue is not None:
+        ta, tb = (np.swapaxes(inputs[k], -1, -2) if attrs.get(f"transpose_{t}") else inputs[k]
+                  for k, t in (("a", "a"), ("w", "b")))
+        y = epilogue(b, y, inputs, rng, np.matmul(ta, tb).shape)
+    return b.build(outputs=[y]), inputs
+
+
+# --- the registry ----------------------------------------------------------------------
+
+def test_registry_describes_every_kernel_file():
+    for m in registry.REGISTRY:
+        text = (registry.HERE / m.file).read_text()
+        assert m.c_function in text and "Contract" in text, m.name
+        assert m.to_json()["tile"] == [m.mr, m.nr]
+
+
+def test_selection_follows_the_target_features(monkeypatch):
+    target = cpu_target()
+    monkeypatch.setattr(registry, "target_features", lambda t: frozenset({"avx2", "fma"}))
+    assert registry.select("gemm", "float32", target).name == "sgemm_avx2_6x16"
+    assert registry.select("gemm", "float32", target, "avx512") is None
+    monkeypatch.setattr(registry, "target_features", lambda t: frozenset())
+    assert registry.select("gemm", "float32", target).name == "sgemm_vec_6x16"
+    monkeypatch.setattr(registry, "target_features", lambda t: frozenset({"avx512f", "avx2", "fma"}))
+    assert registry.select("gemm", "float32", target).name == "sgemm_avx512_14x32"
+
+
+def test_avx512_kernel_compiles():
+    """This machine may lack AVX-512: the kernel must at least build for a target with it."""
+    src = registry.c_source([registry.by_name("sgemm_avx512_14x32")])
+    proc = subprocess.run([CC, "-mavx512f", "-O2", "-fsyntax-only", "-Wall", "-Werror", "-x", "c", "-"],
+                          input=src + "\nvoid (*keep)(long, const float *, const float *, float *,"
+                          " long, int) = polyc_sgemm_avx512_14x32;\n",
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- marks and generated C -------------------------------------------------------------
+
+def test_matmul_shows_marks_and_kernel_call():
+    graph, _ = _matmul((130, 70), (70, 90))
+    trace: list[str] = []
+    compiled = compile(graph, build=False, print_after_all=trace.append,
+                       options=Options(microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 48))))
+    text = compiled.kernels[0].to_json()["schedule_text"]
+    for mark in ("gemm S0 ", "pack_b S0", "pack_a S0", "microkernel sgemm_"):
+        assert mark in text
+    plan = GemmPlan.parse(_gemm_marks(compiled)[0])
+    assert (plan.m, plan.n, plan.k) == (130, 90, 70)
+    assert plan.loops[-5:] == ("jc", "pc", "ic", "jr", "ir")
+    assert "polyc_sgemm_" in compiled.c_source and "polyc_scratch" in compiled.c_source
+    assert any("IR after microkernels" in t and "microkernel sgemm_" in t for t in trace)
+
+
+def test_options_turn_microkernels_off_and_set_threads():
+    graph, inputs = _matmul((128, 128), (128, 128))
+    off = _check(graph, inputs, Options(microkernels=False))
+    assert not _gemm_marks(off) and "polyc_sgemm_" not in off.c_source
+    four = compile(graph, build=False, options=Options(threads=3))
+    assert "num_threads(3)" in four.c_source
+
+
+# --- contractions against the reference ------------------------------------------------
+
+@pytest.mark.parametrize("sa,sb,attrs", [
+    ((127, 383), (383, 255), {}),
+    ((512, 512), (512, 512), {}),
+    ((1024, 1024), (1024, 1024), {}),
+    ((16, 256, 64), (16, 64, 256), {}),
+    ((2, 1, 37, 41), (3, 41, 29), {}),
+    ((41, 37), (29, 41), {"transpose_a": True, "transpose_b": True}),
+    ((5, 200, 30), (30, 70), {}),
+], ids=["odd", "512", "1024", "batched", "broadcast-batch", "transposes", "batch-lhs"])
+def test_matmul_shapes(sa, sb, attrs):
+    graph, inputs = _matmul(sa, sb, **attrs)
+    assert _gemm_marks(_check(graph, inputs, rtol=1e-4, atol=2e-4))
+
+
+def _bias_gelu(b, y, inputs, rng, shape):
+    n = shape[-1]
+    inputs["bias"] = _rand(rng, (n,))
+    return b.gelu(b.add(y, b.input("bias", (n,))), approximate="tanh")
+
+
+def _residual_relu_scale(b, y, inputs, rng, shape):
+    inputs["r"] = _rand(rng, shape)
+    return b.mul(b.relu(b.add(y, b.input("r", shape))), b.constant("s", [1], [0.5]))
+
+
+def _silu_erf_gelu(b, y, inputs, rng, shape):
+    return b.add(b.silu(y), b.gelu(y, approximate="none"))
+
+
+@pytest.mark.parametrize("epilogue", [_bias_gelu, _residual_relu_scale, _silu_erf_gelu],
+                         ids=["bias-gelu", "residual-relu-scale", "silu-plus-erf-gelu"])
+@pytest.mark.parametrize("tiles", [(), (("kc", 24), ("mc", 18), ("nc", 32))],
+                         ids=["model-tiles", "small-tiles"])
+def test_epilogues_at_write_back(epilogue, tiles):
+    graph, inputs = _matmul((70, 90), (90, 100), epilogue)
+    compiled = _check(graph, inputs, Options(microkernel_tiles=tiles))
+    assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
+
+
+def test_linear_gelu_benchmark_shape_small():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("lg")
+    x, w, bias = b.input("x", (256, 512)), b.input("w", (512, 1024)), b.input("bias", (1024,))
+    graph = b.build([b.gelu(b.linear(x, w, bias), approximate="tanh")])
+    inputs = {"x": _rand(rng, (256, 512)), "w": _rand(rng, (512, 1024)),
+              "bias": _rand(rng, (1024,))}
+    assert _gemm_marks(_check(graph, inputs, atol=3e-4))
+
+
+@pytest.mark.parametrize("xs,ws,attrs,bias", [
+    ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+    ((2, 5, 17, 13), (7, 5, 3, 2), {"strides": [2, 1], "pads": [1, 0, 2, 1]}, True),
+    ((1, 3, 15, 16), (8, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
+], ids=["benchmark", "strides-pads-batch", "dilations"])
+def test_conv2d_implicit_gemm(xs, ws, attrs, bias):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("conv")
+    args = [b.input("x", xs), b.input("w", ws)] + ([b.input("b", (ws[0],))] if bias else [])
+    graph = b.build([b.relu(b.conv2d(*args, **attrs))])
+    inputs = {"x": _rand(rng, xs), "w": _rand(rng, ws)}
+    if bias:
+        inputs["b"] = _rand(rng, (ws[0],))
+    assert _gemm_marks(_check(graph, inputs, atol=3e-4))
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_forced_variants(isa):
+    if registry.select("gemm", "float32", cpu_target(), isa) is None:
+        pytest.skip(f"{isa} kernel not supported by this machine")
+    graph, inputs = _matmul((50, 70), (70, 45), _bias_gelu)
+    compiled = _check(graph, inputs, Options(microkernel_isa=isa))
+    assert registry.ISAS[isa] in _gemm_marks(compiled)[0]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(8, 70), n=st.integers(8, 70), k=st.integers(8, 70),
+       batch=st.sampled_from([(), (3,), (2, 1)]), ta=st.booleans(), tb=st.booleans(),
+       kc=st.sampled_from([0, 8, 20]), mc=st.sampled_from([0, 6, 24]), nc=st.sampled_from([0, 16, 48]),
+       parallel=st.booleans())
+def test_random_contractions(m, n, k, batch, ta, tb, kc, mc, nc, parallel):
+    sa = batch + ((k, m) if ta else (m, k))
+    sb = (n, k) if tb else (k, n)
+    graph, inputs = _matmul(sa, sb, _bias_gelu if (m + n) % 2 else None,
+                            transpose_a=ta, transpose_b=tb)
+    tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc), ("nc", nc)) if v)
+    assert _gemm_marks(_check(graph, inputs, Options(microkernel_tiles=tiles, parallel=parallel)))
+
+
+# --- row reductions ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("op,fn", [("reduce_sum", "polyc_row_sum_f32"),
+                                   ("reduce_max", "polyc_row_max_f32")])
+def test_row_kernels(op, fn):
+    rng = np.random.default_rng(11)
+    b = GraphBuilder("rows")
+    x = b.input("x", (37, 1001))
+    graph = b.build([getattr(b, op)(x, axes=[-1], keepdims=op == "reduce_max")])
+    xv = _rand(rng, (37, 1001))
+    xv[3, 500] = np.nan  # numpy's max and sum propagate it
+    compiled = compile(graph)
+    got = compiled(x=xv)[graph.outputs[0]]
+    want = run_reference(graph, {"x": xv})[graph.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert fn in compiled.c_source
+
+
+# --- tuning -------------------------------------------------------------------------------
+
+def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, capsys):
+    from polyc.cli import main
+    b = GraphBuilder("tune_me")
+    graph_json = b.to_json([b.relu(b.matmul(b.input("a", (96, 72)), b.input("w", (72, 80))))])
+    path = tmp_path / "g.json"
+    import json
+    path.write_text(json.dumps(graph_json))
+    assert main(["tune", str(path), "--budget", "3", "--repeat", "1"]) == 0
+    out = capsys.readouterr()
+    assert "best: " in out.out and "3/3" in out.err  # the progress bar ends full
+    best = dict(w.split("=") for w in out.out.split("best: ")[1].split(" (")[0].split())
+    plan = GemmPlan.parse(_gemm_marks(compile(str(path), build=False))[0])
+    assert {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc} == {
+        k: int(v) for k, v in best.items()}

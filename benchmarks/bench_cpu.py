@@ -1,6 +1,7 @@
 """polyc's CPU kernels beside numpy (OpenBLAS), PyTorch eager and torch.compile.
 
     python benchmarks/bench_cpu.py [--threads 1,2] [--repeat 15] [--no-compile]
+                                   [--cases conv2d,1024]
 
 Prints one table, measured in one run: for each case and thread count, the best time of
 `--repeat` runs after warm-up as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions:
@@ -196,7 +197,7 @@ def best_time(fn, repeat: int, budget_s: float = 8.0) -> float:
     return min(times)
 
 
-def worker(threads: int, repeat: int, use_compile: bool) -> dict:
+def worker(threads: int, repeat: int, use_compile: bool, only: str = "") -> dict:
     """Runs in a process whose thread pools were sized by the environment."""
     from polyc.compiler import Options, compile
     try:
@@ -205,7 +206,10 @@ def worker(threads: int, repeat: int, use_compile: bool) -> dict:
     except ImportError:
         torch = None
     results = {}
+    wanted = [w for w in only.split(",") if w]
     for name, build, inputs, work, unit, np_fn, torch_fn in cases():
+        if wanted and not any(w in name for w in wanted):
+            continue
         row: dict = {"unit": unit}
         graph = build()
         compiled = compile(graph, options=Options(threads=threads))
@@ -240,9 +244,11 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated substrings: run only the cases whose name has one")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.repeat, not args.no_compile)))
+        print(json.dumps(worker(args.worker, args.repeat, not args.no_compile, args.cases)))
         return 0
     counts = [int(t) for t in args.threads.split(",")]
     limits, results = {}, {}
@@ -253,6 +259,7 @@ def main() -> int:
                        MKL_NUM_THREADS=str(t))
             cmd = [sys.executable, __file__, "--worker", str(t), "--repeat", str(args.repeat)]
             cmd += ["--no-compile"] if args.no_compile else []
+            cmd += ["--cases", args.cases] if args.cases else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr, file=sys.stderr)

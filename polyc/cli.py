@@ -46,6 +46,8 @@ def report(result) -> str:
     lines += [f"note: {n}" for n in result.graph.notes]
     for k in result.kernels:
         lines.append(f"kernel {k.name}: {', '.join(k.kernel.nodes)}")
+        if k.microkernels:
+            lines.append(f"  microkernels: {', '.join(k.microkernels)}")
         lines += [f"  {line}" for line in k.to_json()["fusion_report"]]
     lines.append("pass times: " + ", ".join(f"{name} {s * 1e3:.1f} ms"
                                             for name, s in result.trace.timings.items()))

@@ -107,6 +107,21 @@ class KernelResult:
     def name(self) -> str:
         return self.kernel.name
 
+    @property
+    def microkernels(self) -> list[str]:
+        """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
+        found: list[str] = []
+
+        def visit(node: dict) -> None:
+            mark = node.get("mark", "")
+            if mark.startswith("microkernel ") and mark.split()[1] not in found:
+                found.append(mark.split()[1])
+            for child in node["children"]:
+                visit(child)
+
+        visit(schedule_to_json(self.schedule))
+        return found
+
     def to_json(self) -> dict:
         return {
             "name": self.kernel.name,
@@ -120,6 +135,7 @@ class KernelResult:
             "schedule_text": schedule_to_text(self.schedule),
             "initial_schedule_tree": schedule_to_json(self.model.schedule),
             "fusion_report": list(self.fusion_report),
+            "microkernels": self.microkernels,
             "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},
         }

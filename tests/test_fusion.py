@@ -161,3 +161,21 @@ def test_tiling_fits_the_tile_level_and_stays_correct():
     explicit = compile(graph, options=Options(tile_sizes=(16, 64)))
     assert "mod 16" in explicit.kernels[0].to_json()["schedule_text"]
     _check(graph, explicit)
+
+
+def test_a_nan_survives_vectorised_max_and_min_reductions():
+    # the three reductions share one SIMD loop with one accumulator per lane; OpenMP does
+    # not say what max/min make of a NaN when lanes combine, so polyc keeps a NaN flag
+    b = GraphBuilder("t")
+    x = b.input("x", [16, 300])
+    e = b.exp(x)
+    graph = b.build([b.reduce_max(e, axes=[1], out="hi"), b.reduce_min(e, axes=[1], out="lo"),
+                     b.reduce_sum(e, axes=[1], out="s")])
+    compiled = compile(graph)
+    assert "reduction(|:" in compiled.c_source
+    xs = np.random.default_rng(1).uniform(-1, 1, (16, 300)).astype(np.float32)
+    xs[3, 100] = xs[7, 299] = np.nan
+    got, want = compiled(x=xs), run_reference(graph, {"x": xs})
+    for name in ("hi", "lo", "s"):
+        np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(want[name]))
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4)

@@ -39,8 +39,8 @@ def graph_doc(**over):
     return doc
 
 
-def key_of(doc, target="cpu", options=Options(), toolchain=TOOLCHAIN):
-    return toolchain.key(canonical_graph(load_graph(doc)), target, options.to_json())
+def key_of(doc, target="cpu", options=Options(), toolchain=TOOLCHAIN, tuning=""):
+    return toolchain.key(canonical_graph(load_graph(doc)), target, options.to_json(), tuning)
 
 
 # -- content keys ---------------------------------------------------------------------------
@@ -74,8 +74,9 @@ def test_key_fills_defaults():
     lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, islpy="2027.1")),
     lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, polyc="0.2.0")),
     lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cpu="flags=sse")),
+    lambda: key_of(graph_doc(), tuning="1700000000:123"),
 ], ids=["graph-name", "constant", "parallel", "max-ops", "gcc", "cflags", "islpy", "polyc",
-        "cpu"])
+        "cpu", "tuning"])
 def test_key_covers_everything_that_changes_the_output(change):
     assert change() != key_of(graph_doc())
 

@@ -220,28 +220,39 @@ class CpuBuilder(CBuilder):
     def emit_reduction_loop(self, it, init, cond, inc, calls, private):
         """Each reduction whose element stays put in the loop accumulates in a scalar that
         `omp simd reduction` splits into one accumulator per vector lane; the element is
-        read before the loop and written after it."""
+        read before the loop and written after it. OpenMP leaves open what max and min
+        make of a NaN when lanes combine, so a NaN seen by any lane is kept in a flag."""
         accs: dict[str, tuple[str, str, str]] = {}  # element -> (scalar, op, C type)
         body = []
         for call in calls:
             s, iters = self._call(call)
             p = ExprPrinter(self.arrays, lambda pos: iters[pos])
             target = p.access(s.target, s.index)
+            value = p.value(s.expr)
             if s.reduce is not None and not re.search(rf"\b{it}\b", target):
                 if target not in accs:
                     accs[target] = (f"acc{len(accs)}", s.reduce, C_TYPE[s.dtype])
-                target = accs[target][0]
-            body.append(cgen.Statement(p.update(target, s.reduce, p.value(s.expr), s.dtype)
-                                       .rstrip(";")))
+                acc = accs[target][0]
+                if s.reduce in ("max", "min"):
+                    body.append(cgen.Block([
+                        cgen.Statement(f"{C_TYPE[s.dtype]} v = {value}"),
+                        cgen.Statement(p.update(acc, s.reduce, "v", s.dtype).rstrip(";")),
+                        cgen.Statement(f"{acc}_nan |= v != v")]))
+                    continue
+                target = acc
+            body.append(cgen.Statement(p.update(target, s.reduce, value, s.dtype).rstrip(";")))
         if not accs:
             return None
+        extrema = [acc for acc, op, _ in accs.values() if op in ("max", "min")]
         clauses = " ".join(f"reduction({_OMP_REDUCTION[op]}:{acc})" for acc, op, _ in accs.values())
+        clauses += "".join(f" reduction(|:{acc}_nan)" for acc in extrema)
         if private:
             clauses += f" private({', '.join(private)})"
         loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}",
                         body[0] if len(body) == 1 else cgen.Block(body))
-        return cgen.Block([cgen.Statement(f"{ctype} {acc} = {element}")
-                           for element, (acc, _, ctype) in accs.items()]
-                          + [cgen.Pragma(f"omp simd {clauses}"), loop]
-                          + [cgen.Statement(f"{element} = {acc}")
-                             for element, (acc, _, _) in accs.items()])
+        before = [cgen.Statement(f"{ctype} {acc} = {element}") for element, (acc, _, ctype) in accs.items()]
+        before += [cgen.Statement(f"int {acc}_nan = {acc} != {acc}") for acc in extrema]
+        after = [cgen.Statement(f"{element} = {acc}_nan ? NAN : {acc}" if acc in extrema
+                                else f"{element} = {acc}")
+                 for element, (acc, _, _) in accs.items()]
+        return cgen.Block(before + [cgen.Pragma(f"omp simd {clauses}"), loop] + after)

@@ -50,6 +50,17 @@ def _load() -> dict:
         return {}
 
 
+def fingerprint() -> str:
+    """Changes whenever `polyc tune` stores a result: compile keys that cover it are
+    never served code built with older tiles. A stat, not a read: it is on the path of
+    every cache hit."""
+    try:
+        st = _path().stat()
+    except OSError:
+        return ""
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
 def lookup(kernel: Kernel, target: Target) -> dict[str, int] | None:
     entry = _load().get(kernel_key(kernel, target))
     return dict(entry["tiles"]) if entry else None

@@ -4,7 +4,7 @@ key = sha256 over, each part preceded by its length (so no two part lists collid
   the key format version, the canonical graph JSON, the target, the canonical options
   JSON, the polyc version, the islpy and isl versions, the C compiler command, its
   version and its flags, and for the host target (`cpu`, built with -march=native) the
-  host's CPU features.
+  host's CPU features and the state of the tuning cache (`polyc tune` changes tiles).
 
 The canonical graph JSON is the loader's `Graph.to_json()` (defaults filled in, attrs
 normalised) with sorted keys, compact separators and float constants spelled as floats,
@@ -79,12 +79,13 @@ class Toolchain:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def key(self, canonical: bytes, target: str, options: dict) -> str:
+    def key(self, canonical: bytes, target: str, options: dict, tuning: str = "") -> str:
         h = hashlib.sha256()
+        host = target in HOST_TARGETS
         parts = [KEY_FORMAT.encode(), canonical, target.encode(), canonical_json(options),
                  self.polyc.encode(), self.islpy.encode(), self.isl.encode(), self.cc.encode(),
                  self.cc_version.encode(), self.cflags.encode(),
-                 self.cpu.encode() if target in HOST_TARGETS else b""]
+                 self.cpu.encode() if host else b"", tuning.encode() if host else b""]
         for part in parts:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from ..compiler import Options
 from ..errors import GraphError, Problem
 from ..graph.load import load_graph
+from ..microkernels import tuning
 from . import worker_main as wm
 from .body import parse_body
 from .bundle import CorruptBundle, decode_bundle
@@ -120,7 +121,7 @@ class CompileService:
                              f"polyc could not validate this graph ({type(e).__name__}: {e}); "
                              "this is a polyc bug and was logged") from None
         options = Options(**request.options.model_dump()).to_json()
-        key = self.toolchain.key(canonical, request.target, options)
+        key = self.toolchain.key(canonical, request.target, options, tuning.fingerprint())
         return Prepared(key, canonical, request.target, options, request.graph, graph.notes)
 
     @staticmethod

@@ -828,3 +828,10 @@ def test_any_corruption_of_a_valid_graph_is_a_graph_error(data):
         load_graph(d)
     except GraphError as e:
         assert e.problems and all(p.message for p in e.problems)
+
+
+def test_a_number_too_large_for_a_float_is_refused():
+    text = ('{"inputs": [{"name": "x", "shape": [1]}], "nodes": [{"op": "pad", "inputs": ["x"], '
+            '"outputs": ["y"], "attrs": {"pads": [[1, 1]], "value": 1e999}}], "outputs": ["y"]}')
+    with pytest.raises(GraphError, match="1e999 is too large"):
+        load_graph(text)

@@ -42,9 +42,16 @@ def _reject_constant(token: str):
     raise GraphError(f"{token} is not valid JSON (NaN and Infinity are refused)")
 
 
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise GraphError(f"the number {token} is too large for a float (infinity is refused)")
+    return value
+
+
 def parse_json(text: str | bytes) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise GraphError(f"invalid JSON: {e}") from None
     except UnicodeDecodeError:  # bytes that are not UTF-8 (or -16/-32) text

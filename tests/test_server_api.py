@@ -93,8 +93,8 @@ def test_unknown_key_is_404_problem(client):
         assert r.json()["type"].endswith("unknown-key") and "0" * 64 in r.json()["detail"]
 
 
-def test_metrics_count_requests_hits_misses_and_compiles(client):
-    before = {
+def _counters(client) -> dict[str, float]:
+    return {
         "hits": metric(client, "polyc_cache_hits_total"),
         "misses": metric(client, "polyc_cache_misses_total"),
         "ok": metric(client, "polyc_compiles_total", outcome="ok"),
@@ -104,19 +104,14 @@ def test_metrics_count_requests_hits_misses_and_compiles(client):
         "bad": metric(client, "polyc_http_requests_total", method="POST",
                       route="/v1/compile", status="422"),
     }
+
+
+def test_metrics_count_requests_hits_misses_and_compiles(client):
+    before = _counters(client)
     for _ in range(3):
         assert client.post("/v1/compile", json={"graph": graph("metrics")}).status_code == 200
     assert client.post("/v1/compile", json={"graph": {}}).status_code == 422
-    after = {
-        "hits": metric(client, "polyc_cache_hits_total"),
-        "misses": metric(client, "polyc_cache_misses_total"),
-        "ok": metric(client, "polyc_compiles_total", outcome="ok"),
-        "seconds": metric(client, "polyc_compile_seconds_count"),
-        "posts": metric(client, "polyc_http_requests_total", method="POST",
-                        route="/v1/compile", status="200"),
-        "bad": metric(client, "polyc_http_requests_total", method="POST",
-                      route="/v1/compile", status="422"),
-    }
+    after = _counters(client)
     assert {k: after[k] - before[k] for k in before} == {
         "hits": 2, "misses": 1, "ok": 1, "seconds": 1, "posts": 3, "bad": 1}
     text = client.get("/metrics").text

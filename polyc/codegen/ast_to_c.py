@@ -17,7 +17,7 @@ import cgen
 import islpy as isl
 
 from ..kernel import Array, Kernel, c_comment
-from ..schedule_tree.comprehension import Statement
+from ..schedule_tree.comprehension import Call, Expr, Guarded, Statement, loads
 from ..microkernels.emit import MicrokernelEmitter, handles as is_microkernel_mark
 from .cexpr import C_TYPE, ExprPrinter
 
@@ -148,6 +148,18 @@ class CBuilder:
         return cgen.FunctionBody(decl, cgen.Block(body))
 
 
+PREFETCH_CHUNK = 64  # elements of a row loop between two rounds of prefetches
+_TRANSCENDENTAL = {"exp", "log", "tanh", "erf", "sigmoid", "pow"}
+
+
+def _transcendental(e: Expr) -> bool:
+    if isinstance(e, Call):
+        return e.fn in _TRANSCENDENTAL or any(_transcendental(a) for a in e.args)
+    if isinstance(e, Guarded):
+        return _transcendental(e.then) or _transcendental(e.otherwise)
+    return False
+
+
 def _user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
     """The statement calls of a loop body made only of statements, else None."""
     if node.get_type() == _T.user:
@@ -182,16 +194,22 @@ class CpuBuilder(CBuilder):
     def __init__(self, kernel: Kernel):
         super().__init__(kernel)
         self.loops: list[str] = []  # iterators of the loops around the node being built
+        self.parallel: list[str] = []  # those of them that threads share out
         self.microkernels = MicrokernelEmitter(self)
 
     def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
         if n.get_type() != _T.for_:
             return super().node(n, marks)
-        self.loops.append(n.for_get_iterator().get_id().get_name())
+        it = n.for_get_iterator().get_id().get_name()
+        self.loops.append(it)
+        if "parallel" in marks:
+            self.parallel.append(it)
         try:
             return super().node(n, marks)
         finally:
             self.loops.pop()
+            if "parallel" in marks:
+                self.parallel.pop()
 
     def emit_mark(self, name, child, marks):
         if is_microkernel_mark(name):
@@ -248,11 +266,53 @@ class CpuBuilder(CBuilder):
         clauses += "".join(f" reduction(|:{acc}_nan)" for acc in extrema)
         if private:
             clauses += f" private({', '.join(private)})"
-        loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}",
-                        body[0] if len(body) == 1 else cgen.Block(body))
+        body = body[0] if len(body) == 1 else cgen.Block(body)
+        loop = (self.prefetching_loop(it, init, cond, inc, calls, body, f"omp simd {clauses}")
+                or cgen.Module([cgen.Pragma(f"omp simd {clauses}"),
+                                cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}", body)]))
         before = [cgen.Statement(f"{ctype} {acc} = {element}") for element, (acc, _, ctype) in accs.items()]
         before += [cgen.Statement(f"int {acc}_nan = {acc} != {acc}") for acc in extrema]
         after = [cgen.Statement(f"{element} = {acc}_nan ? NAN : {acc}" if acc in extrema
                                 else f"{element} = {acc}")
                  for element, (acc, _, _) in accs.items()]
-        return cgen.Block(before + [cgen.Pragma(f"omp simd {clauses}"), loop] + after)
+        return cgen.Block(before + [loop] + after)
+
+    def prefetching_loop(self, it, init, cond, inc, calls, body, pragma) -> cgen.Generable | None:
+        """Hide the next row's memory latency behind a compute-heavy row loop.
+
+        Inside a thread's share of rows, a loop that evaluates transcendentals is bound by
+        arithmetic while the row loops around it are bound by memory. Strip-mined by
+        PREFETCH_CHUNK, each chunk first prefetches the same chunk of the next row of
+        every input it reads, so the next row's memory-bound loops find it in cache.
+        Prefetches never fault, past the last row included. None when it does not apply.
+        """
+        bound = re.fullmatch(rf"{it} <= (.+)", cond)
+        if not self.parallel or inc != "1" or bound is None or not any(
+                _transcendental(self._call(c)[0].expr) for c in calls):
+            return None
+        row, chunk = self.parallel[-1], f"{it}_chunk"
+        addresses: list[str] = []
+        for call in calls:
+            s, iters = self._call(call)
+            for load, _ in loads(s.expr):
+                a = self.arrays[load.tensor]
+                here = ExprPrinter(self.arrays, lambda pos: iters[pos]).access(load.tensor,
+                                                                                load.index)
+                if a.role != "in" or not all(re.search(rf"\b{x}\b", here) for x in (row, it)):
+                    continue  # only rows of inputs, which come from memory
+                line = 64 // (a.type.nbytes // max(a.type.size, 1))  # elements per cache line
+                for k in range(0, PREFETCH_CHUNK, line):
+                    moved = [re.sub(rf"\b{it}\b", f"({chunk} + {k})",
+                                    re.sub(rf"\b{row}\b", f"({row} + 1)", x)) for x in iters]
+                    address = ExprPrinter(self.arrays, lambda pos: moved[pos]).access(load.tensor,
+                                                                                       load.index)
+                    if address not in addresses:
+                        addresses.append(address)
+        if not addresses:
+            return None
+        inner = cgen.For(f"int {it} = {chunk}", f"{it} <= min({chunk} + {PREFETCH_CHUNK - 1}, "
+                         f"{bound.group(1)})", f"{it} += 1", body)
+        return cgen.For(f"int {chunk} = {init}", cond.replace(it, chunk, 1),
+                        f"{chunk} += {PREFETCH_CHUNK}",
+                        cgen.Block([cgen.Statement(f"__builtin_prefetch(&{x}, 0, 2)")
+                                    for x in addresses] + [cgen.Pragma(pragma), inner]))

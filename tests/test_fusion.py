@@ -179,3 +179,11 @@ def test_a_nan_survives_vectorised_max_and_min_reductions():
     for name in ("hi", "lo", "s"):
         np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(want[name]))
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4)
+
+
+def test_a_compute_heavy_row_loop_prefetches_the_next_row():
+    graph = _single("softmax", [64, 1024])  # large enough for threads over rows
+    compiled = compile(graph)
+    assert "omp parallel for" in compiled.c_source
+    assert "__builtin_prefetch(&t0_x[((c0 + 1)) * 1024" in compiled.c_source
+    _check(graph, compiled)

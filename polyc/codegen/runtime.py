@@ -2,7 +2,8 @@
 
 A `Program` owns the loaded shared object, the constants as numpy arrays and reusable
 buffers for intermediates, and calls the kernels in order. Inputs are checked (names,
-shapes, dtypes) before any pointer reaches C.
+shapes, dtypes) before any pointer reaches C. The kernels themselves use OpenMP threads;
+a Program serves one call at a time (its intermediate buffers are shared between calls).
 """
 from __future__ import annotations
 

@@ -184,6 +184,9 @@ def cases():
 
 
 def best_time(fn, repeat: int, budget_s: float = 8.0) -> float:
+    # the previous library's thread pool (OpenBLAS, torch, polyc's OpenMP team) spins for
+    # a while after its last call: let it go idle first, so no one is timed against it
+    time.sleep(0.3)
     fn()
     fn()
     times = []

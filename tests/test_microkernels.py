@@ -173,6 +173,42 @@ def test_conv2d_implicit_gemm(xs, ws, attrs, bias):
     assert _gemm_marks(_check(graph, inputs, atol=3e-4))
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
+       co=st.integers(1, 9), kh=st.integers(1, 3), kw=st.integers(1, 3),
+       sh=st.integers(1, 2), sw=st.integers(1, 3), pads=st.lists(st.integers(0, 2), min_size=4,
+                                                                 max_size=4),
+       kc=st.sampled_from([0, 5, 8, 20]), nc=st.sampled_from([0, 16, 48]),
+       parallel=st.booleans())
+def test_conv2d_packed_by_runs(n, c, h, w, co, kh, kw, sh, sw, pads, kc, nc, parallel):
+    """The run packer (emit.py's _run_nest): padding clipped per run, strided loads along
+    the width, rows wrapping inside a panel, K blocks that end in a partial row group."""
+    xs, ws = (n, c, h, w), (co, c, kh, kw)
+    rng = np.random.default_rng(h * 100 + w)
+    b = GraphBuilder("conv")
+    graph = b.build([b.conv2d(b.input("x", xs), b.input("w", ws), strides=[sh, sw], pads=pads)])
+    inputs = {"x": _rand(rng, xs), "w": _rand(rng, ws)}
+    tiles = tuple((name, v) for name, v in (("kc", kc), ("nc", nc)) if v)
+    compiled = compile(graph, options=Options(microkernel_tiles=tiles, parallel=parallel))
+    got = compiled(**inputs)
+    want = run_reference(graph, inputs)
+    for name in graph.outputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=3e-4)
+
+
+def test_conv2d_gather_is_packed_by_runs():
+    b = GraphBuilder("conv")
+    graph = b.build([b.conv2d(b.input("x", (1, 16, 20, 20)), b.input("w", (24, 16, 3, 3)),
+                              pads=[1, 1, 1, 1])])
+    rng = np.random.default_rng(1)
+    inputs = {"x": _rand(rng, (1, 16, 20, 20)), "w": _rand(rng, (24, 16, 3, 3))}
+    compiled = _check(graph, inputs, Options(microkernel_tiles=(("kc", 44),)), atol=3e-4)
+    assert "mk_rows" in compiled.c_source and "mk_run" in compiled.c_source
+    # a plain matmul keeps the per-panel copy: its B rows are contiguous already
+    graph, inputs = _matmul((40, 30), (30, 50))
+    assert "mk_rows" not in _check(graph, inputs).c_source
+
+
 @pytest.mark.parametrize("isa", ["portable", "avx2"])
 def test_forced_variants(isa):
     if registry.select("gemm", "float32", cpu_target(), isa) is None:

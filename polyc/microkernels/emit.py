@@ -6,12 +6,14 @@
   parallel region around the whole tiled nest (its loops run in every thread; the
   `omp for` loops below split the work, their implicit barriers order packing and use);
 - `pack_b` / `pack_a`: packs the current B block / A block into the kernel's panels,
-  then emits the subtree below;
+  then emits the subtree below; a gathered operand (conv2d's padded window) is packed by
+  runs, K row by K row (`_run_nest`), whole panels by fixed-length copies;
 - `team_for`: the loop right below is shared by the team (`omp for schedule(static)`);
 - `microkernel <gemm kernel>`: replaces the statements below by the kernel call on the
   packed panels and the write-back: partial sums go to memory, the last block applies
   the init and the epilogue statements on the tile, in registers, and stores the
-  kernel's outputs (never the intermediates);
+  kernel's outputs (never the intermediates); edge tiles go straight into C through
+  the kernel's rows x cols variant where it has one (masked stores);
 - `microkernel row_*`: replaces a row loop by one call of the row kernel.
 
 Tile origins come from the isl AST: the loops opened since the `gemm` mark are the tile
@@ -24,7 +26,7 @@ import cgen
 import islpy as isl
 
 from ..errors import InternalError
-from ..schedule_tree.comprehension import Const, Expr, Load
+from ..schedule_tree.comprehension import Aff, Const, Expr, Guarded, Load
 from ..codegen.cexpr import C_TYPE, ExprPrinter
 from . import registry
 from .analysis import GemmView, gemm_view, iterators, loads_of
@@ -177,6 +179,16 @@ class MicrokernelEmitter:
         k_vars = _decompose(red_names, red_ext, "mk_k0 + mk_p")
         x_vars = _decompose(own_names, own_ext, f"{start} + mk_xp + mk_x")
         valid = f"mk_nv"
+        runs = self._run_nest(expr, own_names, own_ext, [view.out_iter[d] for d in own], tile,
+                              start, size, buf, k_vars,
+                              _up(min(t.nc if side == "b" else t.mc, total), tile)
+                              ) if inner_is_own else None
+        if runs is not None:
+            code: list[cgen.Generable] = head + batch
+            if plan.par == "inner":
+                code.append(cgen.Pragma("omp for schedule(static)"))
+            code += [runs, self.b.node(child, marks)]
+            return cgen.Block(code)
         if inner_is_own and len(own) > 1:
             # several dims flattened (conv2d's output pixels): decompose the panel's start
             # once, then step the dims with carries, no division per element
@@ -194,17 +206,46 @@ class MicrokernelEmitter:
                              cgen.Block([cgen.Assign(dst, value), step])),
                     cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))])
         elif inner_is_own:
-            nest = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
+            # a whole panel copies `tile` elements per K row: a fixed trip count, so gcc
+            # unrolls and vectorises it (a plain load: two 8-wide moves)
+            full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
+                cgen.For("long mk_x = 0", f"mk_x < {tile}", "mk_x++",
+                         cgen.Block(x_vars + [cgen.Assign(dst, value)]))]))
+            edge = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
                 cgen.Statement("long mk_x = 0"),
                 cgen.For("", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [cgen.Assign(dst, value)])),
                 cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))
+            nest = cgen.If(f"{valid} == {tile}", full, edge)
         else:
+            if len(red_names) > 1:
+                # K flattens several dims (conv2d's channels x window): decompose the
+                # block's start once per element row, then step them with carries
+                def kcarry(k: int) -> cgen.Generable:
+                    if k == 0:
+                        return cgen.Statement(f"++{red_names[0]}")
+                    return cgen.If(f"++{red_names[k]} == {red_ext[k]}",
+                                   cgen.Block([cgen.Assign(red_names[k], "0"), kcarry(k - 1)]))
+                k_head = _decompose([f"mk_b{n}" for n in red_names], red_ext, "mk_k0")
+                k_head += [cgen.Statement(f"long {n} = mk_b{n}") for n in red_names]
+                p_body = [cgen.Assign(dst, value), kcarry(len(red_names) - 1)]
+            else:
+                k_head, p_body = [], k_vars + [cgen.Assign(dst, value)]
             nest = cgen.Block([
-                cgen.For("long mk_x = 0", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [
-                    cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
-                        k_vars + [cgen.Assign(dst, value)]))])),
+                cgen.For("long mk_x = 0", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + k_head + [
+                    cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(p_body))])),
                 cgen.For(f"long mk_x = {valid}", f"mk_x < {tile}", "mk_x++", cgen.For(
                     "long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Assign(dst, "0.0f")))])
+            if len(own_names) == 1:
+                # a whole panel K row by K row: `tile` streams read side by side, the
+                # panel written in order
+                row = cgen.For("long mk_x = 0", f"mk_x < {tile}", "mk_x++",
+                               cgen.Block(x_vars + [cgen.Assign(dst, value)]))
+                if len(red_names) > 1:
+                    full = cgen.Block(k_head + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++",
+                                                         cgen.Block([row, kcarry(len(red_names) - 1)]))])
+                else:
+                    full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [row]))
+                nest = cgen.If(f"{valid} == {tile}", full, nest)
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
@@ -216,6 +257,112 @@ class MicrokernelEmitter:
         code.append(loop)
         code.append(self.b.node(child, marks))
         return cgen.Block(code)
+
+    def _run_nest(self, expr: Expr, own_names: list[str], own_ext: list[int],
+                  own_pos: list[int], tile: int, start: str, size: str, buf: str, k_vars,
+                  cap: int) -> cgen.Generable | None:
+        """Packing by runs, one K row at a time (the loop over K rows is what the team
+        shares): the row's elements over the block's own range are gathered into a
+        thread-private row, split where the innermost own dim wraps; within a run every
+        guard is an interval of that dim and the load walks memory with a fixed stride,
+        so each run is a zero fill, a bounds-free (unit stride: vectorised) copy and a zero
+        fill. The row is then copied into the panels `tile` floats at a time. conv2d's
+        padded gather takes this path. None when the operand is not a (guarded) load
+        affine in the iterators, or is a plain load along one dim (already vectorised)."""
+        if isinstance(expr, Guarded):
+            bounds, load, other = expr.bounds, expr.then, expr.otherwise
+            if not isinstance(other, Const):
+                return None
+        else:
+            bounds, load, other = (), expr, None
+        if not isinstance(load, Load) or not load.index or not all(
+                isinstance(e, Aff) for e in load.index):
+            return None
+        arr = self.b.arrays[load.tensor]
+        if arr.kept == () or load.dtype != "float32":
+            return None
+        if not bounds and len(own_names) == 1:
+            return None  # a plain contiguous load: the element loop vectorises as it is
+        q, qname, E = own_pos[-1], own_names[-1], own_ext[-1]
+        # the load's address stride along q
+        dims = range(arr.type.ndim) if arr.kept is None else arr.kept
+        cq, stride = 0, 1
+        for d in reversed(dims):
+            cq += dict(load.index[d].terms).get(q, 0) * stride
+            stride *= arr.type.shape[d]
+        if cq < 0:
+            return None
+        names = lambda pos: f"mk_s{pos}"
+        outer, lo_terms, hi_terms = [], [], []
+        for b in bounds:
+            a = dict(b.aff.terms).get(q, 0)
+            if a == 0:
+                r = b.aff.render(names)
+                outer.append(f"{b.lo} <= ({r}) && ({r}) < {b.hi}")
+            elif a == 1:
+                rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
+                r = rest.render(names)
+                lo_terms.append(f"{b.lo} - ({r}) - {qname}")
+                hi_terms.append(f"{b.hi} - ({r}) - {qname}")
+            else:
+                return None
+        zero = ExprPrinter(self.b.arrays, names).value(other) if other is not None else "0.0f"
+        src = ExprPrinter(self.b.arrays, lambda pos: "mk_q" if pos == q else f"mk_s{pos}"
+                          ).access(load.tensor, load.index)
+
+        def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
+            if k == 0:
+                return cgen.Statement(f"++{own_names[0]}")
+            return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+                           cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+
+        step: list[cgen.Generable] = [cgen.Statement(f"{qname} += mk_run")]
+        if len(own_names) > 1:
+            step.append(cgen.If(f"{qname} == {E}",
+                                cgen.Block([cgen.Assign(qname, "0"), carry(len(own_names) - 2)])))
+        limits = [cgen.Statement(f"mk_lo = max(mk_lo, {t})") for t in lo_terms]
+        limits += [cgen.Statement(f"mk_hi = min(mk_hi, {t})") for t in hi_terms]
+        limits += [cgen.Statement("mk_lo = min(mk_lo, mk_run)"),
+                   cgen.Statement("mk_hi = max(mk_hi, mk_lo)")]
+        if outer:
+            limits = [cgen.If(" && ".join(outer), cgen.Block(limits),
+                              cgen.Block([cgen.Statement("mk_hi = 0")]))]
+        load_at = "mk_src[mk_t]" if cq == 1 else f"mk_src[mk_t * {cq}]"
+        copy: cgen.Generable = cgen.For("long mk_t = 0", "mk_t < mk_hi - mk_lo", "mk_t++",
+                                        cgen.Assign("mk_o[mk_t]", load_at))
+        run = cgen.Block([
+            cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),
+            cgen.Statement("long mk_lo = 0, mk_hi = mk_run"),
+            *limits,
+            cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_x + mk_t]", zero)),
+            cgen.If("mk_lo < mk_hi", cgen.Block([
+                cgen.Statement(f"const long mk_q = {qname} + mk_lo"),
+                cgen.Statement(f"const float *restrict mk_src = &{src}"),
+                cgen.Statement("float *restrict mk_o = mk_d + mk_x + mk_lo"),
+                copy])),
+            cgen.For("long mk_t = mk_hi", "mk_t < mk_run", "mk_t++",
+                     cgen.Assign("mk_d[mk_x + mk_t]", zero)),
+            cgen.Statement("mk_x += mk_run"),
+            *step])
+        base = _decompose([f"mk_b{n}" for n in own_names], own_ext, start)
+        base += [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names]
+        G, row = _ROWS, cap + tile  # rows gathered per pass; each panel then gets G rows at once
+        return cgen.For(f"long mk_pg = 0", "mk_pg < mk_kc", f"mk_pg += {G}", cgen.Block([
+            cgen.Statement(f"float *restrict mk_rows = polyc_scratch(3, {4 * G * row})"),
+            cgen.Statement(f"const long mk_g = min({G}, mk_kc - mk_pg)"),
+            cgen.For("long mk_p = mk_pg", "mk_p < mk_pg + mk_g", "mk_p++", cgen.Block(
+                k_vars + base + [
+                    cgen.Statement(f"float *restrict mk_d = mk_rows + (mk_p - mk_pg) * {row}"),
+                    cgen.Statement("long mk_x = 0"),
+                    cgen.While(f"mk_x < {size}", run),
+                    cgen.For("", f"mk_x % {tile}", "mk_x++", cgen.Assign("mk_d[mk_x]", "0.0f"))])),
+            cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", cgen.Block([
+                cgen.Statement(f"float *restrict mk_o = {buf} + mk_xp * mk_kc + mk_pg * {tile}"),
+                cgen.If(f"mk_g == {G}", cgen.Block([cgen.Statement(
+                    f"memcpy(mk_o + {g * tile}, mk_rows + {g * row} + mk_xp, {4 * tile})")
+                    for g in range(G)]),
+                    cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(
+                        f"memcpy(mk_o + mk_p * {tile}, mk_rows + mk_p * {row} + mk_xp, {4 * tile})")))]))]))
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:
@@ -240,8 +387,8 @@ class MicrokernelEmitter:
         out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
                cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
                cgen.Statement(f"const long mk_nr = min({NR}, {plan.n} - mk_jt)"),
-               cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc"),
-               cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc")]
+               cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc")]
+        out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
         batch_vals = self._batch_values(loops)
         boff = " + ".join(f"{v} * {_stride(view.shape, d)}" for d, v in batch_vals.items()
                           if v != "0") or "0"
@@ -259,17 +406,24 @@ class MicrokernelEmitter:
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
         cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + mk_jt"
+        rows = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
         slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
-                cgen.Statement(f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+                cgen.Statement(f"{rows}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})" if rows
+                               else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
         if has_pc:
             slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
                                 self._final(first, acc_name)))
         else:
             slow.append(self._final("1", acc_name))
         if has_pc or (zero_init and not applies):
+            otherwise: cgen.Generable = cgen.Block(slow)
+            if rows:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
+                edge = cgen.Statement(
+                    f"{rows}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
+                otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
             out.append(cgen.If(" && ".join(direct),
                                cgen.Statement(f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"),
-                               cgen.Block(slow)))
+                               otherwise))
         else:
             out += slow
         return cgen.Block(out)
@@ -354,6 +508,10 @@ class MicrokernelEmitter:
 
     def sources(self) -> str:
         return registry.c_source(self.used) if self.used else ""
+
+
+# K rows packed per pass of the run packer (emit.py's _run_nest)
+_ROWS = 8
 
 
 def _up(n: int, unit: int) -> int:

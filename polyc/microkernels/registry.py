@@ -37,6 +37,7 @@ class Microkernel:
     writes: str = ""  # overwrite / accumulate contract of the result
     needs: tuple[str, ...] = ()  # other C files pasted before this one
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
+    rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
 
     @property
     def c_function(self) -> str:
@@ -46,13 +47,14 @@ class Microkernel:
         return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "file": self.file,
                 "c_function": self.c_function, "features": list(self.features),
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
-                "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs)}
+                "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
+                "rows_variant": self.rows_variant}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
-          rank: int) -> Microkernel:
+          rank: int, rows_variant: str = "") -> Microkernel:
     return Microkernel(
-        name, "gemm", "float32", file, features, mr, nr, alignment,
+        name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -68,7 +70,8 @@ def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Micr
 
 REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3),
-    _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2),
+    _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
+          rows_variant="polyc_sgemm_avx2_6x16_rows"),
     _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1),
     _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator"),
     _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),

@@ -11,6 +11,11 @@
  *               when the tile hangs over the matrix edge)
  *   accumulate  0: C = A B (C is not read), 1: C += A B
  *   features    avx2, fma. 12 ymm accumulators, 2 B vectors, 1 broadcast: 15 of 16 ymm.
+ *
+ *   polyc_sgemm_avx2_6x16_rows(kc, A, B, C, ldc, accumulate, rows, cols), 1 <= rows <= 6,
+ *   1 <= cols <= 16: the same on the tile's first `rows` rows and `cols` columns only
+ *   (operands still packed 6 and 16 wide); other entries of C are neither read nor
+ *   written (masked loads and stores). For edge tiles, straight into C.
  */
 #ifndef POLYC_SGEMM_AVX2_6X16
 #define POLYC_SGEMM_AVX2_6X16
@@ -47,6 +52,64 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_6x16(long kc, const float
     }
     _mm256_storeu_ps(row, lo[r]);
     _mm256_storeu_ps(row + 8, hi[r]);
+  }
+}
+
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restrict B,
+                           float *restrict C, long ldc, int accumulate, const int R,
+                           long cols)
+{
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
+  const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols - 8), lane);
+  __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    lo[r] = _mm256_setzero_ps();
+    hi[r] = _mm256_setzero_ps();
+  }
+  for (long p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+      __m256 a = _mm256_broadcast_ss(A + p * 6 + r);
+      lo[r] = _mm256_fmadd_ps(a, b0, lo[r]);
+      hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    float *row = C + r * ldc;
+    if (cols == 16) {
+      if (accumulate) {
+        lo[r] = _mm256_add_ps(lo[r], _mm256_loadu_ps(row));
+        hi[r] = _mm256_add_ps(hi[r], _mm256_loadu_ps(row + 8));
+      }
+      _mm256_storeu_ps(row, lo[r]);
+      _mm256_storeu_ps(row + 8, hi[r]);
+    } else {
+      if (accumulate) {
+        lo[r] = _mm256_add_ps(lo[r], _mm256_maskload_ps(row, m0));
+        hi[r] = _mm256_add_ps(hi[r], _mm256_maskload_ps(row + 8, m1));
+      }
+      _mm256_maskstore_ps(row, m0, lo[r]);
+      _mm256_maskstore_ps(row + 8, m1, hi[r]);
+    }
+  }
+}
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_6x16_rows(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate, long rows, long cols)
+{
+  switch (rows) {
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 3, cols); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 4, cols); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 5, cols); break;
+  default: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 6, cols); break;
   }
 }
 #endif

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
-from ..graph.ir import FrozenDict, Node, Tensor, TensorType
+from ..graph.ir import Node, Tensor, TensorType
 from ..graph.ops import conv2d_out_hw, norm_axes, slice_params
 
 
@@ -393,6 +393,3 @@ def lower_node(node: Node, name: str, types: Mapping[str, TensorType],
     contractions. `name` prefixes the statements' isl names."""
     return _Lowering(node, name, types, constants).lower()
 
-
-__all__ = ["Aff", "Bound", "Call", "Const", "Expr", "FloorDiv", "FrozenDict", "Guarded",
-           "Index", "Load", "Mod", "Statement", "c_index", "isl_index", "loads", "lower_node"]

@@ -4,13 +4,12 @@
   than the caches, counted as 3 x 8 bytes per element (two reads, one write), best of
   several runs; a small C program built with the same gcc and flags polyc uses.
 - `set_threads(n)`: the OpenMP thread count of polyc's kernels (and torch's, if loaded).
-- `timeit(fn)`: the median of repeated calls after a warm-up.
+- `timeit(fn)`: the best of repeated calls after a warm-up.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import statistics
 import subprocess
 import tempfile
 import time
@@ -70,7 +69,11 @@ def set_threads(n: int) -> None:
 
 
 def timeit(fn, *, repeat: int = 15, warmup: int = 2) -> float:
-    """Median seconds per call."""
+    """Seconds per call, the best of `repeat`: other tenants of a shared machine only
+    ever add time."""
+    # the previous library's thread pool (OpenMP, OpenBLAS, torch) spins for a while
+    # after its last call: let it go idle first, so no one is timed against it
+    time.sleep(0.3)
     for _ in range(warmup):
         fn()
     times = []
@@ -78,4 +81,4 @@ def timeit(fn, *, repeat: int = 15, warmup: int = 2) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)

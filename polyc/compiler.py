@@ -184,8 +184,8 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     # buffers are sized on the final loop order, which tiling may have changed
     kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
     # the cpu target: parallel and simd marks
-    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel.statements,
-                       model.dependences, parallel=options.parallel, show=schedule_to_text)
+    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel, model, target,
+                       parallel=options.parallel, show=schedule_to_text)
     if options.verify:
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)

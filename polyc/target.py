@@ -37,6 +37,11 @@ class Target:
         return private[-1]
 
     @property
+    def last_cache(self) -> MemoryLevel:
+        """The level in front of main memory."""
+        return self.levels[-2]
+
+    @property
     def tile_level(self) -> MemoryLevel:
         """Where a tile's operands should stay: the fastest level."""
         return self.levels[0]

@@ -1,9 +1,12 @@
 """Unit tests of the C printed for statement values (`polyc.codegen.cexpr`)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from polyc import GraphBuilder
 from polyc.codegen.cexpr import _FLOAT_FNS, _INT_FNS, ExprPrinter, c_literal
+from polyc.compiler import Options, compile
 from polyc.schedule_tree.comprehension import Call, Const
 
 
@@ -25,3 +28,48 @@ def test_literals():
     assert c_literal(float("-inf"), "float32") == "(-INFINITY)"
     assert c_literal(-2**31, "int32") == "(-2147483647 - 1)"
     assert c_literal(-0.0, "float64") == "(-0.0)"
+
+
+def _sweep() -> np.ndarray:
+    """Every kind of float32 the helpers branch on: specials, the range edges, subnormals,
+    and a dense logarithmic sweep of both signs."""
+    mag = np.logspace(-40, 38.5, 20001, dtype=np.float64)
+    edges = [88.72283, 88.7228394, 88.38, 88.0, -86.6433, -86.64, -87.3, -87.9, -103.0,
+             0.5, 0.0625, 20.0, 1e-45, 1.17549435e-38, 3.4028235e38]
+    values = np.concatenate([mag, -mag, edges, np.negative(edges), [0.0, np.inf, -np.inf]])
+    return np.concatenate([values.astype(np.float32), [np.float32(np.nan)]])
+
+
+def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Distance in float32 units in the last place (want in float64)."""
+    spacing = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want) / spacing
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("op,exact,ulps,flush", [
+    ("exp", np.exp, 2, 2.0 ** -125), ("log", np.log, 2, 0.0), ("tanh", np.tanh, 2, 0.0),
+    ("sigmoid", _sigmoid, 3, 2.0 ** -125)])
+def test_float32_math_over_the_whole_range(op, exact, ulps, flush):
+    # the prelude's vectorisable versions replace libm for float32: IEEE results for
+    # +-inf and NaN, within `ulps` elsewhere, flushed to zero only below `flush`
+    x = _sweep()
+    if op == "log":
+        x = np.abs(x)
+    b = GraphBuilder(op)
+    graph = b.build([b.op(op, b.input("x", x.shape, "float32"), out="y")])
+    got = compile(graph, options=Options(parallel=False))(x=x)["y"]
+    with np.errstate(all="ignore"):
+        want = exact(x.astype(np.float64))
+        rounded = want.astype(np.float32)  # overflows to inf where float32 does
+    special = ~np.isfinite(rounded) | (rounded == 0)
+    np.testing.assert_array_equal(got[special], rounded[special])
+    tiny = ~special & (np.abs(want) < flush)
+    assert np.all((got[tiny] == 0) | (_ulps(got[tiny], want[tiny]) <= ulps))
+    normal = ~special & ~tiny & (np.abs(want) >= np.finfo(np.float32).tiny)
+    worst = _ulps(got[normal], want[normal]).max()
+    assert worst <= ulps, f"{op}: {worst:.1f} ulp"

@@ -284,3 +284,26 @@ def _shape(tree: dict) -> tuple:
     flags = tuple((key, str(tree.get(key))) for key in ("kind", "mark", "members", "permutable",
                                                         "coincident"))
     return flags, tuple(_shape(c) for c in tree["children"])
+
+
+def _innermost(k: KernelResult) -> list[str]:
+    """The schedules of the bands right under a `simd` or `reduce` mark."""
+    return [n["children"][0]["schedule"] for n in _walk(schedule_to_json(k.schedule))
+            if n.get("mark") in ("simd", "reduce")]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_broadcast_operand_does_not_turn_the_loops_around(dtype):
+    # isl's proximity prefers reusing c[j] across rows (j outer): interchange puts the
+    # contiguous j back innermost, where every access moves by one element
+    b = GraphBuilder("bias")
+    (k,) = _kernels(b.build([b.add(b.input("a", [129, 257], dtype), b.input("c", [257], dtype))]))
+    (inner,) = _innermost(k)
+    assert "(i1)" in inner and "(i0)" not in inner, inner
+
+
+def test_a_column_reduction_vectorises_along_the_row():
+    # z[j] += x[i, j]: the accumulators z[j] are contiguous along j, as are the loads
+    b = GraphBuilder("colsum")
+    (k,) = _kernels(b.build([b.reduce_sum(b.input("x", [300, 64]), axes=[0])]))
+    assert all("[(i0)]" in s and "(i1)" not in s for s in _innermost(k)), _innermost(k)

@@ -55,6 +55,10 @@ class CBuilder:
                         return code
                 if reused:
                     marks += (f"private({', '.join(reused)})",)
+                if reused is not None and "stream" in marks:
+                    code = self.emit_streaming_loop(*header, calls, marks)
+                    if code is not None:
+                        return code
             return self.emit_loop(*header, _statement(self.node(inner)), marks)
         if kind == _T.if_:
             other = _statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
@@ -91,6 +95,12 @@ class CBuilder:
                             calls: list[isl.AstExpr], private: list[str]) -> cgen.Generable | None:
         """A loop of statements whose only carried dependences are reductions', or None
         to emit it as any loop."""
+        return None
+
+    def emit_streaming_loop(self, it: str, init: str, cond: str, inc: str,
+                            calls: list[isl.AstExpr], marks: tuple[str, ...]) -> cgen.Generable | None:
+        """A loop whose output goes to memory with non-temporal stores, or None to emit
+        it as any loop."""
         return None
 
     def reused_buffers(self, it: str, calls: list[isl.AstExpr]) -> list[str] | None:
@@ -148,7 +158,10 @@ class CBuilder:
         return cgen.FunctionBody(decl, cgen.Block(body))
 
 
-PREFETCH_CHUNK = 64  # elements of a row loop between two rounds of prefetches
+PREFETCH_CHUNK = 256  # elements of a row loop between two rounds of prefetches (each
+# round ends the lanes' partial reductions: fewer, longer chunks keep that cheap)
+STREAM_CHUNK = 64  # elements staged in L1 between two non-temporal copies (short
+# bursts of stores interleave better with the arithmetic)
 _TRANSCENDENTAL = {"exp", "log", "tanh", "erf", "sigmoid", "pow"}
 
 
@@ -196,6 +209,7 @@ class CpuBuilder(CBuilder):
         self.loops: list[str] = []  # iterators of the loops around the node being built
         self.parallel: list[str] = []  # those of them that threads share out
         self.microkernels = MicrokernelEmitter(self)
+        self.streamed = False  # has a loop stored with non-temporal stores
 
     def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
         if n.get_type() != _T.for_:
@@ -218,6 +232,11 @@ class CpuBuilder(CBuilder):
 
     def function(self, ast: isl.AstNode) -> cgen.Generable:
         fn = super().function(ast)
+        if self.streamed:
+            # orders this thread's non-temporal stores before the caller reads the
+            # output; each worker thread's are drained by the locked instructions of the
+            # barrier that ends the parallel loop
+            fn.body.contents.append(cgen.Statement("polyc_stream_fence()"))
         kernels = self.microkernels.sources()  # include-guarded: pasted once per kernel
         return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
 
@@ -316,3 +335,36 @@ class CpuBuilder(CBuilder):
                         f"{chunk} += {PREFETCH_CHUNK}",
                         cgen.Block([cgen.Statement(f"__builtin_prefetch(&{x}, 0, 2)")
                                     for x in addresses] + [cgen.Pragma(pragma), inner]))
+
+    def emit_streaming_loop(self, it, init, cond, inc, calls, marks):
+        """Strip-mined by STREAM_CHUNK, each chunk of the output is computed into a
+        stage buffer in L1 by a `simd` loop, then copied out with non-temporal stores
+        (`polyc_stream`); the loop's other statements write locals and stay as they are."""
+        bound = re.fullmatch(rf"{it} <= (.+)", cond)
+        if inc != "1" or bound is None:
+            return None
+        chunk, last = f"{it}_chunk", f"min({it}_chunk + {STREAM_CHUNK - 1}, {bound.group(1)})"
+        body, address, ctype = [], None, None
+        for call in calls:
+            s, iters = self._call(call)
+            if self.arrays[s.target].role == "local":
+                body.append(self.emit_assign(s, iters))
+                continue
+            p = ExprPrinter(self.arrays, lambda pos: iters[pos])
+            ctype = C_TYPE[s.dtype]
+            body.append(cgen.Statement(f"polyc_stage[{it} - {chunk}] = {p.value(s.expr)}"))
+            start = [re.sub(rf"\b{it}\b", chunk, x) for x in iters]
+            address = ExprPrinter(self.arrays, lambda pos: start[pos]).access(s.target, s.index)
+        self.streamed = True
+        private = [m for m in marks if m.startswith("private(")]
+        inner = cgen.Module([
+            cgen.Pragma(" ".join(["omp simd", *private])),
+            cgen.For(f"int {it} = {chunk}", f"{it} <= {last}", f"{it} += 1",
+                     body[0] if len(body) == 1 else cgen.Block(body))])
+        stage = cgen.Block([
+            cgen.Statement(f"{ctype} polyc_stage[{STREAM_CHUNK}]"), inner,
+            cgen.Statement(f"polyc_stream(&{address}, polyc_stage, "
+                           f"({last} - {chunk} + 1) * sizeof(polyc_stage[0]))")])
+        outer = tuple(m for m in marks if m not in ("simd", "stream") and m not in private)
+        return self.emit_loop(chunk, init, cond.replace(it, chunk, 1), str(STREAM_CHUNK),
+                              stage, outer)

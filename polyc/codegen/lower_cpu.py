@@ -9,7 +9,12 @@ tree and the browser view, and codegen only has to translate them:
   that loop): `simd` when the loop carries no dependence, `reduce` when every dependence
   it carries is a float reduction statement's on itself, whose partial results may be
   combined in any order (sum, max, ...), so the loop vectorises with one accumulator
-  per lane. Both are decided with isl on the dependences and the schedule.
+  per lane. Both are decided with isl on the dependences and the schedule;
+- `stream` above a `simd` loop whose one statement writes an output array that fills at
+  least half the last cache level, one element after the other, and that nothing in the
+  kernel reads back: non-temporal stores write it without first reading every line into
+  the cache (a third of a streaming kernel's memory traffic), and without evicting the
+  kernel's inputs. isl proves the unit stride on the access relation and the schedule.
 """
 from __future__ import annotations
 
@@ -17,7 +22,10 @@ import math
 
 import islpy as isl
 
-from ..schedule_tree.comprehension import Statement
+from ..kernel import Kernel
+from ..schedule_tree.comprehension import Statement, loads
+from ..schedule_tree.model import PolyModel
+from ..target import Target
 
 MIN_PARALLEL_INSTANCES = 1 << 15
 
@@ -68,27 +76,68 @@ def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
     return "reduce"
 
 
-def mark_cpu_loops(schedule: isl.Schedule, statements: tuple[Statement, ...],
-                   dependences: isl.UnionMap, *, parallel: bool = True) -> isl.Schedule:
-    """Insert `parallel`, `simd` and `reduce` marks (see the module docstring)."""
+def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
+             min_bytes: int) -> bool:
+    """Should the one-member band `loop` store its output with non-temporal stores (see
+    the module doc)? The other statements of the loop may only write locals."""
+    sets: dict[str, isl.Set] = {}
+    loop.get_domain().foreach_set(lambda d: sets.__setitem__(d.get_tuple_name(), d))
+    outs = [s for s in kernel.statements
+            if s.name in sets and kernel.array(s.target).role != "local"]
+    if len(outs) != 1:
+        return False
+    s = outs[0]
+    a = kernel.array(s.target)
+    if s.reduce is not None or a.type.nbytes < min_bytes or any(
+            load.tensor == s.target for t in kernel.statements for load, _ in loads(t.expr)):
+        return False
+    # consecutive iterations of the loop, all outer loops fixed, write consecutive elements
+    domain = isl.UnionSet(sets[s.name])
+    outer = loop.get_prefix_schedule_union_map().intersect_domain(domain)
+    inner = loop.band_get_partial_schedule_union_map().intersect_domain(domain)
+    step = isl.UnionMap.read_from_str(inner.get_ctx(), "{ [t] -> [t + 1] }")
+    pairs = (outer.apply_range(outer.reverse())
+             .intersect(inner.apply_range(step).apply_range(inner.reverse())))
+    moves = pairs.apply_domain(writes).apply_range(writes).deltas()
+    unit = isl.Set.read_from_str(inner.get_ctx(), "{ %s[%s] }" % (
+        a.c_name, ", ".join(["0"] * (len(a.type.shape) - 1) + ["1"])))
+    return not moves.is_empty() and moves.is_equal(isl.UnionSet(unit))
+
+def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, target: Target,
+                   *, parallel: bool = True) -> isl.Schedule:
+    """Insert `parallel`, `simd`, `reduce` and `stream` marks (see the module docstring)."""
+    statements, dependences = kernel.statements, model.dependences
     sizes = {s.name: math.prod(s.extents) for s in statements}
     by_name = {s.name: s for s in statements}
+    stream_bytes = target.last_cache.capacity // 2
+
+    def loop_marks(loop: isl.ScheduleNode, kind: str) -> list[str]:
+        stream = kind == "simd" and _streams(loop, kernel, model.writes, stream_bytes)
+        return [kind] + ["stream"] * stream
+
+    def insert(node: isl.ScheduleNode, marks: list[str]) -> isl.ScheduleNode:
+        for mark in marks:
+            node = node.insert_mark(isl.Id(mark)).child(0)
+        return node
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
         inserted = 0
-        if node.get_type() == _BAND and not _below_mark(node, "simd", "reduce"):
+        if node.get_type() == _BAND and not _below_mark(node, "simd", "reduce", "stream"):
             n = node.band_n_member()
             inner = _inner_loop_kind(node, dependences, by_name)
             if inner and n > 1:
                 node = node.band_split(n - 1)
-                node = node.child(0).insert_mark(isl.Id(inner)).parent()
+                last = node.child(0)
+                marks = loop_marks(last, inner)
+                node = insert(last, marks)
+                for _ in range(len(marks) + 1):
+                    node = node.parent()
                 inner = None
-            marks = [inner] if inner else []
+            marks = loop_marks(node, inner) if inner else []
             if (parallel and not in_band and node.band_member_get_coincident(0)
                     and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
                 marks.append("parallel")
-            for mark in marks:
-                node = node.insert_mark(isl.Id(mark)).child(0)
+            node = insert(node, marks)
             inserted = len(marks)
             in_band = True
         for i in range(node.n_children()):

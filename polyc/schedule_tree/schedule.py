@@ -8,6 +8,7 @@ import islpy as isl
 from ..errors import ScheduleTooComplex
 from .comprehension import Statement
 from .fusion_tree import fusion_schedule
+from .interchange import interchange_for_locality
 from .model import PolyModel
 
 DEFAULT_MAX_OPERATIONS = 20_000_000
@@ -16,10 +17,11 @@ DEFAULT_MAX_OPERATIONS = 20_000_000
 def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fused: bool,
                     max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
     """The kernel's schedule tree: a fused kernel's loop structure from its fusion
-    decisions (`fusion_tree`), a single node's from isl's scheduler."""
+    decisions (`fusion_tree`), a single node's from isl's scheduler, its bands'
+    contiguous members moved innermost (`interchange`)."""
     if fused:
         return model.with_schedule(fusion_schedule(model, statements))
-    return isl_schedule(model, max_operations=max_operations)
+    return interchange_for_locality(isl_schedule(model, max_operations=max_operations))
 
 
 def isl_schedule(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:

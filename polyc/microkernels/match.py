@@ -98,7 +98,8 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
     target = target or cpu_target()
     view = gemm_view(kernel)
     if view is not None:
-        mk = registry.select("gemm", "float32", target, getattr(options, "microkernel_isa", ""))
+        mk = registry.select("gemm", "float32", target, getattr(options, "microkernel_isa", ""),
+                             shape=(view.M, view.N))
         if mk is not None and view.flops >= MIN_GEMM_FLOPS:
             plan = plan_gemm(view, mk, kernel, target, options)
             # codegen reads tile origins off the loop iterators: isl must not scale a

@@ -72,6 +72,8 @@ REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows"),
+    _gemm("sgemm_avx2_4x24", "sgemm_avx2_4x24.c", ("avx2", "fma"), 4, 24, 32, rank=2,
+          rows_variant="polyc_sgemm_avx2_4x24_rows"),
     _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1),
     _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator"),
     _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),
@@ -79,7 +81,8 @@ REGISTRY: tuple[Microkernel, ...] = (
          "writes max and sum(exp(x - max)) through two pointers"),
 )
 
-ISAS = {"avx512": "sgemm_avx512_14x32", "avx2": "sgemm_avx2_6x16", "portable": "sgemm_vec_6x16"}
+ISAS = {"avx512": ("sgemm_avx512_14x32",), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
+        "portable": ("sgemm_vec_6x16",)}
 
 
 def by_name(name: str) -> Microkernel:
@@ -112,15 +115,28 @@ def target_features(target: Target) -> frozenset[str]:
     return host_features() if target.name == "cpu" else frozenset()
 
 
-def select(kind: str, dtype: str, target: Target, isa: str = "") -> Microkernel | None:
+def tile_efficiency(m: Microkernel, rows: int, cols: int) -> float:
+    """The share of a gemm kernel's multiply-adds that land inside a rows x cols C."""
+    return rows / (-(-rows // m.mr) * m.mr) * cols / (-(-cols // m.nr) * m.nr)
+
+
+def select(kind: str, dtype: str, target: Target, isa: str = "",
+           shape: tuple[int, int] | None = None) -> Microkernel | None:
     """The best kernel of `kind` for `dtype` whose features the target has; `isa`
-    ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if unsupported)."""
+    ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if unsupported).
+    Among equal ranks, a gemm of C's `shape` (rows, cols) gets the kernel whose tiles
+    waste the fewest multiply-adds at the edges (64 rows: 4 x 24, not 6 x 16 with a
+    third of its last row tile empty), the taller one on a tie."""
     have = target_features(target)
     fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
             and set(m.features) <= have]
     if isa and kind == "gemm":
-        fits = [m for m in fits if m.name == ISAS.get(isa)]
-    return max(fits, key=lambda m: m.rank, default=None)
+        fits = [m for m in fits if m.name in ISAS.get(isa, ())]
+
+    def key(m: Microkernel):
+        return (m.rank, round(tile_efficiency(m, *shape), 3) if shape else 0.0, m.mr)
+
+    return max(fits, key=key, default=None)
 
 
 def c_source(kernels: list[Microkernel]) -> str:

@@ -11,15 +11,23 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 typedef float polyc_rm_v8f __attribute__((vector_size(32)));
 typedef int32_t polyc_rm_v8i __attribute__((vector_size(32)));
 
-/* acc where acc >= v, else v; a NaN lane in v always wins (sticky once taken) */
+/* the larger of acc and v lane by lane; a NaN in v is flagged by the caller instead
+   (one max instead of a compare-and-select chain) */
 static inline polyc_rm_v8f polyc_rm_max(polyc_rm_v8f acc, polyc_rm_v8f v)
 {
-  polyc_rm_v8i take = (v > acc) | (v != v);
+#if defined(__AVX__)
+  return (polyc_rm_v8f)_mm256_max_ps((__m256)acc, (__m256)v);
+#else
+  polyc_rm_v8i take = v > acc;
   return (polyc_rm_v8f)(((polyc_rm_v8i)v & take) | ((polyc_rm_v8i)acc & ~take));
+#endif
 }
 
 static float polyc_row_max_f32(const float *restrict x, long n)
@@ -27,6 +35,7 @@ static float polyc_row_max_f32(const float *restrict x, long n)
   const polyc_rm_v8f lo = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};
   polyc_rm_v8f a0 = lo, a1 = lo, a2 = lo, a3 = lo;
+  polyc_rm_v8i nan = {0};  /* lanes that saw a NaN */
   long k = 0;
   for (; k + 32 <= n; k += 32) {
     polyc_rm_v8f v0, v1, v2, v3;
@@ -36,13 +45,20 @@ static float polyc_row_max_f32(const float *restrict x, long n)
     memcpy(&v3, x + k + 24, 32);
     a0 = polyc_rm_max(a0, v0); a1 = polyc_rm_max(a1, v1);
     a2 = polyc_rm_max(a2, v2); a3 = polyc_rm_max(a3, v3);
+    nan |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
   }
   polyc_rm_v8f a = polyc_rm_max(polyc_rm_max(a0, a1), polyc_rm_max(a2, a3));
   float m = -INFINITY;
-  for (int l = 0; l < 8; l++)  /* once NaN, always NaN */
-    m = m != m ? m : ((a[l] > m || a[l] != a[l]) ? a[l] : m);
-  for (; k < n; k++)
-    m = m != m ? m : ((x[k] > m || x[k] != x[k]) ? x[k] : m);
+  for (int l = 0; l < 8; l++) {
+    if (nan[l])
+      return NAN;
+    m = a[l] > m ? a[l] : m;
+  }
+  for (; k < n; k++) {
+    if (x[k] != x[k])
+      return NAN;
+    m = x[k] > m ? x[k] : m;
+  }
   return m;
 }
 #endif

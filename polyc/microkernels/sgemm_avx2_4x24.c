@@ -1,0 +1,87 @@
+/* polyc microkernel sgemm_avx2_4x24: a register-blocked float32 matmul tile, for row
+ * counts that are multiples of 4 but not of 6 (64 output channels, ...).
+ *
+ * Contract (mirrored as data in polyc/microkernels/registry.py):
+ *   tile        MR = 4 rows x NR = 24 columns of C, any depth kc >= 1
+ *   A           packed column panel, A[p * 4 + r] = a(r, p) for 0 <= p < kc, 0 <= r < 4;
+ *               32-byte aligned; rows past the matrix edge are packed as zeros
+ *   B           packed row panel, B[p * 24 + c] = b(p, c) for 0 <= c < 24; 32-byte
+ *               aligned; columns past the matrix edge are packed as zeros
+ *   C           row-major tile C[r * ldc + c], no alignment needed; every one of the
+ *               4 x 24 entries is written
+ *   accumulate  0: C = A B (C is not read), 1: C += A B
+ *   features    avx2, fma. 12 ymm accumulators, 3 B vectors, 1 broadcast: all 16 ymm.
+ *
+ *   polyc_sgemm_avx2_4x24_rows(kc, A, B, C, ldc, accumulate, rows, cols), 1 <= rows <= 4,
+ *   1 <= cols <= 24: the same on the tile's first `rows` rows and `cols` columns only
+ *   (operands still packed 4 and 24 wide); other entries of C are neither read nor
+ *   written (masked loads and stores). For edge tiles, straight into C.
+ */
+#ifndef POLYC_SGEMM_AVX2_4X24
+#define POLYC_SGEMM_AVX2_4X24
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restrict B,
+                           float *restrict C, long ldc, int accumulate, const int R, long cols)
+{
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i mask[3];
+  for (int v = 0; v < 3; v++)
+    mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols - 8 * v), lane);
+  __m256 acc[4][3];  /* fully unrolled: gcc keeps all 12 in registers */
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < 3; v++)
+      acc[r][v] = _mm256_setzero_ps();
+  for (int r = 0; r < R; r++)  /* C is read or written last: start fetching it now */
+    _mm_prefetch((const char *)(C + r * ldc + 23), _MM_HINT_T0);
+#pragma GCC unroll 2
+  for (long p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_load_ps(B + p * 24), b1 = _mm256_load_ps(B + p * 24 + 8),
+           b2 = _mm256_load_ps(B + p * 24 + 16);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      __m256 a = _mm256_broadcast_ss(A + p * 4 + r);
+      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(a, b2, acc[r][2]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    float *row = C + r * ldc;
+#pragma GCC unroll 3
+    for (int v = 0; v < 3; v++) {
+      if (cols == 24) {
+        if (accumulate)
+          acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_loadu_ps(row + 8 * v));
+        _mm256_storeu_ps(row + 8 * v, acc[r][v]);
+      } else {
+        if (accumulate)
+          acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_maskload_ps(row + 8 * v, mask[v]));
+        _mm256_maskstore_ps(row + 8 * v, mask[v], acc[r][v]);
+      }
+    }
+  }
+}
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_4x24(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate)
+{
+  polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 4, 24);
+}
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_4x24_rows(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate, long rows, long cols)
+{
+  switch (rows) {
+  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 3, cols); break;
+  default: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 4, cols); break;
+  }
+}
+#endif

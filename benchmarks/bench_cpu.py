@@ -1,11 +1,12 @@
 """polyc's CPU kernels beside numpy (OpenBLAS), PyTorch eager and torch.compile.
 
-    python benchmarks/bench_cpu.py [--threads 1,2] [--repeat 15] [--no-compile]
+    python benchmarks/bench_cpu.py [--threads 1,2] [--rounds 5] [--no-compile]
                                    [--cases conv2d,1024]
 
-Prints one table, measured in one run: for each case and thread count, the best time of
-`--repeat` runs after warm-up as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions:
-bytes read), and polyc's result as a fraction of the machine's FMA peak or read
+Prints one table, measured in one run: for each case and thread count, the best time per
+call as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the libraries
+taking `--rounds` turns of 3 calls each so that a noisy spell on this shared machine hits
+them alike (`machine.best_times`), and polyc's result as a fraction of the machine's FMA peak or read
 bandwidth, both measured first by two small C programs built here with gcc. Each thread
 count runs in its own process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's
 threads set before anything starts a thread pool). PyTorch columns show "-" when torch
@@ -14,15 +15,18 @@ is not importable; torch.compile needs a C++ compiler and takes a while per case
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import best_times  # noqa: E402
 
 # --- the machine's limits ----------------------------------------------------------------
 
@@ -183,24 +187,7 @@ def cases():
     return out
 
 
-def best_time(fn, repeat: int, budget_s: float = 8.0) -> float:
-    # the previous library's thread pool (OpenBLAS, torch, polyc's OpenMP team) spins for
-    # a while after its last call: let it go idle first, so no one is timed against it
-    time.sleep(0.3)
-    fn()
-    fn()
-    times = []
-    start = time.perf_counter()
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-        if time.perf_counter() - start > budget_s and len(times) >= 3:
-            break
-    return min(times)
-
-
-def worker(threads: int, repeat: int, use_compile: bool, only: str = "") -> dict:
+def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict:
     """Runs in a process whose thread pools were sized by the environment."""
     from polyc.compiler import Options, compile
     try:
@@ -222,19 +209,22 @@ def worker(threads: int, repeat: int, use_compile: bool, only: str = "") -> dict
         row["kernel"] = ",".join(sorted(set(kernels))) or "-"
         out = {o: np.empty(graph.types[o].shape, graph.types[o].dtype) for o in graph.outputs}
         args = list(inputs.values())
-        row["polyc"] = work / best_time(lambda: compiled.program(inputs, out), repeat) / 1e9
-        row["numpy"] = work / best_time(lambda: np_fn(*args), repeat) / 1e9
+        fns = {"polyc": lambda: compiled.program(inputs, out), "numpy": lambda: np_fn(*args)}
         if torch is not None:
             targs = [torch.from_numpy(a) for a in args]
-            with torch.no_grad():
-                row["torch"] = work / best_time(lambda: torch_fn(torch, *targs), repeat) / 1e9
-                if use_compile:
-                    try:
-                        cfn = torch.compile(lambda *a: torch_fn(torch, *a))
-                        row["torch.compile"] = work / best_time(lambda: cfn(*targs), repeat) / 1e9
-                    except Exception as e:  # no C++ compiler, an unsupported op, ...
-                        row["torch.compile"] = None
-                        row["torch.compile error"] = str(e).splitlines()[0][:80]
+            fns["torch"] = lambda: torch_fn(torch, *targs)
+            if use_compile:
+                try:
+                    cfn = torch.compile(lambda *a: torch_fn(torch, *a))
+                    with torch.no_grad():
+                        cfn(*targs)  # compiles here, outside the timed turns
+                    fns["torch.compile"] = lambda: cfn(*targs)
+                except Exception as e:  # no C++ compiler, an unsupported op, ...
+                    row["torch.compile"] = None
+                    row["torch.compile error"] = str(e).splitlines()[0][:80]
+        with torch.no_grad() if torch is not None else contextlib.nullcontext():
+            times = best_times(fns, rounds=rounds)
+        row.update({lib: work / t / 1e9 for lib, t in times.items()})
         results[name] = row
         print(f"  [{threads} thread(s)] {name}: done", file=sys.stderr, flush=True)
     return results
@@ -243,7 +233,7 @@ def worker(threads: int, repeat: int, use_compile: bool, only: str = "") -> dict
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the results here")
@@ -251,7 +241,7 @@ def main() -> int:
                         help="comma-separated substrings: run only the cases whose name has one")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.repeat, not args.no_compile, args.cases)))
+        print(json.dumps(worker(args.worker, args.rounds, not args.no_compile, args.cases)))
         return 0
     counts = [int(t) for t in args.threads.split(",")]
     limits, results = {}, {}
@@ -260,7 +250,7 @@ def main() -> int:
             limits[t] = machine_limits(t, Path(tmp))
             env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
                        MKL_NUM_THREADS=str(t))
-            cmd = [sys.executable, __file__, "--worker", str(t), "--repeat", str(args.repeat)]
+            cmd = [sys.executable, __file__, "--worker", str(t), "--rounds", str(args.rounds)]
             cmd += ["--no-compile"] if args.no_compile else []
             cmd += ["--cases", args.cases] if args.cases else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -6,9 +6,10 @@ For log_softmax 4096x4096, softmax 4096x4096 and layer_norm 8192x1024 (float32),
 2 threads, in one run: polyc with a reused output buffer (`out=`) and with a fresh one,
 numpy's composition of ufuncs, PyTorch eager (when importable). Each result is given as
 GB/s of compulsory traffic (every input read once, the output written once) and as a
-fraction of the STREAM triad bandwidth measured by `machine.py` in the same run, plus the
-speed-up of polyc (reused output) over numpy and PyTorch. The machine is shared and
-noisy: read ratios, not absolute times.
+fraction of the STREAM triad bandwidth that `machine.py` measures right after each row
+(the machine's state drifts), plus the speed-up of polyc (reused output) over numpy and
+PyTorch. The libraries take turns (`machine.best_times`), so a noisy spell on this shared
+machine hits them alike: read ratios, not absolute times.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import set_threads, stream_triad_gbs, timeit  # noqa: E402
+from machine import best_times, set_threads, stream_triad_gbs  # noqa: E402
 
 from polyc import GraphBuilder  # noqa: E402
 from polyc.compiler import compile  # noqa: E402
@@ -71,15 +72,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     args = parser.parse_args()
-    repeat = 5 if args.quick else 15
+    rounds = 2 if args.quick else 5
     rng = np.random.default_rng(0)
 
     print(f"torch: {torch.__version__ if torch else 'not importable'}")
-    stream = {t: stream_triad_gbs(t) for t in (1, 2)}
-    print("STREAM triad: " + ", ".join(f"{t} thread{'s' * (t > 1)} {g:.1f} GB/s"
-                                       for t, g in stream.items()))
     header = (f"{'case':12} {'thr':>3} | {'polyc out=':>12} {'polyc fresh':>12} {'numpy':>12} "
-              f"{'torch':>12} | {'%STREAM':>7} {'x numpy':>8} {'x torch':>8}")
+              f"{'torch':>12} | {'STREAM':>12} {'%STREAM':>7} {'x numpy':>8} {'x torch':>8}")
     print(header)
     print("-" * len(header))
     for name in args.cases:
@@ -94,16 +92,20 @@ def main() -> None:
         torch_args = [torch.from_numpy(a) for a in np_args] if torch else None
         for threads in (1, 2):
             set_threads(threads)
-            reused = timeit(lambda: compiled.program(inputs, out), repeat=repeat)
-            fresh = timeit(lambda: compiled.program(inputs), repeat=repeat)
-            numpy_t = timeit(lambda: np_fn(*np_args), repeat=max(3, repeat // 3))
-            torch_t = timeit(lambda: torch_fn(*torch_args), repeat=repeat) if torch else None
+            fns = {"reused": lambda: compiled.program(inputs, out),
+                   "fresh": lambda: compiled.program(inputs), "numpy": lambda: np_fn(*np_args)}
+            if torch:
+                fns["torch"] = lambda: torch_fn(*torch_args)
+            times = best_times(fns, rounds=rounds)
+            reused, fresh, numpy_t, torch_t = (times.get(k)
+                                               for k in ("reused", "fresh", "numpy", "torch"))
+            stream = stream_triad_gbs(threads)  # right after: the same state of the machine
 
             def gbs(t):
                 return f"{traffic / t / 1e9:7.2f} GB/s" if t else f"{'-':>12}"
 
             print(f"{name:12} {threads:>3} | {gbs(reused)} {gbs(fresh)} {gbs(numpy_t)} "
-                  f"{gbs(torch_t)} | {traffic / reused / 1e9 / stream[threads]:7.0%} "
+                  f"{gbs(torch_t)} | {stream:7.2f} GB/s {traffic / reused / 1e9 / stream:7.0%} "
                   f"{numpy_t / reused:8.2f} "
                   + (f"{torch_t / reused:8.2f}" if torch_t else f"{'-':>8}"))
         np.testing.assert_allclose(out["y"], np_fn(*np_args), rtol=1e-3, atol=1e-4)

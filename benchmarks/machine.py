@@ -4,7 +4,7 @@
   than the caches, counted as 3 x 8 bytes per element (two reads, one write), best of
   several runs; a small C program built with the same gcc and flags polyc uses.
 - `set_threads(n)`: the OpenMP thread count of polyc's kernels (and torch's, if loaded).
-- `timeit(fn)`: the best of repeated calls after a warm-up.
+- `best_times(fns)`: the best time per call of several functions measured in turns.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Mapping
 
 TRIAD_C = r"""
 #include <omp.h>
@@ -68,17 +69,24 @@ def set_threads(n: int) -> None:
         pass
 
 
-def timeit(fn, *, repeat: int = 15, warmup: int = 2) -> float:
-    """Seconds per call, the best of `repeat`: other tenants of a shared machine only
-    ever add time."""
-    # the previous library's thread pool (OpenMP, OpenBLAS, torch) spins for a while
-    # after its last call: let it go idle first, so no one is timed against it
-    time.sleep(0.3)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, calls: int = 3,
+               budget_s: float = 20.0) -> dict[str, float]:
+    """Seconds per call of each function, the best seen: other tenants of a shared
+    machine only ever add time. The functions take turns, `calls` timed calls each per
+    round (after one untimed), so a noisy spell hits every library alike instead of
+    whichever one was being measured at the time; rounds stop early past `budget_s`."""
+    best = {name: float("inf") for name in fns}
+    start = time.perf_counter()
+    for r in range(rounds):
+        for name, fn in fns.items():
+            # the previous library's thread pool (OpenMP, OpenBLAS, torch) spins for a
+            # while after its last call: let it go idle first, so no one is timed against it
+            time.sleep(0.3)
+            fn()
+            for _ in range(calls):
+                t = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t)
+        if r and time.perf_counter() - start > budget_s:
+            break
+    return best

@@ -303,3 +303,14 @@ def test_conv2d_with_64_output_channels_uses_the_four_row_kernel():
     inputs = {"x": _rand(rng, (1, 8, 11, 13)), "w": _rand(rng, (64, 8, 3, 3))}
     compiled = _check(graph, inputs, atol=3e-4)
     assert "sgemm_avx2_4x24" in _gemm_marks(compiled)[0]
+
+
+@pytest.mark.parametrize("sa,sb", [((50, 70), (70, 45)), ((2, 1, 13, 21), (3, 21, 17)),
+                                   ((4, 9), (9, 30))])
+def test_a_row_major_a_is_packed_by_register_transposes(sa, sb):
+    # K contiguous in A: polyc_pack_rows_t transposes 8 K steps at a time; edge panels
+    # (50 and 13 rows) are zero-filled, batch dims broadcast, K = 9 and 21 end in a tail
+    graph, inputs = _matmul(sa, sb)
+    assert "polyc_pack_rows_t(&" in _check(graph, inputs).c_source
+    graph, inputs = _matmul(sa[:-2] + sa[:-3:-1], sb, transpose_a=True)  # K outer: no
+    assert "polyc_pack_rows_t(&" not in _check(graph, inputs).c_source

@@ -246,6 +246,9 @@ class MicrokernelEmitter:
                 else:
                     full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [row]))
                 nest = cgen.If(f"{valid} == {tile}", full, nest)
+                if len(red_names) == 1:
+                    nest = self._transposed_rows(expr, view.out_iter[own[0]], view.red[0], tile,
+                                                 start, valid) or nest
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
@@ -363,6 +366,28 @@ class MicrokernelEmitter:
                     for g in range(G)]),
                     cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(
                         f"memcpy(mk_o + mk_p * {tile}, mk_rows + mk_p * {row} + mk_xp, {4 * tile})")))]))]))
+
+    def _transposed_rows(self, expr: Expr, own: int, red: int, tile: int, start: str,
+                         valid: str) -> cgen.Generable | None:
+        """A panel of a plain load contiguous along K (a row-major A): one call of
+        support.c's transposing packer, or None when the operand is anything else."""
+        batch = {self.view.out_iter[d] for d in self.view.batch}
+        if (tile > 8 or not isinstance(expr, Load) or expr.dtype != "float32"
+                or not all(isinstance(e, Aff) for e in expr.index)
+                or self.b.arrays[expr.tensor].kept is not None
+                or not iterators(expr) <= {own, red} | batch):
+            return None
+        shape = self.b.arrays[expr.tensor].type.shape
+        coef = {own: 0, red: 0}
+        for d, e in enumerate(expr.index):
+            for pos, c in e.terms:
+                if pos in coef:
+                    coef[pos] += c * _stride(shape, d)
+        if coef[red] != 1 or coef[own] <= 0:
+            return None
+        at = ExprPrinter(self.b.arrays, lambda pos: f"({start} + mk_xp)" if pos == own
+                         else "mk_k0" if pos == red else f"mk_s{pos}").access(expr.tensor, expr.index)
+        return cgen.Statement(f"polyc_pack_rows_t(&{at}, {coef[own]}, {valid}, {tile}, mk_kc, mk_dst)")
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:

@@ -7,11 +7,20 @@
  *   0 = packed B block, 1 = packed A block, 2 = partial sums of a local result,
  *   3 = a group of gathered K rows of an operand packed by runs (emit.py: _run_nest).
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
+ *
+ *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 8: a column panel from
+ *   `rows` rows of `kc` contiguous floats, `ld` floats apart: dst[p * tile + r] =
+ *   src[r * ld + p], zero for rows <= r < tile. Writes exactly tile * kc floats; src
+ *   and dst any alignment. With AVX, eight K steps at a time through an 8 x 8 register
+ *   transpose (the scalar gather it replaces is two memory operations per element).
  */
 #ifndef POLYC_MK_SUPPORT
 #define POLYC_MK_SUPPORT
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 static _Thread_local void *polyc_scratch_buf[4];
 static _Thread_local size_t polyc_scratch_cap[4];
@@ -27,5 +36,42 @@ static void *polyc_scratch(int slot, size_t bytes)
       abort();  /* out of memory: there is no error channel in the kernel ABI */
   }
   return polyc_scratch_buf[slot];
+}
+
+static void polyc_pack_rows_t(const float *restrict src, long ld, long rows, long tile,
+                              long kc, float *restrict dst)
+{
+  long p = 0;
+#if defined(__AVX__)
+  for (; p + 8 <= kc; p += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+      r[i] = i < rows ? _mm256_loadu_ps(src + i * ld + p) : _mm256_setzero_ps();
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    __m256 col[8] = {  /* col[q][i] = row i at K step p + q */
+      _mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+      _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+      _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+      _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+    float *d = dst + p * tile;
+    /* 8-wide stores `tile` apart: each spills past its K step into the next one's slot,
+       which the next store rewrites; the last one is cut to `tile` floats */
+    for (int q = 0; q < 7; q++)
+      _mm256_storeu_ps(d + q * tile, col[q]);
+    float last[8];
+    _mm256_storeu_ps(last, col[7]);
+    memcpy(d + 7 * tile, last, tile * sizeof(float));
+  }
+#endif
+  for (; p < kc; p++)
+    for (long i = 0; i < tile; i++)
+      dst[p * tile + i] = i < rows ? src[i * ld + p] : 0.0f;
 }
 #endif

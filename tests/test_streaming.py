@@ -101,3 +101,13 @@ def test_outputs_smaller_than_half_the_last_cache_are_not_streamed():
     b = GraphBuilder("softmax")
     graph = b.build([b.softmax(b.input("x", [37, 1001]), out="y")])
     assert _streamed(compile(graph, build=False)) == []
+
+
+def test_a_one_dimensional_loop_streams_in_parallel_chunks(small_l3):
+    # parallel, simd and stream on one loop: the threads share out the staged chunks
+    b = GraphBuilder("exp")
+    graph = b.build([b.exp(b.input("x", [100003]), out="y")])
+    compiled = _check(graph, {"x": np.random.default_rng(4).standard_normal(100003)
+                              .astype(np.float32)})
+    assert _streamed(compiled)
+    assert "#pragma omp parallel for" in compiled.c_source

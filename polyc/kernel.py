@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from .graph.ir import Graph, TensorType
+from .graph.ranges import nonpositive_tensors
 from .schedule_tree.comprehension import Statement, lower_node
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -38,6 +39,7 @@ class Array:
     type: TensorType
     role: str  # 'in' | 'out' | 'local'
     kept: tuple[int, ...] | None = None  # a contracted local: the dims its buffer keeps
+    nonpositive: bool = False  # every element <= 0 or NaN (graph/ranges.py)
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
@@ -72,6 +74,7 @@ class Kernel:
 def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Kernel, ...]:
     """One `Kernel` per group of node names (groups in a valid execution order)."""
     c_names = _tensor_c_names(graph)
+    nonpositive = nonpositive_tensors(graph)
     by_name = {n.name: n for n in graph.nodes}
     constants = graph.constant_map
     kernels = []
@@ -88,9 +91,10 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
             for t in n.inputs:
                 if t not in produced and t not in read:
                     read.append(t)
-        arrays = [Array(t, c_names[t], graph.types[t], "in") for t in read]
-        arrays += [Array(t, c_names[t], graph.types[t],
-                         "out" if t in needed_outside else "local") for t in produced]
+        arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive)
+                  for t in read]
+        arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
+                         nonpositive=t in nonpositive) for t in produced]
         name = c_ident(group[0], f"polyc_k{k}")
         kernels.append(Kernel(name, tuple(group), tuple(statements), tuple(arrays)))
     return tuple(kernels)

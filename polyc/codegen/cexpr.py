@@ -63,8 +63,9 @@ POLYC_EXTREMA(int32_t, int32)
    within 2 ulp (erf: 4e-7 absolute), with IEEE results for +-inf and NaN */
 static inline float polyc_bits_to_float(int32_t i) { union { int32_t i; float f; } u = { i }; return u.f; }
 static inline int32_t polyc_float_to_bits(float f) { union { float f; int32_t i; } u = { f }; return u.i; }
-static inline float polyc_expf(float x) {
-  /* results below 2^-125 flush to zero, as with FTZ hardware */
+/* exp for arguments that cannot overflow (x <= ln(FLT_MAX), e.g. x - max(x)); results
+   below 2^-125 flush to zero, as with FTZ hardware */
+static inline float polyc_expf_no_overflow(float x) {
   /* n = round(x / ln2) by adding 1.5 * 2^23: t's low mantissa bits are n, two's complement */
   float t = __builtin_fmaf(x, 1.44269504088896341f, 12582912.0f);
   float n = t - 12582912.0f;
@@ -76,11 +77,14 @@ static inline float polyc_expf(float x) {
   q = __builtin_fmaf(q, r, 0.999999821f); q = __builtin_fmaf(q, r, 2.0f);
   q = __builtin_fmaf(q, r, 2.0f);
   /* times 2^(n-1), built in the exponent field: normal for every n the range checks
-     below keep (-125 to 128), so a NaN in q stays NaN whatever t's bits are */
+     keep (-125 to 128), so a NaN in q stays NaN whatever t's bits are */
   uint32_t e = ((uint32_t)polyc_float_to_bits(t) - 0x4b400000u + 126u) << 23;
   float y = q * polyc_bits_to_float((int32_t)e);
-  y = x < -86.6433f ? 0.0f : y;
-  return x > 88.72283f ? INFINITY : y;  /* 88.72283f is the last float below ln(FLT_MAX) */
+  return x < -86.6433f ? 0.0f : y;
+}
+static inline float polyc_expf(float x) {
+  /* 88.72283f is the last float below ln(FLT_MAX) */
+  return x > 88.72283f ? INFINITY : polyc_expf_no_overflow(x);
 }
 static inline float polyc_logf(float x) {
   int32_t sub = x < 1.17549435e-38f;                             /* scale subnormals up */
@@ -220,6 +224,9 @@ class ExprPrinter:
         a, b = (args + [None])[:2]
         if e.dtype == "int32":
             return _INT_FNS[e.fn].format(a=a, b=b)
+        if (e.dtype == "float32" and e.fn == "exp" and isinstance(e.args[0], Load)
+                and self.arrays[e.args[0].tensor].nonpositive):
+            return f"polyc_expf_no_overflow({a})"  # x - max(x): the overflow check never fires
         if e.dtype == "float32" and e.fn in _FLOAT32_FNS:
             return _FLOAT32_FNS[e.fn].format(a=a)
         suffix = "f" if e.dtype == "float32" else ""

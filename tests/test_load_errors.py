@@ -8,6 +8,7 @@ hides the real one.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -687,6 +688,15 @@ def test_nodes_in_any_order_are_sorted():
     nodes = [node("relu", ["c"], "d"), node("neg", ["b"], "c"), node("exp", ["x"], "b")]
     g = load_graph(doc([inp("x", [4])], nodes, ["d"]))
     assert [n.output for n in g.nodes] == ["b", "c", "d"]
+
+
+def test_independent_nodes_sort_the_same_whatever_the_listing():
+    # one order for every listing of the same graph: the same kernels, the same cache key
+    nodes = [node("exp", ["x"], "p"), node("neg", ["x"], "a"), node("abs", ["x"], "m"),
+             node("add", ["p", "a"], "s"), node("mul", ["m", "s"], "y")]
+    orders = {tuple(n.output for n in load_graph(doc([inp("x", [4])], list(listing), ["y"])).nodes)
+              for listing in itertools.permutations(nodes)}
+    assert orders == {("a", "m", "p", "s", "y")}
 
 
 def test_graph_output_may_be_an_input_or_a_constant():

@@ -57,6 +57,16 @@ def test_key_ignores_key_order_whitespace_and_number_spelling():
     assert key_of(reordered) == base
 
 
+def test_key_ignores_the_order_nodes_are_listed_in():
+    # two independent branches: any listing order is a valid one, and all get one key
+    doc = graph_doc(nodes=[{"op": "exp", "inputs": ["x"], "outputs": ["e"]},
+                           {"op": "neg", "inputs": ["x"], "outputs": ["n"]},
+                           {"op": "add", "inputs": ["e", "n"], "outputs": ["y"]}])
+    base = key_of(doc)
+    for order in ([1, 0, 2], [2, 1, 0], [2, 0, 1]):
+        assert key_of(dict(doc, nodes=[doc["nodes"][k] for k in order])) == base
+
+
 def test_key_fills_defaults():
     # dtype float32 and attrs left at their defaults spell the same graph
     doc = graph_doc()

@@ -308,9 +308,11 @@ class _Loader:
     def _sort(self, nodes: list[Node], sources: set[str]) -> list[Node]:
         """Topological order; reports cycles and tensors that nothing produces.
 
-        Kahn's algorithm by levels: first every node that needs only sources, in the
-        given order, then every node that needs only those, and so on. Counting unmet
-        inputs keeps it linear, so a 10,000-node chain does not take a minute."""
+        Kahn's algorithm by levels: first every node that needs only sources, then every
+        node that needs only those, and so on, each level in the order of its output
+        names: the order (so the compile, and the service's cache key) does not depend on
+        the order the file lists its nodes in. Counting unmet inputs keeps it linear, so
+        a 10,000-node chain does not take a minute."""
         producer: dict[str, Node] = {}
         names: set[str] = set()
         for n in nodes:
@@ -339,7 +341,8 @@ class _Loader:
         for k, n in enumerate(nodes):
             for i in set(n.inputs) - sources:
                 consumers.setdefault(i, []).append(k)
-        level = [k for k, c in enumerate(unmet) if c == 0]
+        by_output = lambda k: nodes[k].output  # noqa: E731
+        level = sorted((k for k, c in enumerate(unmet) if c == 0), key=by_output)
         order: list[int] = []
         while level:
             order += level
@@ -349,7 +352,7 @@ class _Loader:
                     unmet[c] -= 1
                     if unmet[c] == 0:
                         freed.append(c)
-            level = sorted(freed)
+            level = sorted(freed, key=by_output)
         if len(order) < len(nodes):
             done = sources | {nodes[k].output for k in order}
             start = next(n for n in nodes if n.output not in done)

@@ -6,9 +6,10 @@ key = sha256 over, each part preceded by its length (so no two part lists collid
   version and its flags, and for the host target (`cpu`, built with -march=native) the
   host's CPU features and the state of the tuning cache (`polyc tune` changes tiles).
 
-The canonical graph JSON is the loader's `Graph.to_json()` (defaults filled in, attrs
-normalised) with sorted keys, compact separators and float constants spelled as floats,
-so key order, whitespace and number spelling (`1`, `1.0`, `1e0`) never change the key.
+The canonical graph JSON is the loader's `Graph.to_json()` (nodes in its canonical
+topological order, defaults filled in, attrs normalised) with sorted keys, compact
+separators and float constants spelled as floats, so the order nodes are listed in, key
+order, whitespace and number spelling (`1`, `1.0`, `1e0`) never change the key.
 """
 from __future__ import annotations
 

@@ -70,11 +70,13 @@ def set_threads(n: int) -> None:
 
 
 def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, calls: int = 3,
-               budget_s: float = 20.0) -> dict[str, float]:
+               turn_s: float = 0.05, budget_s: float = 20.0) -> dict[str, float]:
     """Seconds per call of each function, the best seen: other tenants of a shared
-    machine only ever add time. The functions take turns, `calls` timed calls each per
-    round (after one untimed), so a noisy spell hits every library alike instead of
-    whichever one was being measured at the time; rounds stop early past `budget_s`."""
+    machine only ever add time. The functions take turns, each turn at least `calls`
+    timed calls and about `turn_s` seconds of them (after one untimed call), so a noisy
+    spell hits every library alike instead of whichever one was being measured at the
+    time, and a sub-millisecond kernel gets many chances at a quiet moment; rounds stop
+    early past `budget_s`."""
     best = {name: float("inf") for name in fns}
     start = time.perf_counter()
     for r in range(rounds):
@@ -82,8 +84,10 @@ def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, call
             # the previous library's thread pool (OpenMP, OpenBLAS, torch) spins for a
             # while after its last call: let it go idle first, so no one is timed against it
             time.sleep(0.3)
+            t = time.perf_counter()
             fn()
-            for _ in range(calls):
+            n = max(calls, int(turn_s / max(time.perf_counter() - t, 1e-6)))
+            for _ in range(n):
                 t = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - t)

@@ -7,10 +7,11 @@ Prints one table, measured in one run: for each case and thread count, the best 
 call as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the libraries
 taking `--rounds` turns (at least 3 calls and 50 ms each) so that a noisy spell on this
 shared machine hits them alike (`machine.best_times`), and polyc's result as a fraction
-of the machine's FMA peak or read bandwidth, both measured first by two small C programs built here with gcc. Each thread
-count runs in its own process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's
-threads set before anything starts a thread pool). PyTorch columns show "-" when torch
-is not importable; torch.compile needs a C++ compiler and takes a while per case.
+of the machine's FMA peak or read bandwidth, both measured first by two small C programs
+built here with gcc. Each thread count runs in its own process (OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS and torch's threads set before anything starts a thread pool).
+PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
+compiler and takes a while per case.
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import islpy as isl
 
 from ..kernel import Kernel
 from ..schedule_tree.comprehension import Statement, loads
+from ..schedule_tree.interchange import access_moves, unit_step
 from ..schedule_tree.model import PolyModel
 from ..target import Target
 
@@ -92,16 +93,9 @@ def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
             load.tensor == s.target for t in kernel.statements for load, _ in loads(t.expr)):
         return False
     # consecutive iterations of the loop, all outer loops fixed, write consecutive elements
-    domain = isl.UnionSet(sets[s.name])
-    outer = loop.get_prefix_schedule_union_map().intersect_domain(domain)
-    inner = loop.band_get_partial_schedule_union_map().intersect_domain(domain)
-    step = isl.UnionMap.read_from_str(inner.get_ctx(), "{ [t] -> [t + 1] }")
-    pairs = (outer.apply_range(outer.reverse())
-             .intersect(inner.apply_range(step).apply_range(inner.reverse())))
-    moves = pairs.apply_domain(writes).apply_range(writes).deltas()
-    unit = isl.Set.read_from_str(inner.get_ctx(), "{ %s[%s] }" % (
-        a.c_name, ", ".join(["0"] * (len(a.type.shape) - 1) + ["1"])))
-    return not moves.is_empty() and moves.is_equal(isl.UnionSet(unit))
+    moves = access_moves(loop, 0, writes, isl.UnionSet(sets[s.name]))
+    return not moves.is_empty() and moves.is_equal(
+        unit_step(loop.get_ctx(), a.c_name, len(a.type.shape)))
 
 def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, target: Target,
                    *, parallel: bool = True) -> isl.Schedule:

@@ -21,10 +21,13 @@ from .model import PolyModel
 _BAND = isl.schedule_node_type.band
 
 
-def _jumps(band: isl.ScheduleNode, member: int, accesses: list[tuple[isl.Map, int]]) -> int:
-    """Weighted count of the accesses that are not contiguous when `member` is inner."""
-    domain = band.get_domain()
-    outer = band.get_prefix_schedule_union_map()
+def access_moves(band: isl.ScheduleNode, member: int, access: isl.UnionMap,
+                 domain: isl.UnionSet | None = None) -> isl.UnionSet:
+    """How the elements `access` touches move (per array, as index differences) when
+    band member `member` steps by one with every outer loop and other member fixed; over
+    the band's instances, or those of `domain`. Empty when no access is under the band."""
+    domain = band.get_domain() if domain is None else domain
+    outer = band.get_prefix_schedule_union_map().intersect_domain(domain)
     pairs = outer.apply_range(outer.reverse())
     partial = band.band_get_partial_schedule()
     step = isl.UnionMap.read_from_str(band.get_ctx(), "{ [t] -> [t + 1] }")
@@ -32,16 +35,27 @@ def _jumps(band: isl.ScheduleNode, member: int, accesses: list[tuple[isl.Map, in
         u = isl.UnionMap.from_union_pw_aff(partial.get_union_pw_aff(m)).intersect_domain(domain)
         moved = u.apply_range(step) if m == member else u
         pairs = pairs.intersect(moved.apply_range(u.reverse()))
+    return pairs.apply_domain(access).apply_range(access).deltas()
+
+
+def unit_step(ctx: isl.Context, array: str, rank: int) -> isl.UnionSet:
+    """One element along the last dimension of `array` (nothing for a scalar)."""
+    if rank == 0:
+        return isl.UnionSet.read_from_str(ctx, "{ }")
+    return isl.UnionSet.read_from_str(
+        ctx, f"{{ {array}[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
+
+
+def _jumps(band: isl.ScheduleNode, member: int, accesses: list[tuple[isl.Map, int]]) -> int:
+    """Weighted count of the accesses that are not contiguous when `member` is inner."""
     cost = 0
     for access, weight in accesses:
-        moves = pairs.apply_domain(isl.UnionMap(access)).apply_range(isl.UnionMap(access)).deltas()
+        moves = access_moves(band, member, isl.UnionMap(access))
         if moves.is_empty():
             continue  # the access's statement is not under this band
         name, rank = access.get_tuple_name(isl.dim_type.out), access.dim(isl.dim_type.out)
-        still, unit = ["0"] * rank, ["0"] * (rank - 1) + ["1"]
-        contiguous = isl.UnionSet.read_from_str(
-            band.get_ctx(), f"{{ {name}[{', '.join(still)}]; {name}[{', '.join(unit)}] }}")
-        if not moves.is_subset(contiguous):
+        still = isl.UnionSet.read_from_str(band.get_ctx(), f"{{ {name}[{', '.join(['0'] * rank)}] }}")
+        if not moves.is_subset(still.union(unit_step(band.get_ctx(), name, rank))):
             cost += weight
     return cost
 

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+
+from polyc.compiler import compile
 from polyc.graph import Graph, GraphBuilder, load_graph
 from polyc.graph.decompose import decompose_graph
 from polyc.graph.ops import OPS
@@ -256,3 +258,21 @@ def test_normalisations_over_any_trailing_axes(shape, data):
     want, got = run_reference(g, inputs), run_reference(d, inputs)
     for o in outs:
         np.testing.assert_allclose(got[o], want[o], rtol=1e-5, atol=1e-12)
+
+
+def test_gelu_tanh_is_x_times_sigmoid_and_holds_over_the_whole_range():
+    g = decompose_graph(build("gelu_tanh"))
+    assert [n.op for n in g.nodes][-2:] == ["sigmoid", "mul"]  # 0.5 (1 + tanh z) = sigmoid(2z)
+    x = np.concatenate([np.linspace(-12, 12, 35, dtype=np.float32),
+                        np.float32([-1e4, -88, -5.5, -1e-30, 0, 1e-30, 3.3, 88, 1e4, np.inf])])
+    x = x.reshape(5, 9)
+    b = GraphBuilder("gelu")
+    graph = b.build([b.gelu(b.input("x", (5, 9)), approximate="tanh", out="y")])
+    got = compile(graph).program({"x": x})["y"]
+    xd = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3)
+        # the same function without 1 + tanh's cancellation in the negative tail
+        want = xd / (1 + np.exp(-2 * z))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-12)
+    assert got[-1, -1] == np.inf

@@ -459,9 +459,17 @@ class MicrokernelEmitter:
                           "mk_it + mk_r")
         cols = _decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
                           "mk_jt + mk_c")
-        inner = cgen.For("long mk_c = 0", "mk_c < mk_nr", "mk_c++", cgen.Block(cols + body))
-        col_loop = cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
-        return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(rows + [col_loop]))
+        def nest(mr: str, nr: str) -> cgen.Generable:
+            inner = cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(cols + body))
+            col_loop = cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
+            return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++", cgen.Block(rows + [col_loop]))
+        if not simd:
+            return nest("mk_mr", "mk_nr")
+        # a full tile with constant bounds: gcc unrolls it into independent vectors, so
+        # a long epilogue (gelu's exp and division) is not bound by one vector's latency
+        MR = self.mk.mr
+        return cgen.If(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), str(NR))]),
+                       cgen.Block([nest("mk_mr", "mk_nr")]))
 
     def _init_value(self, first: str, acc_name: str) -> str:
         view = self.view

@@ -176,13 +176,15 @@ def test_conv2d_implicit_gemm(xs, ws, attrs, bias):
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
        co=st.integers(1, 9), kh=st.integers(1, 3), kw=st.integers(1, 3),
-       sh=st.integers(1, 2), sw=st.integers(1, 3), pads=st.lists(st.integers(0, 2), min_size=4,
-                                                                 max_size=4),
+       sh=st.just(2), sw=st.integers(1, 3), pads=st.lists(st.integers(0, 2), min_size=4,
+                                                          max_size=4),
        kc=st.sampled_from([0, 5, 8, 20]), nc=st.sampled_from([0, 16, 48]),
        parallel=st.booleans())
 def test_conv2d_packed_by_runs(n, c, h, w, co, kh, kw, sh, sw, pads, kc, nc, parallel):
     """The run packer (emit.py's _run_nest): padding clipped per run, strided loads along
-    the width, rows wrapping inside a panel, K blocks that end in a partial row group."""
+    the width, rows wrapping inside a panel, K blocks that end in a partial row group.
+    A stride along the height leaves B to packing: read by rows, every other row of
+    virtual columns would be computed and dropped."""
     xs, ws = (n, c, h, w), (co, c, kh, kw)
     rng = np.random.default_rng(h * 100 + w)
     b = GraphBuilder("conv")
@@ -199,14 +201,82 @@ def test_conv2d_packed_by_runs(n, c, h, w, co, kh, kw, sh, sw, pads, kc, nc, par
 def test_conv2d_gather_is_packed_by_runs():
     b = GraphBuilder("conv")
     graph = b.build([b.conv2d(b.input("x", (1, 16, 20, 20)), b.input("w", (24, 16, 3, 3)),
-                              pads=[1, 1, 1, 1])])
+                              pads=[1, 1, 1, 1], strides=[2, 1])])
     rng = np.random.default_rng(1)
     inputs = {"x": _rand(rng, (1, 16, 20, 20)), "w": _rand(rng, (24, 16, 3, 3))}
     compiled = _check(graph, inputs, Options(microkernel_tiles=(("kc", 44),)), atol=3e-4)
     assert "mk_rows" in compiled.c_source and "mk_run" in compiled.c_source
+    assert "b=packed" in _gemm_marks(compiled)[0]
     # a plain matmul keeps the per-panel copy: its B rows are contiguous already
     graph, inputs = _matmul((40, 30), (30, 50))
     assert "mk_rows" not in _check(graph, inputs).c_source
+
+
+def _conv(xs, ws, bias_relu=False, seed=5, **attrs):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("conv")
+    args = [b.input("x", xs), b.input("w", ws)] + ([b.input("b", (ws[0],))] if bias_relu else [])
+    y = b.conv2d(*args, **attrs)
+    graph = b.build([b.relu(y) if bias_relu else y])
+    inputs = {"x": _rand(rng, xs), "w": _rand(rng, ws)}
+    if bias_relu:
+        inputs["b"] = _rand(rng, (ws[0],))
+    return graph, inputs
+
+
+def test_conv2d_reads_b_by_rows_from_a_padded_copy():
+    """The benchmark's conv2d: no im2col; its window rows are read from a zero-padded
+    copy of x (58 wide), the output tiled over 56 x 58 virtual columns."""
+    graph, inputs = _conv((1, 64, 56, 56), (64, 64, 3, 3), pads=[1, 1, 1, 1])
+    compiled = _check(graph, inputs, atol=3e-4)
+    mark = _gemm_marks(compiled)[0]
+    assert "b=rows" in mark and "sgemm_avx2_4x24" in mark and "jc" not in mark
+    tree = compiled.kernels[0].to_json()["schedule_text"]
+    assert 'mark: "b_rows S0"' in tree and "pack_b" not in tree and "pack_a" in tree
+    assert "58i2 + i3" in tree  # the column tiles cut virtual columns
+    src = compiled.c_source
+    assert "polyc_sgemm_avx2_4x24_b_rows(" in src and "padded to [1,64,58,58]" in src
+    assert "3246 virtual columns for 3136" in src and "mk_run" in src and "mk_rows" not in src
+
+
+@pytest.mark.parametrize("xs,ws,attrs,copy", [
+    ((2, 4, 12, 30), (8, 4, 3, 3), {}, False),
+    ((1, 4, 20, 20), (16, 4, 1, 1), {}, False),
+    ((2, 3, 15, 16), (12, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
+    ((1, 6, 20, 40), (12, 6, 3, 3), {"pads": [2, 1, 0, 2]}, True),
+], ids=["valid", "1x1", "dilated", "odd-pads"])
+def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy):
+    """No padding: the rows are read from x itself; padding: from a padded copy."""
+    graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
+    compiled = _check(graph, inputs, atol=3e-4)
+    assert "b=rows" in _gemm_marks(compiled)[0]
+    assert ("polyc_scratch(4," in compiled.c_source) == copy
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
+       co=st.sampled_from([4, 6, 8, 12, 20]), kh=st.integers(1, 3), kw=st.integers(1, 3),
+       dil=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       kc=st.sampled_from([0, 5, 8, 20]), mc=st.sampled_from([0, 4, 12]),
+       parallel=st.booleans(), bias_relu=st.booleans())
+def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, parallel, bias_relu):
+    """B read by rows for random shapes: virtual columns that wrap inside a tile (or
+    several times, on narrow images), tiles at the edge of the virtual columns, K blocks,
+    row blocks, the epilogue at the last block, threads sharing the tiles."""
+    xs, ws = (n, c, h, w), (co, c, kh, kw)
+    wp = w + pads[1] + pads[3]
+    oh, ow = h + pads[0] + pads[2] - dil * (kh - 1), wp - dil * (kw - 1)
+    if oh < 1 or ow < 1:
+        return
+    graph, inputs = _conv(xs, ws, bias_relu, seed=h * 100 + w, pads=pads,
+                          dilations=[dil, dil])
+    tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc)) if v)
+    compiled = _check(graph, inputs, Options(microkernel_tiles=tiles, parallel=parallel),
+                      atol=3e-4)
+    marks = _gemm_marks(compiled)
+    virtual = wp * (oh - 1) + ow
+    if marks and (oh == 1 or virtual <= 1.25 * oh * ow):
+        assert "b=rows" in marks[0], marks
 
 
 @pytest.mark.parametrize("isa", ["portable", "avx2"])

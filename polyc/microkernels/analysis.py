@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 
 from ..kernel import Kernel
-from ..schedule_tree.comprehension import (Aff, Call, Expr, FloorDiv, Guarded, Load, Mod,
-                                           Statement)
+from ..schedule_tree.comprehension import (Aff, Call, Const, Expr, FloorDiv, Guarded, Load,
+                                           Mod, Statement)
 
 
 def iterators(e) -> set[int]:
@@ -184,6 +184,103 @@ def gemm_view(kernel: Kernel) -> GemmView | None:
         produced.add(e.target)
     return GemmView(s, init, tuple(after), out_iter, tuple(range(r)), rows, cols, red, a_arg,
                     shape)
+
+
+# virtual columns may exceed the real ones by this factor (the rest is computed, dropped)
+MAX_ROW_WASTE = 1.25
+
+
+@dataclass(frozen=True)
+class BRows:
+    """A B operand read in place, K row by K row, instead of packed:
+
+        B[k][v] = P[base(batch) + off(k) + v]
+
+    P is the tensor itself, or a copy of it padded with the guard's value where the
+    guard is false (conv2d's zero border), laid out so that each K row of a tile is
+    `nr` consecutive floats of P. `v` is the tile's *virtual* column: the output's
+    column dims linearised with P's strides rather than the output's (conv2d over a
+    58-wide padded input: v = 58*y + x), so a tile of consecutive v is a contiguous
+    run of P; columns whose dims fall outside the output (x = 56, 57) are computed
+    and dropped. This is the direct convolution: no im2col."""
+
+    tensor: str
+    shape: tuple[int, ...]  # P's shape
+    lo: tuple[int, ...]  # P[i] is the tensor's element i + lo
+    valid: tuple[tuple[int, int], ...]  # per dim, the tensor's index range P holds
+    pad: float  # P elsewhere
+    copy: bool  # False: P is the tensor (no guard, nothing out of range)
+    col_weights: tuple[int, ...]  # per column dim of the view: its weight in v
+    col_extents: tuple[int, ...]
+    red_weights: tuple[tuple[int, int], ...]  # K iterator -> its weight in P's address
+    batch_weights: tuple[tuple[int, int], ...]  # output batch dim -> weight
+    const: int  # P's address at every iterator 0
+
+    @property
+    def width(self) -> int:
+        """Virtual columns: one past the largest v of an output column."""
+        return 1 + sum(w * (n - 1) for w, n in zip(self.col_weights, self.col_extents))
+
+
+def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
+    """B as rows of a (padded) tensor, or None when B is anything but one load (guarded
+    by bounds on its index dims) whose innermost column dim walks memory with unit
+    stride, or when that gains nothing: a plain load along a single column dim packs
+    well as it is, and a layout whose virtual columns waste over a quarter is left to
+    packing."""
+    e = view.b_expr
+    bounds, load, pad = (e.bounds, e.then, e.otherwise) if isinstance(e, Guarded) else ((), e, None)
+    if pad is not None and not isinstance(pad, Const):
+        return None
+    if not isinstance(load, Load) or load.dtype != "float32" or not load.index or not all(
+            isinstance(x, Aff) for x in load.index):
+        return None
+    arr = kernel.array(load.tensor)
+    if arr.kept is not None or (not bounds and len(view.cols) < 2):
+        return None
+    S, ext = arr.type.shape, view.stmt.extents
+    lo, hi, valid = [], [], []
+    for d, x in enumerate(load.index):
+        lo.append(x.const + sum(min(0, c * (ext[p] - 1)) for p, c in x.terms))
+        hi.append(x.const + sum(max(0, c * (ext[p] - 1)) for p, c in x.terms))
+        valid.append([0, S[d]])
+    for b in bounds:
+        d = next((d for d, x in enumerate(load.index) if dict(x.terms) == dict(b.aff.terms)
+                  and x.terms), None)
+        if d is None:
+            return None
+        shift = b.aff.const - load.index[d].const
+        valid[d] = [max(valid[d][0], b.lo - shift), min(valid[d][1], b.hi - shift)]
+    copy = bool(bounds)
+    if not copy and any(l < 0 or h >= n for l, h, n in zip(lo, hi, S)):
+        return None
+    shape = tuple(h - l + 1 for l, h in zip(lo, hi)) if copy else S
+    lo = tuple(lo) if copy else (0,) * len(S)
+    stride, weight = 1, {}
+    const = 0
+    for d in reversed(range(len(S))):
+        for p, c in load.index[d].terms:
+            weight[p] = weight.get(p, 0) + c * stride
+        const += (load.index[d].const - lo[d]) * stride
+        stride *= shape[d]
+    col_ext = tuple(view.shape[d] for d in view.cols)
+    cols = tuple(weight.get(view.out_iter[d], 0) if n > 1 else 0
+                 for d, n in zip(view.cols, col_ext))
+    # v's digits must be the column dims: weights a mixed radix (each a multiple of the
+    # next one in), the innermost 1, each above the largest v the dims inside reach
+    inner, unit = 0, 0
+    for w, n in reversed(list(zip(cols, col_ext))):
+        if n > 1 and (w <= inner or (unit == 0 and w != 1) or (unit and w % unit)):
+            return None
+        inner += w * (n - 1)
+        unit = w or unit
+    rows = BRows(load.tensor, shape, lo, tuple(map(tuple, valid)),
+                 float(pad.value) if pad is not None else 0.0, copy, cols, col_ext,
+                 tuple((p, weight.get(p, 0)) for p in view.red),
+                 tuple((d, weight.get(view.out_iter[d], 0)) for d in view.batch), const)
+    if rows.width > MAX_ROW_WASTE * view.N:
+        return None
+    return rows
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@
 - `gemm ...`: declares the packing buffers and, for par=inner, opens one OpenMP
   parallel region around the whole tiled nest (its loops run in every thread; the
   `omp for` loops below split the work, their implicit barriers order packing and use);
+- `b_rows`: B read in place (`analysis.BRows`): its padded copy and the offset of each
+  K row, once per call; tiles then call the kernel's b_rows variant, and write back
+  only the virtual columns inside the output;
 - `pack_b` / `pack_a`: packs the current B block / A block into the kernel's panels,
   then emits the subtree below; a gathered operand (conv2d's padded window) is packed by
   runs, K row by K row (`_run_nest`), whole panels by fixed-length copies;
@@ -22,6 +25,8 @@ the mark, which compute the same values.
 """
 from __future__ import annotations
 
+import math
+
 import cgen
 import islpy as isl
 
@@ -29,11 +34,11 @@ from ..errors import InternalError
 from ..schedule_tree.comprehension import Aff, Const, Expr, Guarded, Load
 from ..codegen.cexpr import C_TYPE, ExprPrinter
 from . import registry
-from .analysis import GemmView, gemm_view, iterators, loads_of
+from .analysis import BRows, GemmView, b_rows, gemm_view, iterators, loads_of
 from .match import GemmPlan
 
 _T = isl.ast_node_type
-_WORDS = ("gemm", "pack_b", "pack_a", "team_for", "microkernel")
+_WORDS = ("gemm", "b_rows", "pack_b", "pack_a", "team_for", "microkernel")
 
 
 def handles(mark: str) -> bool:
@@ -69,12 +74,27 @@ def _decompose(names: list[str], extents: list[int], flat: str) -> list[cgen.Gen
     return out
 
 
+def _virtual(names: list[str], weights: tuple[int, ...], flat: str) -> list[cgen.Generable]:
+    """`const long name = ...` for each column dim of a virtual column (`BRows`): the
+    dims are its digits in the mixed radix of the weights (weight 0: extent 1)."""
+    out, outer = [], None
+    for name, w in zip(names, weights):
+        if w == 0:
+            out.append(cgen.Statement(f"const long {name} = 0"))
+            continue
+        e = flat if outer is None else f"({flat}) % {outer}"
+        out.append(cgen.Statement(f"const long {name} = {e if w == 1 else f'({e}) / {w}'}"))
+        outer = w
+    return out
+
+
 class MicrokernelEmitter:
     def __init__(self, builder):
         self.b = builder  # the CpuBuilder: node(), loops, arrays, kernel
         self.used: list[registry.Microkernel] = []
         self.plan: GemmPlan | None = None
         self.view: GemmView | None = None
+        self.rows: BRows | None = None
         self.base = 0
 
     # -- dispatch ----------------------------------------------------------------------
@@ -87,7 +107,12 @@ class MicrokernelEmitter:
         if self.plan is None:  # a mark outside its gemm: plain loops
             return self.b.node(child, marks)
         if word == "team_for":
-            return self.b.node(child, marks + ("omp for schedule(static)",))
+            # tiles over virtual columns cost unevenly (those across a row wrap take the
+            # write-back by runs): handed out a few at a time
+            share = "schedule(static)" if self.rows is None else "schedule(dynamic, 4)"
+            return self.b.node(child, marks + (f"omp for {share}",))
+        if word == "b_rows":
+            return self.prepare_rows(child, marks)
         if word == "pack_b":
             return self.pack(child, marks, "b")
         if word == "pack_a":
@@ -112,6 +137,9 @@ class MicrokernelEmitter:
         mk = registry.by_name(plan.kernel)
         if mk not in self.used:
             self.used.append(mk)
+        self.rows = b_rows(view, self.b.kernel) if plan.b == "rows" else None
+        if plan.b == "rows" and (self.rows is None or not mk.b_rows_variant):
+            raise InternalError("codegen", f"mark {name!r}: B cannot be read by rows")
         self.plan, self.view, self.base, self.mk = plan, view, len(self.b.loops), mk
         t = plan.tiles
         body: list[cgen.Generable] = [cgen.Comment(
@@ -127,7 +155,7 @@ class MicrokernelEmitter:
             body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block([inner])]
         else:
             body.append(inner)
-        self.plan = self.view = None
+        self.plan = self.view = self.rows = None
         return cgen.Block(body)
 
     def _acc_local(self) -> bool:
@@ -135,14 +163,82 @@ class MicrokernelEmitter:
         role = self.b.arrays[self.view.stmt.target].role
         return role != "out" and "pc" in self.plan.loops
 
-    def _buffers(self) -> list[cgen.Generable]:
-        t, mk = self.plan.tiles, self.mk
+    def _buffers(self, side: str = "ab") -> list[cgen.Generable]:
+        """The packing buffers of `side` ('a', 'b' or both); with B read by rows, B's
+        padded copy and row offsets instead of its panels."""
+        t, mk, rows = self.plan.tiles, self.mk, self.rows
         kc, nc, mc = min(t.kc, self.plan.k), min(t.nc, _up(self.plan.n, mk.nr)), min(t.mc, _up(self.plan.m, mk.mr))
-        return [cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * _up(nc, mk.nr)})"),
-                cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, {4 * kc * _up(mc, mk.mr)})")]
+        out = []
+        if "b" in side and rows is None:
+            out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * _up(nc, mk.nr)})"))
+        elif "b" in side:
+            src = (f"polyc_scratch(4, {4 * math.prod(rows.shape)})" if rows.copy
+                   else self.b.arrays[rows.tensor].c_name)
+            out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
+                    cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
+        if "a" in side:
+            out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, {4 * kc * _up(mc, mk.mr)})"))
+        return out
 
     def _batch_values(self, loops: dict[str, str]) -> dict[int, str]:
         return {d: loops.get(f"b{d}", "0") for d in self.view.batch}
+
+    # -- B read by rows ----------------------------------------------------------------------
+    def prepare_rows(self, child, marks) -> cgen.Generable:
+        """B read in place (`analysis.BRows`): its padded copy, once per call, and the
+        offset of each K row in it. The team shares both loops (par=inner; each `omp for`
+        ends in a barrier, so both are complete before any tile reads them)."""
+        rows, plan, view = self.rows, self.plan, self.view
+        arr = self.b.arrays[rows.tensor]
+        code: list[cgen.Generable] = [cgen.Comment(
+            f"B read in place, K row by K row, from {arr.c_name}"
+            + (f" padded to [{','.join(map(str, rows.shape))}]" if rows.copy else "")
+            + f"; {rows.width} virtual columns for {plan.n}")]
+        if plan.par != "inner":
+            code += self._buffers("b")
+        share = {"inner": "omp for schedule(static)",
+                 "batch": "omp parallel for schedule(static)"
+                          + (f" num_threads({plan.threads})" if plan.threads else "")}.get(plan.par)
+        if rows.copy:
+            code += self._pad_copy(share)
+        k_names = [f"mk_r{p}" for p in view.red]
+        weights = dict(rows.red_weights)
+        off = " + ".join([str(rows.const)] + [f"{weights[p]} * mk_r{p}" for p in view.red
+                                               if weights[p]])
+        loop = cgen.For("long mk_k = 0", f"mk_k < {plan.k}", "mk_k++", cgen.Block(
+            _decompose(k_names, [view.stmt.extents[p] for p in view.red], "mk_k")
+            + [cgen.Assign("mk_off[mk_k]", off)]))
+        code += ([cgen.Pragma(share)] if plan.par == "inner" else []) + [loop]
+        code.append(self.b.node(child, marks))
+        return cgen.Block(code)
+
+    def _pad_copy(self, share: str | None) -> list[cgen.Generable]:
+        """P row by row (its last dim): the pad value where an outer index is out of the
+        valid range, else pad, a copy of the valid middle, pad."""
+        rows = self.rows
+        arr = self.b.arrays[rows.tensor]
+        shape, lo, valid = rows.shape, rows.lo, rows.valid
+        n, W = len(shape), shape[-1]
+        names = [f"mk_u{d}" for d in range(n - 1)]
+        outer = math.prod(shape[:-1])
+        src_strides = [_stride(arr.type.shape, d) for d in range(n)]
+        inside = " && ".join(f"{valid[d][0]} <= {names[d]} + {lo[d]} && {names[d]} + {lo[d]} < {valid[d][1]}"
+                             for d in range(n - 1)
+                             if lo[d] < valid[d][0] or lo[d] + shape[d] > valid[d][1]) or "1"
+        src = " + ".join(f"({names[d]} + {lo[d]}) * {src_strides[d]}" for d in range(n - 1)) or "0"
+        pad = ExprPrinter(self.b.arrays, lambda pos: "0").value(Const(rows.pad, "float32"))
+        body = _decompose(names, list(shape[:-1]), "mk_u") + [
+            cgen.Statement(f"float *restrict mk_d = mk_P + mk_u * {W}"),
+            cgen.Statement("long mk_lo = 0, mk_hi = 0"),
+            cgen.If(inside, cgen.Block([
+                cgen.Assign("mk_lo", f"max(0, {valid[-1][0] - lo[-1]})"),
+                cgen.Assign("mk_hi", f"max(mk_lo, min({W}, {valid[-1][1] - lo[-1]}))")])),
+            cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_t]", pad)),
+            cgen.If("mk_hi > mk_lo", cgen.Statement(
+                f"memcpy(mk_d + mk_lo, {arr.c_name} + {src} + mk_lo + {lo[-1]}, 4 * (mk_hi - mk_lo))")),
+            cgen.For("long mk_t = mk_hi", f"mk_t < {W}", "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
+        loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))
+        return ([cgen.Pragma(share)] if share else []) + [loop]
 
     # -- packing ---------------------------------------------------------------------------
     def pack(self, child, marks, side: str) -> cgen.Generable:
@@ -158,12 +254,15 @@ class MicrokernelEmitter:
             expr, start, size, buf = view.b_expr, "mk_j0", "mk_nc", "mk_pb"
         else:
             loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
-            head = [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
+            head = [] if self.rows is None else [  # no pack_b above to set the K block
+                cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
+                cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)")]
+            head += [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
                     cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
         if plan.par != "inner":
-            head += (self._buffers()[0:1] if side == "b" else self._buffers()[1:2])
+            head += self._buffers(side)
         # iterator values: batch dims from their loops, own dims and K from the element
         p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
         batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
@@ -400,7 +499,7 @@ class MicrokernelEmitter:
 
     # -- the tile: kernel call and write-back ---------------------------------------------
     def tile(self, child) -> cgen.Generable:
-        plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
+        plan, view, mk, t, rows = self.plan, self.view, self.mk, self.plan.tiles, self.rows
         loops = self._tile_loops(set(plan.loops))
         s0 = view.stmt
         MR, NR = mk.mr, mk.nr
@@ -411,10 +510,26 @@ class MicrokernelEmitter:
         acc_name = "mk_acc" if self._acc_local() else h.c_name
         out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
                cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
-               cgen.Statement(f"const long mk_nr = min({NR}, {plan.n} - mk_jt)"),
+               cgen.Statement(f"const long mk_nr = min({NR}, {rows.width if rows else plan.n} - mk_jt)"),
                cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc")]
-        out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
         batch_vals = self._batch_values(loops)
+        if rows is None:
+            out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
+        else:
+            bw = dict(rows.batch_weights)
+            bbase = " + ".join(f"{v} * {bw[d]}" for d, v in batch_vals.items() if v != "0" and bw[d])
+            out += [cgen.Statement(f"const float *restrict mk_bp = mk_P + {bbase or '0'} + mk_jt"),
+                    cgen.Statement("const long *restrict mk_offk = mk_off + mk_k0")]
+            # the tile's first column, and whether all its columns are real and consecutive
+            names = [f"mk_j{d}" for d in view.cols]
+            out += _virtual(names, rows.col_weights, "mk_jt")
+            real = view.strides(view.cols)
+            out.append(cgen.Statement("const long mk_jreal = " + " + ".join(
+                f"{n} * {real[d]}" for n, d in zip(names, view.cols))))
+            inner = max((k for k, w in enumerate(rows.col_weights) if w), default=None)
+            straight = (f"{names[inner]} + {NR} <= {rows.col_extents[inner]}"
+                        if inner is not None else "0")
+            out.append(cgen.Statement(f"const int mk_straight = {straight}"))
         boff = " + ".join(f"{v} * {_stride(view.shape, d)}" for d, v in batch_vals.items()
                           if v != "0") or "0"
         out.append(cgen.Statement(f"const long mk_boff = {boff}"))
@@ -427,14 +542,23 @@ class MicrokernelEmitter:
         # is a plain zero-initialised output
         zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
         applies = bool(view.epilogue) or h.role != "out"
-        direct = [f"mk_mr == {MR}", f"mk_nr == {NR}"]
+        direct = [f"mk_mr == {MR}", "mk_straight" if rows else f"mk_nr == {NR}"]
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
-        cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + mk_jt"
-        rows = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
-        slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
-                cgen.Statement(f"{rows}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})" if rows
-                               else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+        cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
+        if rows is None:
+            variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    cgen.Statement(f"{variant}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
+                                   if variant else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+            kernel = f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
+        else:
+            variant = ""
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    cgen.If(f"mk_nr == {NR}", cgen.Statement(
+                        f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)"),
+                        self._edge_panel(call))]
+            kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
             slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
                                 self._final(first, acc_name)))
@@ -442,34 +566,86 @@ class MicrokernelEmitter:
             slow.append(self._final("1", acc_name))
         if has_pc or (zero_init and not applies):
             otherwise: cgen.Generable = cgen.Block(slow)
-            if rows:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
+            if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
                 edge = cgen.Statement(
-                    f"{rows}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
+                    f"{variant}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
                 otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
-            out.append(cgen.If(" && ".join(direct),
-                               cgen.Statement(f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"),
-                               otherwise))
+            out.append(cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise))
         else:
             out += slow
         return cgen.Block(out)
 
+    def _edge_panel(self, call: str) -> cgen.Generable:
+        """The last virtual columns, fewer than a tile: their rows packed into a panel
+        (zero past them), so nothing past B's end is read."""
+        NR = self.mk.nr
+        return cgen.Block([
+            cgen.Statement(f"float *restrict mk_panel = polyc_scratch(0, {4 * NR} * mk_kc)"),
+            cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.For(
+                "long mk_c = 0", f"mk_c < {NR}", "mk_c++", cgen.Assign(
+                    f"mk_panel[mk_p * {NR} + mk_c]", "mk_c < mk_nr ? mk_bp[mk_offk[mk_p] + mk_c] : 0.0f"))),
+            cgen.Statement(f"{call}(mk_kc, mk_ap, mk_panel, mk_tile, {NR}, 0)")])
+
     def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
-        view, NR = self.view, self.mk.nr
+        view, MR, NR = self.view, self.mk.mr, self.mk.nr
         rows = _decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
                           "mk_it + mk_r")
+        def col_loop(cols: list[cgen.Generable], lo: str, nr: str) -> cgen.Generable:
+            inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++", cgen.Block(cols + body))
+            return cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
+
+        def nest(mr: str, cols: list[cgen.Generable], lo: str, nr: str) -> cgen.Generable:
+            return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++",
+                            cgen.Block(rows + [col_loop(cols, lo, nr)]))
+        if self.rows is not None:
+            return self._virtual_rows_cols(rows, col_loop, nest)
         cols = _decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
                           "mk_jt + mk_c")
-        def nest(mr: str, nr: str) -> cgen.Generable:
-            inner = cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(cols + body))
-            col_loop = cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
-            return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++", cgen.Block(rows + [col_loop]))
         if not simd:
-            return nest("mk_mr", "mk_nr")
+            return nest("mk_mr", cols, "0", "mk_nr")
         # a full tile with constant bounds: gcc unrolls it into independent vectors, so
         # a long epilogue (gelu's exp and division) is not bound by one vector's latency
-        MR = self.mk.mr
-        return cgen.If(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), str(NR))]),
-                       cgen.Block([nest("mk_mr", "mk_nr")]))
+        return cgen.If(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
+                       cgen.Block([nest("mk_mr", cols, "0", "mk_nr")]))
+
+    def _virtual_rows_cols(self, rows_decl, col_loop, nest) -> cgen.Generable:
+        """The write-back over virtual columns (B read by rows): a tile inside one
+        output row as a plain full tile; any other by runs, each the columns up to the
+        next wrap of the innermost dim, of which those inside the output are written
+        (no division per element)."""
+        view, rows, MR = self.view, self.rows, self.mk.mr
+        names = [f"mk_o{d}" for d in view.cols]
+        W, ext = rows.col_weights, rows.col_extents
+        q = max((k for k, w in enumerate(W) if w), default=None)
+        if q is None:  # a single column
+            cols = [cgen.Statement(f"const long {n} = 0") for n in names]
+            return nest("mk_mr", cols, "0", "mk_nr")
+        after = [cgen.Statement(f"const long {names[k]} = 0") for k in range(q + 1, len(names))]
+        fixed = [cgen.Statement(f"const long {names[k]} = mk_j{view.cols[k]}") for k in range(q)]
+        straight = nest(str(MR), fixed + after + [
+            cgen.Statement(f"const long {names[q]} = mk_j{view.cols[q]} + mk_c")], "0", str(self.mk.nr))
+        radix = next((W[k] for k in reversed(range(q)) if W[k]), None)
+        outer = _virtual(names[:q], W[:q], "mk_jt + mk_c0")
+        valid = " && ".join(f"{names[k]} < {ext[k]}" for k in range(q) if W[k]) or "1"
+        at = "mk_jt + mk_c0"
+        run = col_loop(after + [cgen.Statement(f"const long {names[q]} = mk_q + mk_c - mk_c0")],
+                       "mk_c0", "mk_end")
+        by_runs = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(
+            rows_decl + [cgen.For("long mk_c0 = 0, mk_run", "mk_c0 < mk_nr", "mk_c0 += mk_run", cgen.Block(
+                outer + [
+                    cgen.Statement(f"const long mk_q = {f'({at}) % {radix}' if radix else at}"),
+                    cgen.Assign("mk_run", f"min(mk_nr - mk_c0, {radix} - mk_q)"
+                                if radix else "mk_nr - mk_c0"),
+                    cgen.Statement(f"const long mk_end = mk_c0 + min(mk_run, {ext[q]} - mk_q)"),
+                    cgen.If(valid, run)]))]))
+        return cgen.If(f"mk_straight && mk_mr == {MR}", cgen.Block([straight]), cgen.Block([by_runs]))
+
+    def _col(self) -> str:
+        """The flat output column of the write-back's element (mk_c of the tile)."""
+        if self.rows is None:
+            return "mk_jt + mk_c"
+        real = self.view.strides(self.view.cols)
+        return " + ".join(f"mk_o{d} * {real[d]}" for d in self.view.cols)
 
     def _init_value(self, first: str, acc_name: str) -> str:
         view = self.view
@@ -477,12 +653,12 @@ class MicrokernelEmitter:
         init = p.value(view.init.expr)
         if first == "1":
             return init
-        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + mk_jt + mk_c]"
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
         return f"({first} ? {init} : {mem})"
 
     def _partial(self, first: str, acc_name: str) -> cgen.Generable:
         NR = self.mk.nr
-        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + mk_jt + mk_c]"
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
         body = [cgen.Assign(mem, f"mk_tile[mk_r * {NR} + mk_c] + {self._init_value(first, acc_name)}")]
         return cgen.Block([self._rows_cols(body, simd=False)])
 

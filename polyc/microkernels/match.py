@@ -21,7 +21,14 @@ The statements stay in the tree below the microkernel mark, so the tree is check
 against every dependence like any other; codegen replaces that subtree by the kernel
 call and a write-back that applies init and epilogue on the tile (`emit.py`). Packing
 evaluates the operands' expressions, so transposes, broadcasting, scaling folded into an
-operand and conv2d's gather with its zero padding all happen while packing.
+operand and a strided conv2d's gather with its zero padding all happen while packing.
+
+When B's K rows are runs of one (padded) tensor (`analysis.b_rows`: conv2d with unit
+stride along the width) and the kernel has a variant that reads B in place, B is not
+packed (`b=rows`): `mark "b_rows S0"` above the batch band makes the padded copy and
+the row offsets once, there is no jc band and no pack_b, and the jr tiles cut the
+output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
+rows are contiguous in the copy. That is the direct convolution, without im2col.
 
 Reductions of float32 along a contiguous innermost axis (sum, max) get a mark above
 their innermost band: `mark "microkernel row_sum_f32 S0"`.
@@ -37,7 +44,7 @@ from ..schedule_tree.comprehension import Statement
 from ..schedule_tree.model import PolyModel
 from ..target import Target, cpu_target
 from . import registry, tuning
-from .analysis import GemmView, gemm_view, row_views
+from .analysis import BRows, GemmView, b_rows, gemm_view, row_views
 from .tiles import Tiles, apply_overrides, model_tiles
 
 # below this many multiply-adds the naive loops win: packing and the call cost more
@@ -63,12 +70,13 @@ class GemmPlan:
     par: str  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
     threads: int  # 0: OMP_NUM_THREADS / all cores
     loops: tuple[str, ...] = field(default=())  # tile loops present, outermost first
+    b: str = "packed"  # 'packed' | 'rows': read in place (`analysis.BRows`), no pack_b
 
     def mark(self) -> str:
         t = self.tiles
         return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} mc={t.mc} "
                 f"nc={t.nc} kc={t.kc} par={self.par} threads={self.threads} "
-                f"loops={','.join(self.loops) or '-'}")
+                f"loops={','.join(self.loops) or '-'} b={self.b}")
 
     @staticmethod
     def parse(mark: str) -> "GemmPlan":
@@ -77,7 +85,7 @@ class GemmPlan:
         loops = () if kv["loops"] == "-" else tuple(kv["loops"].split(","))
         return GemmPlan(words[1], words[2], int(kv["m"]), int(kv["n"]), int(kv["k"]),
                         Tiles(int(kv["mc"]), int(kv["nc"]), int(kv["kc"])), kv["par"],
-                        int(kv["threads"]), loops)
+                        int(kv["threads"]), loops, kv["b"])
 
 
 def is_gemm_mark(name: str) -> bool:
@@ -101,11 +109,12 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
         mk = registry.select("gemm", "float32", target, getattr(options, "microkernel_isa", ""),
                              shape=(view.M, view.N))
         if mk is not None and view.flops >= MIN_GEMM_FLOPS:
-            plan = plan_gemm(view, mk, kernel, target, options)
+            rows = b_rows(view, kernel) if mk.b_rows_variant else None
+            plan = plan_gemm(view, mk, kernel, target, options, rows)
             # codegen reads tile origins off the loop iterators: isl must not scale a
             # strided loop (16*i2) down to its quotient (i2)
             model.domain.get_ctx().set_ast_build_scale_strides(0)
-            return model.with_schedule(gemm_schedule(model, view, plan))
+            return model.with_schedule(gemm_schedule(model, view, plan, rows))
     rows = [r for r in row_views(kernel) if r.length >= MIN_ROW]
     if len(rows) == 1 and len(kernel.statements) == 2:
         tree = row_schedule(model, kernel, rows[0])
@@ -115,7 +124,9 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,
-              options) -> GemmPlan:
+              options, rows: BRows | None = None) -> GemmPlan:
+    """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
+    jc loop, and the column tiles step through the virtual columns."""
     M, N, K = view.M, view.N, view.K
     tiles = model_tiles(M, N, K, mk, target)
     overrides = dict(tuning.lookup(kernel, target) or {})
@@ -127,15 +138,16 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: 
         cores = max(1, target.cores)
         par = "batch" if first >= cores and (first % cores == 0 or first >= 4 * cores) else "inner"
     loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]
-    loops += ["jc"] if N > tiles.nc else []
+    loops += ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
-    loops += ["jr"] if min(N, tiles.nc) > mk.nr else []
+    loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
     loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
     if par == "inner" and not {"jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
     return GemmPlan(view.stmt.name, mk.name, M, N, K, tiles, par,
-                    int(getattr(options, "threads", 0) or 0), tuple(loops))
+                    int(getattr(options, "threads", 0) or 0), tuple(loops),
+                    "rows" if rows else "packed")
 
 
 # --- the gemm tree, as isl's schedule-tree text ----------------------------------------
@@ -144,8 +156,11 @@ def _decl(s: Statement) -> str:
     return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
 
 
-def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan) -> isl.Schedule:
-    """The tree of the module docstring for `view` with `plan`'s tiles."""
+def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
+                  rows: BRows | None = None) -> isl.Schedule:
+    """The tree of the module docstring for `view` with `plan`'s tiles. With `rows`, the
+    column tiles cut the virtual columns (`analysis.BRows`), `mark "b_rows S0"` above
+    the batch band prepares B once, and there is no pack_b."""
     s0, mk = view.stmt, registry.by_name(plan.kernel)
     others = (view.init,) + view.epilogue
     t = plan.tiles
@@ -154,7 +169,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan) -> isl.Sched
         return s.iter_name(view.out_iter[d] if s is s0 else d)
 
     def flat(s: Statement, dims: tuple[int, ...]) -> str:
-        w = view.strides(dims)
+        w = dict(zip(view.cols, rows.col_weights)) if rows and dims == view.cols else view.strides(dims)
         return " + ".join(f"{w[d]}*{out_name(s, d)}" for d in dims) or "0"
 
     kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
@@ -198,7 +213,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan) -> isl.Sched
     tree = mark(f"pack_a {s0.name}", tree)
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
-    tree = mark(f"pack_b {s0.name}", tree)
+    if not rows:
+        tree = mark(f"pack_b {s0.name}", tree)
     for name in ("pc", "jc"):
         if name in loops:
             tree = band([member(tiled[name])], tree)
@@ -208,6 +224,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan) -> isl.Sched
         tree = band(members, tree, coincident=plan.par == "batch")
         if plan.par == "batch":
             tree = mark("parallel", tree)
+    if rows:
+        tree = mark(f"b_rows {s0.name}", tree)
     tree = mark(plan.mark(), tree)
     text = f'{{ domain: "{model.domain}", child: {tree} }}'
     return isl.Schedule.read_from_str(model.domain.get_ctx(), text)

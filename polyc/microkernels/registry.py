@@ -38,6 +38,7 @@ class Microkernel:
     needs: tuple[str, ...] = ()  # other C files pasted before this one
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
+    b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
 
     @property
     def c_function(self) -> str:
@@ -48,13 +49,14 @@ class Microkernel:
                 "c_function": self.c_function, "features": list(self.features),
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
-                "rows_variant": self.rows_variant}
+                "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
-          rank: int, rows_variant: str = "") -> Microkernel:
+          rank: int, rows_variant: str = "", b_rows_variant: str = "") -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
+        b_rows_variant=b_rows_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -71,9 +73,11 @@ def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Micr
 REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
-          rows_variant="polyc_sgemm_avx2_6x16_rows"),
+          rows_variant="polyc_sgemm_avx2_6x16_rows",
+          b_rows_variant="polyc_sgemm_avx2_6x16_b_rows"),
     _gemm("sgemm_avx2_4x24", "sgemm_avx2_4x24.c", ("avx2", "fma"), 4, 24, 32, rank=2,
-          rows_variant="polyc_sgemm_avx2_4x24_rows"),
+          rows_variant="polyc_sgemm_avx2_4x24_rows",
+          b_rows_variant="polyc_sgemm_avx2_4x24_b_rows"),
     _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1),
     _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator"),
     _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),

@@ -16,6 +16,10 @@
  *   1 <= cols <= 24: the same on the tile's first `rows` rows and `cols` columns only
  *   (operands still packed 4 and 24 wide); other entries of C are neither read nor
  *   written (masked loads and stores). For edge tiles, straight into C.
+ *
+ *   polyc_sgemm_avx2_4x24_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
+ *   read in place, row p being the 24 floats at B + off[p] (any alignment, all 24
+ *   readable): conv2d's window rows straight from its (padded) input, no im2col.
  */
 #ifndef POLYC_SGEMM_AVX2_4X24
 #define POLYC_SGEMM_AVX2_4X24
@@ -23,7 +27,8 @@
 
 static inline __attribute__((always_inline)) void
 polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restrict B,
-                           float *restrict C, long ldc, int accumulate, const int R, long cols)
+                           const long *restrict off, float *restrict C, long ldc,
+                           int accumulate, const int R, long cols)
 {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256i mask[3];
@@ -38,8 +43,14 @@ polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restri
     _mm_prefetch((const char *)(C + r * ldc + 23), _MM_HINT_T0);
 #pragma GCC unroll 2
   for (long p = 0; p < kc; p++) {
-    __m256 b0 = _mm256_load_ps(B + p * 24), b1 = _mm256_load_ps(B + p * 24 + 8),
-           b2 = _mm256_load_ps(B + p * 24 + 16);
+    __m256 b0, b1, b2;
+    if (off) {  /* constant in every caller: gcc keeps one of the two */
+      const float *b = B + off[p];
+      b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
+    } else {
+      b0 = _mm256_load_ps(B + p * 24), b1 = _mm256_load_ps(B + p * 24 + 8);
+      b2 = _mm256_load_ps(B + p * 24 + 16);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       __m256 a = _mm256_broadcast_ss(A + p * 4 + r);
@@ -70,7 +81,14 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_4x24(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate)
 {
-  polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 4, 24);
+  polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 4, 24);
+}
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_4x24_b_rows(
+    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
+    float *restrict C, long ldc, int accumulate)
+{
+  polyc_sgemm_avx2_4x24_impl(kc, A, B, off, C, ldc, accumulate, 4, 24);
 }
 
 __attribute__((noinline)) static void polyc_sgemm_avx2_4x24_rows(
@@ -78,10 +96,10 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_4x24_rows(
     int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 3, cols); break;
-  default: polyc_sgemm_avx2_4x24_impl(kc, A, B, C, ldc, accumulate, 4, cols); break;
+  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 3, cols); break;
+  default: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 4, cols); break;
   }
 }
 #endif

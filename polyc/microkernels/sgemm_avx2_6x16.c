@@ -16,6 +16,10 @@
  *   1 <= cols <= 16: the same on the tile's first `rows` rows and `cols` columns only
  *   (operands still packed 6 and 16 wide); other entries of C are neither read nor
  *   written (masked loads and stores). For edge tiles, straight into C.
+ *
+ *   polyc_sgemm_avx2_6x16_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
+ *   read in place, row p being the 16 floats at B + off[p] (any alignment, all 16
+ *   readable): conv2d's window rows straight from its (padded) input, no im2col.
  */
 #ifndef POLYC_SGEMM_AVX2_6X16
 #define POLYC_SGEMM_AVX2_6X16
@@ -57,8 +61,8 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_6x16(long kc, const float
 
 static inline __attribute__((always_inline)) void
 polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restrict B,
-                           float *restrict C, long ldc, int accumulate, const int R,
-                           long cols)
+                           const long *restrict off, float *restrict C, long ldc,
+                           int accumulate, const int R, long cols)
 {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
@@ -70,7 +74,12 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restri
     hi[r] = _mm256_setzero_ps();
   }
   for (long p = 0; p < kc; p++) {
-    __m256 b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
+    __m256 b0, b1;
+    if (off) {  /* constant in every caller: gcc keeps one of the two */
+      b0 = _mm256_loadu_ps(B + off[p]), b1 = _mm256_loadu_ps(B + off[p] + 8);
+    } else {
+      b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
       __m256 a = _mm256_broadcast_ss(A + p * 6 + r);
@@ -104,12 +113,19 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_6x16_rows(
     int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 3, cols); break;
-  case 4: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 4, cols); break;
-  case 5: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 5, cols); break;
-  default: polyc_sgemm_avx2_rows_impl(kc, A, B, C, ldc, accumulate, 6, cols); break;
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 3, cols); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 4, cols); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 5, cols); break;
+  default: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 6, cols); break;
   }
+}
+
+__attribute__((noinline)) static void polyc_sgemm_avx2_6x16_b_rows(
+    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
+    float *restrict C, long ldc, int accumulate)
+{
+  polyc_sgemm_avx2_rows_impl(kc, A, B, off, C, ldc, accumulate, 6, 16);
 }
 #endif

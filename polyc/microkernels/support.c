@@ -5,7 +5,8 @@
  *   bytes, private to the calling thread and kept across calls (grown, never shrunk),
  *   so packing buffers cost neither a malloc nor fresh page faults per call. Slots:
  *   0 = packed B block, 1 = packed A block, 2 = partial sums of a local result,
- *   3 = a group of gathered K rows of an operand packed by runs (emit.py: _run_nest).
+ *   3 = a group of gathered K rows of an operand packed by runs (emit.py: _run_nest),
+ *   4 = the padded copy of a B read in place by rows, 5 = its K rows' offsets.
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
  *
  *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 8: a column panel from
@@ -22,8 +23,8 @@
 #include <immintrin.h>
 #endif
 
-static _Thread_local void *polyc_scratch_buf[4];
-static _Thread_local size_t polyc_scratch_cap[4];
+static _Thread_local void *polyc_scratch_buf[6];
+static _Thread_local size_t polyc_scratch_cap[6];
 
 static void *polyc_scratch(int slot, size_t bytes)
 {

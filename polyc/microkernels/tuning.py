@@ -79,14 +79,15 @@ def store(kernel: Kernel, target: Target, tiles: dict[str, int], seconds: float)
 
 
 def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: int,
-               budget: int) -> list[dict[str, int]]:
+               budget: int, vary_nc: bool = True) -> list[dict[str, int]]:
     """Tile sizes around the memory model's choice: kc and mc halved and doubled, nc
-    halved, the model's own first; each clipped to the extents and made legal."""
+    halved (unless B is read in place, with no block for nc to size), the model's own
+    first; each clipped to the extents and made legal."""
     kc0, mc0, nc0 = plan_tiles["kc"], plan_tiles["mc"], plan_tiles["nc"]
     out: list[dict[str, int]] = []
     for kc in (kc0, kc0 // 2, kc0 * 2):
         for mc in (mc0, mc0 // 2, mc0 * 2):
-            for nc in (nc0, nc0 // 2):
+            for nc in (nc0, nc0 // 2) if vary_nc else (nc0,):
                 t = {"kc": max(8, min(kc, k)), "mc": max(mr, min(mc - mc % mr, m + mr - 1)),
                      "nc": max(nr, min(nc - nc % nr, n + nr - 1))}
                 t["mc"] -= t["mc"] % mr
@@ -121,7 +122,8 @@ def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=No
     from .registry import by_name
     kernel0, plan0 = plans[0]
     mk = by_name(plan0.kernel)
-    cands = candidates(plan0.tiles.to_json(), plan0.m, plan0.n, plan0.k, mk.mr, mk.nr, budget)
+    cands = candidates(plan0.tiles.to_json(), plan0.m, plan0.n, plan0.k, mk.mr, mk.nr, budget,
+                       vary_nc=plan0.b == "packed")
     inputs = random_inputs(base.graph)
     best: tuple[float, dict] | None = None
     lines = []

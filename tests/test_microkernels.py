@@ -253,6 +253,17 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
+    mk = registry.select("gemm", "float32", cpu_target(), isa, shape=(12, 18 * 18))
+    if mk is None:
+        pytest.skip(f"{isa} kernel not supported by this machine")
+    assert mk.b_rows_variant
+    graph, inputs = _conv((2, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
+    compiled = _check(graph, inputs, Options(microkernel_isa=isa), atol=3e-4)
+    assert "b=rows" in _gemm_marks(compiled)[0] and mk.b_rows_variant + "(" in compiled.c_source
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
        co=st.sampled_from([4, 6, 8, 12, 20]), kh=st.integers(1, 3), kw=st.integers(1, 3),

@@ -10,6 +10,10 @@
  *   C           row-major tile C[r * ldc + c], no alignment needed; all 6 x 16 written
  *   accumulate  0: C = A B (C is not read), 1: C += A B
  *   features    none
+ *
+ *   polyc_sgemm_vec_6x16_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
+ *   read in place, row p being the 16 floats at B + off[p] (any alignment, all 16
+ *   readable): conv2d's window rows straight from its (padded) input, no im2col.
  */
 #ifndef POLYC_SGEMM_VEC_6X16
 #define POLYC_SGEMM_VEC_6X16
@@ -17,8 +21,9 @@
 
 typedef float polyc_v8f __attribute__((vector_size(32)));
 
-static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *restrict B,
-                                 float *restrict C, long ldc, int accumulate)
+static inline __attribute__((always_inline)) void
+polyc_sgemm_vec_6x16_impl(long kc, const float *restrict A, const float *restrict B,
+                          const long *restrict off, float *restrict C, long ldc, int accumulate)
 {
   polyc_v8f lo[6], hi[6];
 #pragma GCC unroll 6
@@ -27,7 +32,14 @@ static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *
     hi[r] = (polyc_v8f){0};
   }
   for (long p = 0; p < kc; p++) {
-    polyc_v8f b0 = *(const polyc_v8f *)(B + p * 16), b1 = *(const polyc_v8f *)(B + p * 16 + 8);
+    polyc_v8f b0, b1;
+    if (off) {  /* constant in every caller: gcc keeps one of the two */
+      memcpy(&b0, B + off[p], sizeof b0);
+      memcpy(&b1, B + off[p] + 8, sizeof b1);
+    } else {
+      b0 = *(const polyc_v8f *)(B + p * 16);
+      b1 = *(const polyc_v8f *)(B + p * 16 + 8);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) {
       float a = A[p * 6 + r];
@@ -48,5 +60,18 @@ static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *
     memcpy(row, &lo[r], sizeof lo[r]);
     memcpy(row + 8, &hi[r], sizeof hi[r]);
   }
+}
+
+static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *restrict B,
+                                 float *restrict C, long ldc, int accumulate)
+{
+  polyc_sgemm_vec_6x16_impl(kc, A, B, 0, C, ldc, accumulate);
+}
+
+static void polyc_sgemm_vec_6x16_b_rows(long kc, const float *restrict A,
+                                        const float *restrict B, const long *restrict off,
+                                        float *restrict C, long ldc, int accumulate)
+{
+  polyc_sgemm_vec_6x16_impl(kc, A, B, off, C, ldc, accumulate);
 }
 #endif

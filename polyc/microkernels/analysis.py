@@ -221,6 +221,12 @@ class BRows:
         """Virtual columns: one past the largest v of an output column."""
         return 1 + sum(w * (n - 1) for w, n in zip(self.col_weights, self.col_extents))
 
+    @property
+    def inner(self) -> int | None:
+        """The column dim of weight 1 (the ones after it have extent 1), None when
+        every column dim has extent 1."""
+        return max((k for k, w in enumerate(self.col_weights) if w), default=None)
+
 
 def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
     """B as rows of a (padded) tensor, or None when B is anything but one load (guarded

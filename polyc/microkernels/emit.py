@@ -526,9 +526,8 @@ class MicrokernelEmitter:
             real = view.strides(view.cols)
             out.append(cgen.Statement("const long mk_jreal = " + " + ".join(
                 f"{n} * {real[d]}" for n, d in zip(names, view.cols))))
-            inner = max((k for k, w in enumerate(rows.col_weights) if w), default=None)
-            straight = (f"{names[inner]} + {NR} <= {rows.col_extents[inner]}"
-                        if inner is not None else "0")
+            q = rows.inner
+            straight = f"{names[q]} + {NR} <= {rows.col_extents[q]}" if q is not None else "0"
             out.append(cgen.Statement(f"const int mk_straight = {straight}"))
         boff = " + ".join(f"{v} * {_stride(view.shape, d)}" for d, v in batch_vals.items()
                           if v != "0") or "0"
@@ -616,7 +615,7 @@ class MicrokernelEmitter:
         view, rows, MR = self.view, self.rows, self.mk.mr
         names = [f"mk_o{d}" for d in view.cols]
         W, ext = rows.col_weights, rows.col_extents
-        q = max((k for k, w in enumerate(W) if w), default=None)
+        q = rows.inner
         if q is None:  # a single column
             cols = [cgen.Statement(f"const long {n} = 0") for n in names]
             return nest("mk_mr", cols, "0", "mk_nr")

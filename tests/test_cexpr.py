@@ -89,3 +89,20 @@ def test_exp_of_a_shifted_row_skips_only_a_check_that_cannot_fire():
     tiny = want < 2.0 ** -125
     assert np.all((got[tiny] == 0) | (_ulps(got[tiny], want[tiny]) <= 2))
     assert _ulps(got[~tiny], want[~tiny]).max() <= 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu_maximum_and_minimum_let_nan_through(dtype):
+    # as numpy and PyTorch: a NaN on either side wins (C's fmax and `a > 0 ? a : 0` drop it)
+    nan, inf = np.nan, np.inf
+    a = np.array([nan, 1.0, nan, -2.0, 0.5, -inf, inf, -0.5, 3.0], dtype=dtype)
+    c = np.array([2.0, nan, nan, -3.0, 0.5, 1.0, -1.0, nan, -inf], dtype=dtype)
+    b = GraphBuilder("nan")
+    x, y = b.input("a", a.shape, dtype), b.input("c", c.shape, dtype)
+    graph = b.build([b.op("relu", x, out="r"), b.op("maximum", x, y, out="hi"),
+                     b.op("minimum", x, y, out="lo")])
+    got = compile(graph, options=Options(parallel=False))(a=a, c=c)
+    np.testing.assert_array_equal(got["r"], np.maximum(a, 0))
+    np.testing.assert_array_equal(got["hi"], np.maximum(a, c))
+    np.testing.assert_array_equal(got["lo"], np.minimum(a, c))
+    assert np.isnan(got["r"][0]) and np.isnan(got["hi"][1]) and np.isnan(got["lo"][0])

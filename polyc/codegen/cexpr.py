@@ -139,13 +139,16 @@ static inline int32_t polyc_idiv(int32_t a, int32_t b) {
 }
 """
 
-_FLOAT_FNS = {  # name -> template over args a, b, c; {f} is the float function suffix
+# name -> template over args a, b; {f} is the float function suffix, {t} the dtype.
+# relu, maximum and minimum let a NaN through, as numpy and PyTorch do (fmax would not)
+_FLOAT_FNS = {
     "neg": "(-{a})", "abs": "fabs{f}({a})", "exp": "exp{f}({a})", "log": "log{f}({a})",
     "sqrt": "sqrt{f}({a})", "rsqrt": "({one} / sqrt{f}({a}))", "tanh": "tanh{f}({a})",
     "erf": "erf{f}({a})", "sigmoid": "({one} / ({one} + exp{f}(-{a})))",
-    "relu": "({a} > {zero} ? {a} : {zero})", "reciprocal": "({one} / {a})",
+    "relu": "({a} < {zero} ? {zero} : {a})", "reciprocal": "({one} / {a})",
     "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-    "pow": "pow{f}({a}, {b})", "maximum": "fmax{f}({a}, {b})", "minimum": "fmin{f}({a}, {b})",
+    "pow": "pow{f}({a}, {b})",
+    "maximum": "polyc_max_{t}({a}, {b})", "minimum": "polyc_min_{t}({a}, {b})",
 }
 # float32 ops whose prelude version vectorises
 _FLOAT32_FNS = {"exp": "polyc_expf({a})", "log": "polyc_logf({a})", "tanh": "polyc_tanhf({a})",
@@ -230,8 +233,8 @@ class ExprPrinter:
         if e.dtype == "float32" and e.fn in _FLOAT32_FNS:
             return _FLOAT32_FNS[e.fn].format(a=a)
         suffix = "f" if e.dtype == "float32" else ""
-        return _FLOAT_FNS[e.fn].format(a=a, b=b, f=suffix, one=c_literal(1, e.dtype),
-                                       zero=c_literal(0, e.dtype))
+        return _FLOAT_FNS[e.fn].format(a=a, b=b, f=suffix, t=e.dtype,
+                                       one=c_literal(1, e.dtype), zero=c_literal(0, e.dtype))
 
     def update(self, target: str, reduce: str | None, value: str, dtype: str) -> str:
         """The C statement `target (reduce)= value`."""

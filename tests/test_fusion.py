@@ -181,9 +181,11 @@ def test_a_nan_survives_vectorised_max_and_min_reductions():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4)
 
 
-def test_a_compute_heavy_row_loop_prefetches_the_next_row():
-    graph = _single("softmax", [64, 1024])  # large enough for threads over rows
+@pytest.mark.parametrize("op,width", [("softmax", 1024), ("layer_norm", 1000),
+                                      ("rms_norm", 300)])
+def test_a_reduction_pass_over_a_row_prefetches_the_next_row(op, width):
+    graph = _single(op, [64, width])  # large enough for threads over rows
     compiled = compile(graph)
     assert "omp parallel for" in compiled.c_source
-    assert "__builtin_prefetch(&t0_x[((c0 + 1)) * 1024" in compiled.c_source
+    assert f"__builtin_prefetch(&t0_x[((c0 + 1)) * {width}" in compiled.c_source
     _check(graph, compiled)

@@ -189,17 +189,24 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     if options.verify:
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
-    code = trace.run(f"codegen {k}", lambda: str(CpuBuilder(kernel).function(ast)))
-    return KernelResult(kernel, model, marked, report + _buffer_report(kernel)), code
+    builder = CpuBuilder(kernel)
+    code = trace.run(f"codegen {k}", lambda: str(builder.function(ast)))
+    return KernelResult(kernel, model, marked, report + _buffer_report(kernel, builder)), code
 
 
-def _buffer_report(kernel: Kernel) -> tuple[str, ...]:
+def _buffer_report(kernel: Kernel, builder: CpuBuilder) -> tuple[str, ...]:
     lines = []
     for a in kernel.arrays:
         if a.kept is not None:
             shape = "x".join(map(str, a.buffer_shape)) or "1"
             lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
                          f"{shape} element(s) per thread holds it")
+        elif a in builder.unstored:
+            where = ("with the partial sums of its K blocks in scratch"
+                     if a.tensor in builder.microkernels.partial_sums
+                     else "in registers until its consumers are applied at the write-back")
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: the "
+                         f"microkernel computes it tile by tile, {where}")
         elif a.role == "local":
             lines.append(f"{a.tensor} ({a.type}) stays inside the kernel but could not be "
                          "contracted: it is materialised whole in scratch memory")

@@ -33,6 +33,7 @@ class CBuilder:
         self.arrays: dict[str, Array] = {a.tensor: a for a in kernel.arrays}
         # contracted locals: small arrays declared once, private to each thread
         self.buffers = [a for a in kernel.arrays if a.kept is not None]
+        self.unstored: list[Array] = []  # uncontracted locals no code touched (function())
 
     # -- the walk ------------------------------------------------------------------
     def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
@@ -147,12 +148,19 @@ class CBuilder:
         for a in self.buffers:
             size = f"[{math.prod(a.buffer_shape)}]" if a.kept else ""
             body.append(cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}{size}"))
-        # locals that could not be contracted live whole for the call
+        code = self.node(ast)
+        # locals that could not be contracted live whole for the call, unless no code
+        # touches them (a contraction's result that its microkernel keeps in registers
+        # and its own partial-sum scratch)
+        text = str(code)
         locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
+        self.unstored = [a for a in locals_
+                         if not re.search(rf"\b{re.escape(a.c_name)}\b", text)]
+        locals_ = [a for a in locals_ if a not in self.unstored]
         for a in locals_:
             body.append(cgen.Statement(
                 f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = malloc({a.type.nbytes})"))
-        body.append(self.node(ast))
+        body.append(code)
         body += [cgen.Statement(f"free({a.c_name})") for a in locals_]
         decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
         return cgen.FunctionBody(decl, cgen.Block(body))

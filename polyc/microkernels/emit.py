@@ -96,6 +96,7 @@ class MicrokernelEmitter:
         self.view: GemmView | None = None
         self.rows: BRows | None = None
         self.base = 0
+        self.partial_sums: set[str] = set()  # local results whose K blocks meet in scratch
 
     # -- dispatch ----------------------------------------------------------------------
     def emit(self, name: str, child: isl.AstNode, marks: tuple[str, ...]) -> cgen.Generable:
@@ -146,6 +147,7 @@ class MicrokernelEmitter:
             f"{plan.kernel}: C[{view.batches}x {plan.m}x{plan.n}] += A[{plan.m}x{plan.k}] "
             f"B[{plan.k}x{plan.n}]; tiles mc={t.mc} nc={t.nc} kc={t.kc}, {plan.par} threads")]
         if self._acc_local():
+            self.partial_sums.add(view.stmt.target)
             body.append(cgen.Statement(
                 f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
         inner = self.b.node(child, marks)

@@ -95,7 +95,18 @@ def test_oracle_rejects_a_consumer_of_a_whole_reduction():
     graph = b.build([b.sub(x, b.reduce_sum(x, out="s"), out="y")])
     answer = _oracle(graph, ("s",), ("y",))
     assert not answer.legal and answer.depth == 0
-    assert "needs every iteration of the producer" in answer.reason
+    assert "needs the producer's for several values" in answer.reason
+
+
+def test_oracle_rejects_a_transposed_read_in_the_producers_loop_order():
+    b = GraphBuilder("t")
+    x = b.input("x", [48, 80])
+    graph = b.build([b.op("transpose", b.relu(x, out="r"), out="y", perm=[1, 0])])
+    answer = _oracle(graph, ("r",), ("y",))
+    assert not answer.legal and "transposed read" in answer.reason
+    compiled = compile(graph)
+    assert len(compiled.kernels) == 2
+    _check(graph, compiled)
 
 
 def test_oracle_rejects_a_fusion_whose_footprint_exceeds_the_cache():

@@ -4,9 +4,9 @@ For a proposal the oracle builds the polyhedral model of the merged group, compu
 dependences with isl and builds the fused kernel's loop structure from them (the very
 schedule the kernel will get, `fusion_tree`). It answers:
 
-- shared depth: how many outer loops a statement of each group share; 0 when the
-  consumer needs every iteration of the producer done first (a reduction across the
-  loop, a full reduction);
+- shared depth: how many outer loops a statement of each group share, each keeping its
+  own loop order; 0 when one iteration of the consumer's outer loop needs the producer's
+  for several values (a reduction across the loop, a full reduction, a transpose);
 - permutable: whether the outermost shared band may be tiled;
 - footprint: bytes of distinct array elements one iteration of the shared loops touches,
   counted exactly with isl, against the capacity of the target's fusion level;
@@ -78,8 +78,9 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
                             "their loops traverse it differently, nothing would be reused")
     if depth == 0:
         return FusionAnswer(False, 0, False, 0, capacity, 0,
-                            "no loop can be shared: the consumer needs every iteration of "
-                            "the producer first (e.g. a reduction across the outer loop)")
+                            "no loop can be shared in the nodes' own loop orders: one "
+                            "iteration of the consumer's outer loop needs the producer's "
+                            "for several values (a reduction across it, or a transposed read)")
     foot = footprint(model, kernel, depth)
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"

@@ -52,7 +52,9 @@ class Options:
     microkernels: bool = True  # contractions and row reductions onto polyc/microkernels
     microkernel_isa: str = ""  # '' the best the target has, else 'avx512' | 'avx2' | 'portable'
     microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
-    threads: int = 0  # OpenMP team size of microkernel nests (0: OMP_NUM_THREADS)
+    # OpenMP team of microkernel nests, and the threads column sums are blocked for
+    # (0: OMP_NUM_THREADS, one block per core)
+    threads: int = 0
 
     def to_json(self) -> dict:
         return {"parallel": self.parallel, "max_operations": self.max_operations,
@@ -185,7 +187,7 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
     # the cpu target: parallel and simd marks
     marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel, model, target,
-                       parallel=options.parallel, show=schedule_to_text)
+                       parallel=options.parallel, threads=options.threads, show=schedule_to_text)
     if options.verify:
         _verify(model, marked, f"lower-cpu {k}")
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)

@@ -12,12 +12,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import islpy as isl
+import numpy as np
 import pytest
 
 from polyc import GraphBuilder
-from polyc.compiler import KernelResult, compile
+from polyc.compiler import KernelResult, Options, compile
 from polyc.schedule_tree.dependences import respects_dependences
-from polyc.schedule_tree.tree import schedule_from_text, schedule_to_json, schedule_to_text
+from polyc.schedule_tree.tree import (
+    schedule_from_text,
+    schedule_to_json,
+    schedule_to_text,
+)
+from polyc.target import cpu_target
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.json"))
 
@@ -307,3 +313,27 @@ def test_a_column_reduction_vectorises_along_the_row():
     b = GraphBuilder("colsum")
     (k,) = _kernels(b.build([b.reduce_sum(b.input("x", [300, 64]), axes=[0])]))
     assert all("[(i0)]" in s and "(i1)" not in s for s in _innermost(k)), _innermost(k)
+
+
+@pytest.mark.parametrize("threads", [0, 3, 1])
+def test_a_large_column_sum_runs_its_columns_in_one_block_per_thread(threads):
+    # s[j] += x[i, j]: the row loop carries the sum, so threads share blocks of columns
+    # in a loop put outside it; every dependence stays inside a block
+    blocks = threads or cpu_target().cores
+    blocks = blocks if blocks > 1 else 0
+    b = GraphBuilder("colsum")
+    graph = b.build([b.reduce_sum(b.input("x", [300, 1000]), axes=[0], out="s")])
+    compiled = compile(graph, options=Options(threads=threads))
+    tree = schedule_to_json(compiled.kernels[0].schedule)
+    marks = [n for n in _walk(tree) if n.get("mark") == "parallel"]
+    if not blocks:
+        assert not marks
+    else:
+        (parallel,) = marks
+        block = parallel["children"][0]
+        assert block["coincident"] == [True] and "floor((i0)/" in block["schedule"]
+        width = (-(-1000 // blocks) + 15) // 16 * 16
+        assert f"floor((i0)/{width})" in block["schedule"]
+        assert "#pragma omp parallel for" in compiled.c_source
+    x = np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x=x)["s"], x.sum(0), rtol=1e-4, atol=1e-4)

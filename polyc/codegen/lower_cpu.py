@@ -4,7 +4,13 @@ Both decisions are marks inserted into the schedule tree, so they show in the pr
 tree and the browser view, and codegen only has to translate them:
 
 - `parallel` above the outermost band on each path whose first member is coincident,
-  when the work below it is large enough to pay for waking the thread team;
+  when the work below it is large enough to pay for waking the thread team. When that
+  band's first member carries a dependence (a sum over rows, `s[j] += x[i, j]`) but a
+  loop further in has the same value at both ends of every dependence of the nest, that
+  loop is cut into one block per thread (the compile option, else the target's cores)
+  and the block loop put outermost, in parallel: each thread sums its own columns over
+  all rows (a column sum of 8192x8192 at 2 threads: 15 -> 20 GB/s; run on one thread,
+  the two blocks cost it a fifth, so one thread asked for gets no blocks);
 - on the last loop of an innermost band (the band is split so the mark sits on exactly
   that loop): `simd` when the loop carries no dependence, `reduce` when every dependence
   it carries is a float reduction statement's on itself, whose partial results may be
@@ -97,9 +103,47 @@ def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
     return not moves.is_empty() and moves.is_equal(
         unit_step(loop.get_ctx(), a.c_name, len(a.type.shape)))
 
+def _has_mark(node: isl.ScheduleNode) -> bool:
+    return node.get_type() == isl.schedule_node_type.mark or any(
+        _has_mark(node.child(i)) for i in range(node.n_children()))
+
+
+def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
+                    threads: int) -> isl.MultiUnionPwAff | None:
+    """The block loop to put above `band` (see the module doc), or None: the first
+    member, in the chain of bands and marks below `band`, that every dependence among
+    their statements keeps equal, cut into `threads` blocks of whole vectors."""
+    if _has_mark(band):
+        return None  # a microkernel's nest has its own loops and threads
+    domain = band.get_domain()
+    deps = deps.intersect_domain(domain).intersect_range(domain)
+    node = band
+    while node.get_type() == _BAND and node.n_children() == 1:
+        if node.get_type() == _BAND:
+            partial = node.band_get_partial_schedule()
+            for m in range(node.band_n_member()):
+                upa = partial.get_union_pw_aff(m)
+                u = isl.UnionMap.from_union_pw_aff(upa)
+                if not deps.is_subset(u.apply_range(u.reverse())):
+                    continue
+                values = u.intersect_domain(domain).range()
+                if values.n_set() != 1:
+                    continue
+                n = values.as_set().count_val().to_python()
+                width = (-(-n // threads) + 15) // 16 * 16
+                if n < 2 * 16 or width >= n:
+                    return None
+                return isl.MultiUnionPwAff.from_union_pw_aff(
+                    upa.scale_down_val(isl.Val.int_from_si(band.get_ctx(), width)).floor())
+        node = node.child(0)
+    return None
+
+
 def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, target: Target,
-                   *, parallel: bool = True) -> isl.Schedule:
-    """Insert `parallel`, `simd`, `reduce` and `stream` marks (see the module docstring)."""
+                   *, parallel: bool = True, threads: int = 0) -> isl.Schedule:
+    """Insert `parallel`, `simd`, `reduce` and `stream` marks (see the module docstring);
+    `threads` is the team the code will run with (0: one thread per core)."""
+    threads = threads or target.cores
     statements, dependences = kernel.statements, model.dependences
     sizes = {s.name: math.prod(s.extents) for s in statements}
     by_name = {s.name: s for s in statements}
@@ -116,6 +160,12 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, tar
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
         inserted = 0
+        if (parallel and threads > 1 and not in_band and node.get_type() == _BAND
+                and not node.band_member_get_coincident(0)
+                and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
+            blocks = _blocks_outside(node, dependences, threads)
+            if blocks is not None:
+                node = node.insert_partial_schedule(blocks).band_member_set_coincident(0, True)
         if node.get_type() == _BAND and not _below_mark(node, "simd", "reduce", "stream"):
             n = node.band_n_member()
             inner = _inner_loop_kind(node, dependences, by_name)

@@ -240,6 +240,9 @@ class CpuBuilder(CBuilder):
         return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
 
     def emit_loop(self, it, init, cond, inc, body, marks):
+        sums = next((m.split()[1:] for m in marks if m.startswith("partial_sums ")), None)
+        if sums:
+            return self.emit_partial_sums(it, init, cond, inc, body, marks, sums)
         # both marks on one loop (a one-member band) make `omp parallel for simd`
         words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
@@ -252,6 +255,24 @@ class CpuBuilder(CBuilder):
         # pragmas a microkernel mark asked for (`omp for` of a team) pass through
         pragmas = tuple(m for m in marks if m.startswith("omp ")) + pragmas
         return super().emit_loop(it, init, cond, inc, body, pragmas)
+
+    def emit_partial_sums(self, it, init, cond, inc, body, marks, sums: list[str]):
+        """Threads share the loop, each summing into its own copy of the one-element
+        arrays `sums`: inside the loop the array's name is a pointer to the thread's
+        `reduction(+)` scalar, so the body is the sequential one; the sums are added to
+        the arrays after the loop."""
+        arrays = {a.c_name: a for a in self.kernel.arrays}
+        scalars = [f"polyc_part_{name}" for name in sums]
+        ctypes = [C_TYPE[arrays[name].type.dtype] for name in sums]
+        inner = cgen.Block([cgen.Statement(f"{t} *const {name} = &{v}")
+                            for name, v, t in zip(sums, scalars, ctypes)] + [body])
+        loop = self.emit_loop(it, init, cond, inc, inner,
+                              tuple(m for m in marks if not m.startswith("partial_sums ")))
+        clause = f"reduction(+:{', '.join(scalars)})"
+        loop.contents[0] = cgen.Pragma(f"{loop.contents[0].value} {clause}")
+        return cgen.Block([cgen.Statement(f"{t} {v} = 0") for v, t in zip(scalars, ctypes)]
+                          + [loop] + [cgen.Statement(f"{name}[0] += {v}")
+                                      for name, v in zip(sums, scalars)])
 
     def emit_reduction_loop(self, it, init, cond, inc, calls, private):
         """Each reduction whose element stays put in the loop accumulates in a scalar that

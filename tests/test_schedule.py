@@ -17,6 +17,7 @@ import pytest
 
 from polyc import GraphBuilder
 from polyc.compiler import KernelResult, Options, compile
+from polyc.graph.reference import run_reference
 from polyc.schedule_tree.dependences import respects_dependences
 from polyc.schedule_tree.tree import (
     schedule_from_text,
@@ -340,37 +341,40 @@ def test_a_large_column_sum_runs_its_columns_in_one_block_per_thread(threads):
 
 
 @pytest.mark.parametrize("threads", [0, 3, 1])
-def test_a_large_full_sum_gives_each_thread_its_own_partial_sums(threads):
-    # s += x[i, j] over both loops: no loop is free of the sum's dependence, so threads
-    # sum rows into private copies of s and of q's sum, added up after the loop
+def test_a_large_full_reduction_gives_each_thread_its_own_partial_results(threads):
+    # s += x[i, j] over both loops: no loop is free of the reductions' dependences, so
+    # threads reduce rows into private copies of s, m and q's sum, combined after the loop
     parallel = (threads or cpu_target().cores) > 1
     b = GraphBuilder("fullsum")
     x = b.input("x", [300, 1000])
-    graph = b.build([b.reduce_sum(x, axes=[0, 1], out="s"),
+    graph = b.build([b.reduce_sum(x, axes=[0, 1], out="s"), b.reduce_max(x, out="m"),
                      b.op("reduce_mean", b.mul(x, x), axes=[0, 1], out="q")])
     compiled = compile(graph, options=Options(threads=threads))
     tree = schedule_to_json(compiled.kernels[0].schedule)
     marks = [n["mark"] for n in _walk(tree) if n["kind"] == "mark"]
-    sums = [m for m in marks if m.startswith("partial_sums ")]
+    partials = [m for m in marks if m.startswith("partials ")]
     if parallel:
-        assert "parallel" in marks and len(sums) == 1 and len(sums[0].split()) == 3
-        assert "reduction(+:polyc_part_" in compiled.c_source
+        assert "parallel" in marks and len(partials) == 1 and len(partials[0].split()) == 4
+        assert "#pragma omp critical" in compiled.c_source
     else:
-        assert not sums and "parallel" not in marks
+        assert not partials and "parallel" not in marks
     xs = np.random.default_rng(0).standard_normal((300, 1000)).astype(np.float32)
     got = compiled(x=xs)
     np.testing.assert_allclose(got["s"], xs.astype(np.float64).sum(), rtol=1e-4)
     np.testing.assert_allclose(got["q"], (xs.astype(np.float64) ** 2).mean(), rtol=1e-5)
+    assert got["m"] == xs.max()
+    for row in (0, 150, 299):  # a NaN any thread sees wins
+        xs2 = xs.copy()
+        xs2[row, 500] = np.nan
+        assert np.isnan(compiled(x=xs2)["m"])
 
 
-def test_a_max_in_the_loop_keeps_a_full_sum_on_one_thread():
-    # OpenMP's max would drop a NaN a thread saw: only sums are split between threads
-    b = GraphBuilder("summax")
-    x = b.input("x", [300, 1000])
-    graph = b.build([b.reduce_sum(x, axes=[0, 1], out="s"), b.reduce_max(x, out="m")])
+def test_int32_full_reductions_wrap_and_split_between_threads():
+    b = GraphBuilder("ints")
+    k = b.input("k", [300, 1000], "int32")
+    graph = b.build([b.reduce_sum(k, axes=[0, 1], out="s"), b.reduce_min(k, out="lo")])
     compiled = compile(graph, options=Options(threads=2))
-    assert "partial_sums" not in schedule_to_text(compiled.kernels[0].schedule)
-    xs = np.random.default_rng(1).standard_normal((300, 1000)).astype(np.float32)
-    xs[17, 400] = np.nan
-    got = compiled(x=xs)
-    assert np.isnan(got["m"]) and np.isnan(got["s"])
+    assert "partials " in schedule_to_text(compiled.kernels[0].schedule)
+    ks = np.random.default_rng(2).integers(-2**31, 2**31, (300, 1000)).astype(np.int32)
+    got, want = compiled(k=ks), run_reference(graph, {"k": ks})
+    assert got["s"] == want["s"] and got["lo"] == want["lo"] == ks.min()

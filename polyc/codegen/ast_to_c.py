@@ -19,7 +19,7 @@ import islpy as isl
 from ..kernel import Array, Kernel, c_comment
 from ..schedule_tree.comprehension import Statement, loads
 from ..microkernels.emit import MicrokernelEmitter, handles as is_microkernel_mark
-from .cexpr import C_TYPE, ExprPrinter
+from .cexpr import C_TYPE, ExprPrinter, c_literal
 
 _T = isl.ast_node_type
 
@@ -196,6 +196,8 @@ def _atom(c: str) -> str:
 
 
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+_IDENTITY = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}
+_INT32_IDENTITY = {"sum": 0, "prod": 1, "max": -2**31, "min": 2**31 - 1}
 
 
 class CpuBuilder(CBuilder):
@@ -240,9 +242,9 @@ class CpuBuilder(CBuilder):
         return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
 
     def emit_loop(self, it, init, cond, inc, body, marks):
-        sums = next((m.split()[1:] for m in marks if m.startswith("partial_sums ")), None)
-        if sums:
-            return self.emit_partial_sums(it, init, cond, inc, body, marks, sums)
+        partial = next((m.split()[1:] for m in marks if m.startswith("partials ")), None)
+        if partial:
+            return self.emit_partials(it, init, cond, inc, body, marks, partial)
         # both marks on one loop (a one-member band) make `omp parallel for simd`
         words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
@@ -256,23 +258,31 @@ class CpuBuilder(CBuilder):
         pragmas = tuple(m for m in marks if m.startswith("omp ")) + pragmas
         return super().emit_loop(it, init, cond, inc, body, pragmas)
 
-    def emit_partial_sums(self, it, init, cond, inc, body, marks, sums: list[str]):
-        """Threads share the loop, each summing into its own copy of the one-element
-        arrays `sums`: inside the loop the array's name is a pointer to the thread's
-        `reduction(+)` scalar, so the body is the sequential one; the sums are added to
-        the arrays after the loop."""
-        arrays = {a.c_name: a for a in self.kernel.arrays}
-        scalars = [f"polyc_part_{name}" for name in sums]
-        ctypes = [C_TYPE[arrays[name].type.dtype] for name in sums]
-        inner = cgen.Block([cgen.Statement(f"{t} *const {name} = &{v}")
-                            for name, v, t in zip(sums, scalars, ctypes)] + [body])
-        loop = self.emit_loop(it, init, cond, inc, inner,
-                              tuple(m for m in marks if not m.startswith("partial_sums ")))
-        clause = f"reduction(+:{', '.join(scalars)})"
-        loop.contents[0] = cgen.Pragma(f"{loop.contents[0].value} {clause}")
-        return cgen.Block([cgen.Statement(f"{t} {v} = 0") for v, t in zip(scalars, ctypes)]
-                          + [loop] + [cgen.Statement(f"{name}[0] += {v}")
-                                      for name, v in zip(sums, scalars)])
+    def emit_partials(self, it, init, cond, inc, body, marks, names: list[str]):
+        """Threads share the loop, each reducing into its own copy of the one-element
+        arrays `names`: inside the loop an array's name is a pointer to the thread's copy,
+        so the body is the sequential one; each thread then folds its copies into the
+        arrays with the statements' own update (a NaN a thread saw stays in a max)."""
+        reduce = {self.arrays[s.target].c_name: s.reduce for s in self.kernel.statements
+                  if s.reduce is not None}
+        by_c_name = {a.c_name: a for a in self.kernel.arrays}
+        p = ExprPrinter(self.arrays, lambda pos: "0")
+        decls, aliases, folds = [], [], []
+        for name in names:
+            dtype = by_c_name[name].type.dtype
+            copy = f"polyc_part_{name}"
+            identity = (_INT32_IDENTITY if dtype == "int32" else _IDENTITY)[reduce[name]]
+            decls.append(cgen.Statement(f"{C_TYPE[dtype]} {copy} = {c_literal(identity, dtype)}"))
+            aliases.append(cgen.Statement(f"{C_TYPE[dtype]} *const {name} = &{copy}"))
+            folds.append(cgen.Statement(p.update(f"{name}[0]", reduce[name], copy, dtype)
+                                        .rstrip(";")))
+        loop = self.emit_loop(it, init, cond, inc, cgen.Block(aliases + [body]),
+                              tuple(m for m in marks if m != "parallel"
+                                    and not m.startswith("partials ")))
+        private = f" private({', '.join(a.c_name for a in self.buffers)})" if self.buffers else ""
+        return cgen.Module([cgen.Pragma(f"omp parallel{private}"), cgen.Block(
+            decls + [cgen.Pragma("omp for"), loop, cgen.Pragma("omp critical"),
+                     cgen.Block(folds)])])
 
     def emit_reduction_loop(self, it, init, cond, inc, calls, private):
         """Each reduction whose element stays put in the loop accumulates in a scalar that

@@ -11,9 +11,9 @@ tree and the browser view, and codegen only has to translate them:
   and the block loop put outermost, in parallel: each thread sums its own columns over
   all rows (a column sum of 8192x8192 at 2 threads: 15 -> 20 GB/s; run on one thread,
   the two blocks cost it a fifth, so one thread asked for gets no blocks);
-- `parallel` and `partial_sums ARRAYS` above such a band whose first member carries only
-  float sums into single elements (a full reduction, `s += x[i, j]`): each thread sums
-  its rows into its own copy of those elements, added up after the loop;
+- `parallel` and `partials ARRAYS` above such a band whose first member carries only
+  reductions into single elements (a full sum or max, `s += x[i, j]`): each thread
+  reduces its rows into its own copy of those elements, combined after the loop;
 - on the last loop of an innermost band (the band is split so the mark sits on exactly
   that loop): `simd` when the loop carries no dependence, `reduce` when every dependence
   it carries is a float reduction statement's on itself, whose partial results may be
@@ -142,9 +142,9 @@ def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
     return None
 
 
-def _sums_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kernel) -> list[str]:
+def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kernel) -> list[str]:
     """The arrays of one element each that every dependence the first member of `band`
-    carries sums into (a float `sum` statement's on itself), or [] if it carries others."""
+    carries reduces into (a reduction statement's on itself), or [] if it carries others."""
     domain = band.get_domain()
     outer = band.get_prefix_schedule_union_map()
     first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
@@ -158,7 +158,7 @@ def _sums_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kernel) -> 
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
         s = by_name[src]
         a = kernel.array(s.target)
-        if src != dst or s.reduce != "sum" or s.dtype == "int32" or a.type.size != 1:
+        if src != dst or s.reduce is None or a.type.size != 1:
             return []
         if a.c_name not in targets:
             targets.append(a.c_name)
@@ -207,8 +207,8 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, tar
             if (parallel and not in_band and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
                 if node.band_member_get_coincident(0):
                     marks.append("parallel")
-                elif threads > 1 and (sums := _sums_across(node, dependences, kernel)):
-                    marks += ["parallel", " ".join(["partial_sums", *sums])]
+                elif threads > 1 and (partial := _reductions_across(node, dependences, kernel)):
+                    marks += ["parallel", " ".join(["partials", *partial])]
             node = insert(node, marks)
             inserted = len(marks)
             in_band = True

@@ -63,6 +63,19 @@ def _only_statements(node: isl.ScheduleNode) -> bool:
     return False
 
 
+def _same(schedule: isl.UnionMap) -> isl.UnionMap:
+    """Pairs of instances to which `schedule` gives the same value."""
+    return schedule.apply_range(schedule.reverse())
+
+
+def _carried(band: isl.ScheduleNode, member: isl.UnionMap, deps: isl.UnionMap) -> isl.UnionMap:
+    """The dependences among `band`'s statements that its loop `member` (a schedule of
+    them) carries: equal in every loop outside the band, not in this one."""
+    domain = band.get_domain()
+    return (deps.intersect_domain(domain).intersect_range(domain)
+            .intersect(_same(band.get_prefix_schedule_union_map())).subtract(_same(member)))
+
+
 def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
                      by_name: dict[str, Statement]) -> str | None:
     """'simd', 'reduce' or None for the last member of `band` (see the module doc)."""
@@ -70,12 +83,7 @@ def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
         return None
     n = band.band_n_member()
     last = band.band_split(n - 1).child(0) if n > 1 else band
-    outer = last.get_prefix_schedule_union_map()
-    inner = last.band_get_partial_schedule_union_map()
-    domain = last.get_domain()
-    same_outer = outer.apply_range(outer.reverse())
-    carried = (deps.intersect_domain(domain).intersect_range(domain).intersect(same_outer)
-               .subtract(inner.apply_range(inner.reverse())))
+    carried = _carried(last, last.band_get_partial_schedule_union_map(), deps)
     if carried.is_empty():
         return "simd"
     maps = carried.get_map_list()
@@ -114,30 +122,29 @@ def _has_mark(node: isl.ScheduleNode) -> bool:
 def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
                     threads: int) -> isl.MultiUnionPwAff | None:
     """The block loop to put above `band` (see the module doc), or None: the first
-    member, in the chain of bands and marks below `band`, that every dependence among
-    their statements keeps equal, cut into `threads` blocks of whole vectors."""
+    member, in the chain of single-child bands from `band` in, that every dependence
+    among their statements keeps equal, cut into `threads` blocks of whole vectors."""
     if _has_mark(band):
         return None  # a microkernel's nest has its own loops and threads
     domain = band.get_domain()
     deps = deps.intersect_domain(domain).intersect_range(domain)
     node = band
     while node.get_type() == _BAND and node.n_children() == 1:
-        if node.get_type() == _BAND:
-            partial = node.band_get_partial_schedule()
-            for m in range(node.band_n_member()):
-                upa = partial.get_union_pw_aff(m)
-                u = isl.UnionMap.from_union_pw_aff(upa)
-                if not deps.is_subset(u.apply_range(u.reverse())):
-                    continue
-                values = u.intersect_domain(domain).range()
-                if values.n_set() != 1:
-                    continue
-                n = values.as_set().count_val().to_python()
-                width = (-(-n // threads) + 15) // 16 * 16
-                if n < 2 * 16 or width >= n:
-                    return None
-                return isl.MultiUnionPwAff.from_union_pw_aff(
-                    upa.scale_down_val(isl.Val.int_from_si(band.get_ctx(), width)).floor())
+        partial = node.band_get_partial_schedule()
+        for m in range(node.band_n_member()):
+            upa = partial.get_union_pw_aff(m)
+            u = isl.UnionMap.from_union_pw_aff(upa)
+            if not deps.is_subset(_same(u)):
+                continue
+            values = u.intersect_domain(domain).range()
+            if values.n_set() != 1:
+                continue
+            n = values.as_set().count_val().to_python()
+            width = (-(-n // threads) + 15) // 16 * 16
+            if n < 2 * 16 or width >= n:
+                return None
+            return isl.MultiUnionPwAff.from_union_pw_aff(
+                upa.scale_down_val(isl.Val.int_from_si(band.get_ctx(), width)).floor())
         node = node.child(0)
     return None
 
@@ -145,12 +152,8 @@ def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
 def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kernel) -> list[str]:
     """The arrays of one element each that every dependence the first member of `band`
     carries reduces into (a reduction statement's on itself), or [] if it carries others."""
-    domain = band.get_domain()
-    outer = band.get_prefix_schedule_union_map()
     first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
-    carried = (deps.intersect_domain(domain).intersect_range(domain)
-               .intersect(outer.apply_range(outer.reverse()))
-               .subtract(first.apply_range(first.reverse())))
+    carried = _carried(band, first, deps)
     by_name = {s.name: s for s in kernel.statements}
     targets: list[str] = []
     maps = carried.get_map_list()

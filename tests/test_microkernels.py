@@ -4,6 +4,7 @@ epilogue kind, forced kernel variants and tile sizes, and random shapes by hypot
 """
 from __future__ import annotations
 
+import os
 import subprocess
 
 import numpy as np
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc import GraphBuilder
-from polyc.codegen.build import CC
+from polyc.codegen.build import CC, CFLAGS
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
@@ -405,3 +406,50 @@ def test_a_row_major_a_is_packed_by_register_transposes(sa, sb):
     assert "polyc_pack_rows_t(&" in _check(graph, inputs).c_source
     graph, inputs = _matmul(sa[:-2] + sa[:-3:-1], sb, transpose_a=True)  # K outer: no
     assert "polyc_pack_rows_t(&" not in _check(graph, inputs).c_source
+
+
+# --- memory safety -------------------------------------------------------------------
+
+def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
+    """Every kernel of `compiled` run once in an executable built with AddressSanitizer,
+    each tensor in a heap block of exactly its size (and polyc's scratch buffers in
+    theirs): a read or write one byte past any of them aborts the run."""
+    names: dict[str, str] = {}
+    body = []
+    for k in compiled.program.kernels:
+        for a in k.params:
+            if a.tensor not in names:
+                names[a.tensor] = v = f"t{len(names)}"
+                body.append(f"  void *{v} = malloc({a.type.nbytes}); memset({v}, 0x3e, {a.type.nbytes});")
+        body.append(f"  {k.name}({', '.join(names[a.tensor] for a in k.params)});")
+    (tmp_path / "kernels.c").write_text(compiled.c_source)
+    (tmp_path / "main.c").write_text('#include "kernels.c"\n#include <stdlib.h>\n#include <string.h>\n'
+                                     "int main(void) {\n" + "\n".join(body) + "\n  return 0;\n}\n")
+    flags = [f for f in CFLAGS if f not in ("-O3", "-shared", "-fPIC")]
+    subprocess.run([CC, *flags, "-O1", "-g", "-fsanitize=address", "-o", str(tmp_path / "main"),
+                    str(tmp_path / "main.c"), "-lm"], check=True, capture_output=True)
+    return subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
+
+
+@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "matmul-edges", "linear-k-blocks"])
+def test_kernels_stay_inside_their_buffers(case, tmp_path):
+    """The last virtual columns of a conv read B's rows whole from the padded copy (room
+    is left past its end) or, in place, through a panel; edge tiles and K blocks of a
+    matmul touch no element outside A, B, C and the scratch."""
+    if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
+        graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
+        options = Options(microkernel_tiles=(("kc", 20),))
+    elif case == "conv-in-place":
+        graph, _ = _conv((2, 4, 12, 30), (8, 4, 3, 3))
+        options = Options()
+    elif case == "matmul-edges":
+        graph, _ = _matmul((13, 37), (37, 29))
+        options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)))
+    else:
+        graph, _ = _matmul((2, 19, 40), (40, 35), epilogue=lambda b, y, i, r, s: b.relu(y))
+        options = Options(microkernel_tiles=(("kc", 16),))
+    compiled = compile(graph, options=options)
+    assert _gemm_marks(compiled)
+    proc = _run_under_asan(compiled, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -174,7 +174,8 @@ class MicrokernelEmitter:
         if "b" in side and rows is None:
             out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * _up(nc, mk.nr)})"))
         elif "b" in side:
-            src = (f"polyc_scratch(4, {4 * math.prod(rows.shape)})" if rows.copy
+            # the copy runs `nr` floats past P: the last tile reads its rows whole
+            src = (f"polyc_scratch(4, {4 * (math.prod(rows.shape) + mk.nr)})" if rows.copy
                    else self.b.arrays[rows.tensor].c_name)
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
@@ -238,7 +239,8 @@ class MicrokernelEmitter:
             cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_t]", pad)),
             cgen.If("mk_hi > mk_lo", cgen.Statement(
                 f"memcpy(mk_d + mk_lo, {arr.c_name} + {src} + mk_lo + {lo[-1]}, 4 * (mk_hi - mk_lo))")),
-            cgen.For("long mk_t = mk_hi", f"mk_t < {W}", "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
+            cgen.For("long mk_t = mk_hi", f"mk_t < {W} + (mk_u == {outer - 1} ? {self.mk.nr} : 0)",
+                     "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
         loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))
         return ([cgen.Pragma(share)] if share else []) + [loop]
 
@@ -555,10 +557,9 @@ class MicrokernelEmitter:
             kernel = f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
         else:
             variant = ""
+            whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
-                    cgen.If(f"mk_nr == {NR}", cgen.Statement(
-                        f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)"),
-                        self._edge_panel(call))]
+                    whole if rows.copy else cgen.If(f"mk_nr == {NR}", whole, self._edge_panel(call))]
             kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
             slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
@@ -577,14 +578,16 @@ class MicrokernelEmitter:
         return cgen.Block(out)
 
     def _edge_panel(self, call: str) -> cgen.Generable:
-        """The last virtual columns, fewer than a tile: their rows packed into a panel
-        (zero past them), so nothing past B's end is read."""
+        """The last virtual columns of a B read in place (not a copy with room past
+        its end), fewer than a tile: their rows packed into a panel (zero past them), so
+        nothing past B's end is read."""
         NR = self.mk.nr
         return cgen.Block([
             cgen.Statement(f"float *restrict mk_panel = polyc_scratch(0, {4 * NR} * mk_kc)"),
-            cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.For(
-                "long mk_c = 0", f"mk_c < {NR}", "mk_c++", cgen.Assign(
-                    f"mk_panel[mk_p * {NR} + mk_c]", "mk_c < mk_nr ? mk_bp[mk_offk[mk_p] + mk_c] : 0.0f"))),
+            cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block([
+                cgen.Statement(f"memcpy(mk_panel + mk_p * {NR}, mk_bp + mk_offk[mk_p], 4 * mk_nr)"),
+                cgen.For("long mk_c = mk_nr", f"mk_c < {NR}", "mk_c++",
+                         cgen.Assign(f"mk_panel[mk_p * {NR} + mk_c]", "0.0f"))])),
             cgen.Statement(f"{call}(mk_kc, mk_ap, mk_panel, mk_tile, {NR}, 0)")])
 
     def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:

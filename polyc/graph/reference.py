@@ -36,30 +36,23 @@ def constant_value(tensor: Tensor) -> np.ndarray:
 
 
 def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    # every compiled call passes here: the common case (all present and right) first,
-    # without building the messages of the problems it does not have
-    values = {}
+    # every compiled call passes here: one pass, and a message is only built for a
+    # problem there is
+    values, problems = {}, []
     for t in graph.inputs:
-        arr = np.asarray(inputs[t.name]) if t.name in inputs else None
-        if arr is not None and arr.shape == t.type.shape and arr.dtype == t.type.dtype:
-            values[t.name] = arr
-    if len(values) == len(graph.inputs) == len(inputs):
-        return values
-    problems = []
-    expected = {t.name: t.type for t in graph.inputs}
-    for name in sorted(set(inputs) - set(expected)):
-        problems.append(Problem(f"input {name!r} is not an input of graph {graph.name!r} "
-                                f"(its inputs: {', '.join(expected) or 'none'})"))
-    values = {}
-    for name, t in expected.items():
-        if name not in inputs:
-            problems.append(Problem(f"input {name!r} ({t}) is missing"))
+        if t.name not in inputs:
+            problems.append(Problem(f"input {t.name!r} ({t.type}) is missing"))
             continue
-        arr = np.asarray(inputs[name])
-        if arr.shape != t.shape or arr.dtype != np.dtype(t.dtype):
+        arr = np.asarray(inputs[t.name])
+        if arr.shape != t.type.shape or arr.dtype != t.type.dtype:
             got = f"{arr.dtype}[{','.join(map(str, arr.shape))}]"
-            problems.append(Problem(f"input {name!r} must be {t}, got {got}"))
-        values[name] = arr
+            problems.append(Problem(f"input {t.name!r} must be {t.type}, got {got}"))
+        values[t.name] = arr
+    if len(values) < len(inputs):
+        known = ", ".join(t.name for t in graph.inputs) or "none"
+        problems[:0] = [Problem(f"input {name!r} is not an input of graph {graph.name!r} "
+                                f"(its inputs: {known})")
+                        for name in sorted(set(inputs) - set(values))]
     if problems:
         raise GraphError(problems)
     return values

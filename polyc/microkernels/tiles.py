@@ -8,7 +8,8 @@ overrides from the options and from `polyc tune`.
     nc: the packed B block (kc x nc) fills an eighth of one core's share of L3: it must
         stay there while every A block and the whole C panel (M x nc) stream past it,
         and other tenants share the L3 too (2 MiB blocks measured 3-6% faster than 8 MiB
-        on 1024x1024x4096, 512x2048x8192 and linear+gelu, at 1 and 2 threads)
+        on 1024x1024x4096 and 512x2048x8192 at 1 and 2 threads, and on linear+gelu at 1
+        thread; level with it there at 2)
 
 Each is then balanced: the extent is cut into as many blocks as that size needs, and
 the blocks made equal (rounded up to the kernel's tile), so no block is a sliver.

@@ -17,11 +17,15 @@ import numpy as np
 from .errors import GraphError, PolycError
 
 
+def _options(args):
+    from .compiler import Options
+    return Options(parallel=not args.no_parallel, threads=args.threads)
+
+
 def _compile(args, build: bool):
-    from .compiler import Options, compile
+    from .compiler import compile
     echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
-    return compile(args.graph, args.target, options=Options(parallel=not args.no_parallel),
-                   build=build, print_after_all=echo, dump_dir=args.dump_dir)
+    return compile(args.graph, args.target, options=_options(args), build=build, print_after_all=echo, dump_dir=args.dump_dir)
 
 
 def cmd_compile(args) -> int:
@@ -91,7 +95,8 @@ def cmd_run(args) -> int:
         times.append(time.perf_counter() - start)
     print(f"{len(result.kernels)} kernels, kernel time median {np.median(times) * 1e3:.3f} ms, "
           f"min {min(times) * 1e3:.3f} ms over {args.repeat} runs "
-          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})")
+          + (f"({args.threads} threads)" if args.threads else
+             f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})"))
     return 0 if ok else 1
 
 
@@ -113,7 +118,6 @@ def cmd_serve(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .compiler import Options
     from .graph.load import load_graph
     from .microkernels.tuning import tune_graph
 
@@ -123,7 +127,7 @@ def cmd_tune(args) -> int:
               file=sys.stderr, flush=True)
 
     graph = load_graph(args.graph)
-    lines = tune_graph(graph, options=Options(parallel=not args.no_parallel),
+    lines = tune_graph(graph, options=_options(args),
                        budget=args.budget, repeat=args.repeat, progress=progress)
     print("\n".join(lines))
     return 0
@@ -133,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def threads(p):
+        p.add_argument("--threads", type=int, default=0,
+                       help="the OpenMP team of every parallel loop (default: OMP_NUM_THREADS)")
+
     def common(p):
         p.add_argument("graph", help="subgraph JSON file")
         p.add_argument("--target", default="cpu")
@@ -140,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="print the IR after every pass to stderr")
         p.add_argument("--dump-dir", help="write one numbered file per pass here")
         p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
+        threads(p)
 
     p = sub.add_parser("compile", help="compile a subgraph to C")
     common(p)
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=18, help="candidates to measure")
     p.add_argument("--repeat", type=int, default=5, help="timed runs per candidate")
     p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
+    threads(p)
     p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("serve", help="run the HTTP compile service")
     p.add_argument("--host", default="127.0.0.1")

@@ -18,7 +18,7 @@ from .codegen.build import build_shared_object
 from .codegen.cexpr import PRELUDE
 from .codegen.lower_cpu import mark_cpu_loops
 from .codegen.runtime import Program
-from .errors import GraphError, InternalError
+from .errors import GraphError, InternalError, Problem
 from .graph.decompose import decompose_graph
 from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
@@ -26,6 +26,7 @@ from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
 from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
+from .microkernels import registry
 from .microkernels.match import map_microkernels
 from .schedule_tree.contract import contract_arrays
 from .schedule_tree.oracle import ask_fusion
@@ -37,6 +38,9 @@ from .schedule_tree.schedule import DEFAULT_MAX_OPERATIONS, schedule_kernel
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
 
 TARGETS = ("cpu",)
+MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
+MAX_TILE = 1 << 30  # tile sizes stay C ints
+ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the best the target has
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,38 @@ class Options:
     microkernels: bool = True  # contractions and row reductions onto polyc/microkernels
     microkernel_isa: str = ""  # '' the best the target has, else 'avx512' | 'avx2' | 'portable'
     microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
-    # OpenMP team of microkernel nests, and the threads column sums are blocked for
-    # (0: OMP_NUM_THREADS, one block per core)
+    # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
+    # blocked for one thread per core)
     threads: int = 0
+
+    def __post_init__(self):
+        tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE
+                       for t in self.microkernel_tiles)
+        checks = (
+            ("threads", 0 <= self.threads <= MAX_THREADS,
+             f"must be 0 (OMP_NUM_THREADS) to {MAX_THREADS}, got {self.threads}"),
+            ("max_operations", self.max_operations >= 1,
+             f"must be at least 1, got {self.max_operations}"),
+            ("microkernel_isa", self.microkernel_isa in ISAS,
+             f"must be one of {', '.join(map(repr, ISAS))}, got {self.microkernel_isa!r}"),
+            ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
+             f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
+            ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
+             f"1 to {MAX_TILE}, got {[list(t) for t in self.microkernel_tiles]}"),
+        )
+        problems = [Problem(message, field=f"options.{name}") for name, ok, message in checks
+                    if not ok]
+        if problems:
+            raise GraphError(problems)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Options":
+        """The options `to_json` wrote (JSON has arrays where Options has tuples)."""
+        doc = dict(doc)
+        if doc.get("tile_sizes") is not None:
+            doc["tile_sizes"] = tuple(doc["tile_sizes"])
+        doc["microkernel_tiles"] = tuple(tuple(t) for t in doc.get("microkernel_tiles", ()))
+        return cls(**doc)
 
     def to_json(self) -> dict:
         return {"parallel": self.parallel, "max_operations": self.max_operations,

@@ -56,6 +56,16 @@ def test_run_an_example(capsys):
     assert "MISMATCH" not in out
 
 
+def test_threads_fix_the_team_and_bad_counts_name_the_option(tmp_path, capsys):
+    assert main(["run", str(EXAMPLES / "softmax.json"), "--repeat", "1", "--threads", "3"]) == 0
+    assert "(3 threads)" in capsys.readouterr().out
+    assert main(["compile", str(EXAMPLES / "softmax.json"), "-o", str(tmp_path),
+                 "--threads", "3"]) == 0
+    assert "num_threads(3)" in next(tmp_path.glob("*.c")).read_text()
+    assert main(["run", str(EXAMPLES / "softmax.json"), "--threads", "-4"]) == 2
+    assert "field 'options.threads': must be 0" in capsys.readouterr().err
+
+
 def test_compile_writes_its_files(tmp_path, capsys):
     out_dir = tmp_path / "out"
     assert main(["compile", _write(tmp_path, SMALL), "-o", str(out_dir)]) == 0

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import polyc
 from polyc import GraphError, Limits, load_graph
+from polyc.compiler import Options
 from polyc.graph.ir import TensorType
 
 
@@ -845,3 +846,15 @@ def test_a_number_too_large_for_a_float_is_refused():
             '"outputs": ["y"], "attrs": {"pads": [[1, 1]], "value": 1e999}}], "outputs": ["y"]}')
     with pytest.raises(GraphError, match="1e999 is too large"):
         load_graph(text)
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"threads": -1}, "threads"), ({"threads": 10**6}, "threads"),
+    ({"max_operations": 0}, "max_operations"), ({"microkernel_isa": "sse9"}, "microkernel_isa"),
+    ({"tile_sizes": (16, 0)}, "tile_sizes"), ({"microkernel_tiles": (("kc", -5),)},
+                                              "microkernel_tiles"),
+    ({"microkernel_tiles": (("kc",),)}, "microkernel_tiles"),
+])
+def test_option_values_polyc_cannot_use_name_the_option(options, field):
+    with pytest.raises(GraphError, match=rf"^field 'options\.{field}': "):
+        Options(**options)

@@ -175,6 +175,36 @@ def test_exploding_schedule_is_422_schedule_too_complex(client):
     assert client.post("/v1/compile", json={"graph": g}).status_code == 200
 
 
+@pytest.mark.parametrize("options, field, says", [
+    ({"threads": 10**6}, "threads", "less than or equal to 1024"),
+    ({"microkernel_isa": "sse9"}, "microkernel_isa", "must be one of"),
+    ({"microkernel_tiles": [["kc", 0]]}, "microkernel_tiles", "a size 1 to"),
+    ({"microkernel_tiles": [["zz", 8]]}, "microkernel_tiles", "pairs of 'mc', 'nc' or 'kc'"),
+    ({"tile_sizes": [32, -1]}, "tile_sizes", "sizes must be 1 to"),
+])
+def test_option_values_polyc_cannot_use_are_422_naming_the_option(client, options, field, says):
+    g = {"inputs": [{"name": "a", "shape": [8, 8]}],
+         "nodes": [{"op": "relu", "inputs": ["a"], "outputs": ["y"]}], "outputs": ["y"]}
+    r = client.post("/v1/compile", json={"graph": g, "options": options})
+    assert r.status_code == 422, r.text
+    p = r.json()
+    assert p["errors"][0]["pointer"] == f"/options/{field}" and says in p["detail"], p
+
+
+def test_tuple_options_arrive_as_arrays(client):
+    g = {"inputs": [{"name": "a", "shape": [128, 128]}, {"name": "b", "shape": [128, 128]}],
+         "nodes": [{"op": "matmul", "inputs": ["a", "b"], "outputs": ["y"]}], "outputs": ["y"]}
+    r = client.post("/v1/compile", json={"graph": g, "options": {
+        "microkernel_tiles": [["kc", 32], ["mc", 48]], "threads": 1}})
+    assert r.status_code == 200, r.text
+    a = r.json()
+    assert a["options"]["microkernel_tiles"] == [["kc", 32], ["mc", 48]]
+    assert "mc=48 nc=128 kc=32" in a["c_source"]
+    assert "omp parallel" not in a["c_source"]  # a team of one is no team
+    two = client.post("/v1/compile", json={"graph": g, "options": {"threads": 2}}).json()
+    assert "omp parallel num_threads(2)" in two["c_source"]
+
+
 def test_healthz(client):
     r = client.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "ok"

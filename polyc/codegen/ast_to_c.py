@@ -249,6 +249,8 @@ class CpuBuilder(CBuilder):
         words = (["parallel for"] if "parallel" in marks else []) + (
             ["simd"] if "simd" in marks else [])
         private = [m for m in marks if m.startswith("private(")]
+        if "parallel" in marks:
+            words += [m for m in marks if m.startswith("num_threads(")]
         if "parallel" in marks and self.buffers:  # each thread its own contracted buffers
             words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
         elif words:
@@ -262,7 +264,9 @@ class CpuBuilder(CBuilder):
         """Threads share the loop, each reducing into its own copy of the one-element
         arrays `names`: inside the loop an array's name is a pointer to the thread's copy,
         so the body is the sequential one; each thread then folds its copies into the
-        arrays with the statements' own update (a NaN a thread saw stays in a max)."""
+        arrays with the statements' own update (a NaN a thread saw stays in a max), one
+        thread after the other in thread order: with a static schedule every run with
+        the same team rounds alike (folding in order of arrival did not)."""
         reduce = {self.arrays[s.target].c_name: s.reduce for s in self.kernel.statements
                   if s.reduce is not None}
         by_c_name = {a.c_name: a for a in self.kernel.arrays}
@@ -278,11 +282,16 @@ class CpuBuilder(CBuilder):
                                         .rstrip(";")))
         loop = self.emit_loop(it, init, cond, inc, cgen.Block(aliases + [body]),
                               tuple(m for m in marks if m != "parallel"
-                                    and not m.startswith("partials ")))
-        private = f" private({', '.join(a.c_name for a in self.buffers)})" if self.buffers else ""
-        return cgen.Module([cgen.Pragma(f"omp parallel{private}"), cgen.Block(
-            decls + [cgen.Pragma("omp for"), loop, cgen.Pragma("omp critical"),
-                     cgen.Block(folds)])])
+                                    and not m.startswith(("partials ", "num_threads("))))
+        clauses = [m for m in marks if m.startswith("num_threads(")]
+        if self.buffers:
+            clauses.append(f"private({', '.join(a.c_name for a in self.buffers)})")
+        # schedule(static, 1): thread t takes turn t of the ordered loop
+        fold = cgen.For("int polyc_t = 0", "polyc_t < omp_get_num_threads()", "polyc_t++",
+                        cgen.Module([cgen.Pragma("omp ordered"), cgen.Block(folds)]))
+        return cgen.Module([cgen.Pragma(" ".join(["omp parallel", *clauses])), cgen.Block(
+            decls + [cgen.Pragma("omp for schedule(static)"), loop,
+                     cgen.Pragma("omp for ordered schedule(static, 1)"), fold])])
 
     def emit_reduction_loop(self, it, init, cond, inc, calls, private):
         """Each reduction whose element stays put in the loop accumulates in a scalar that

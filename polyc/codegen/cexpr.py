@@ -19,6 +19,7 @@ PRELUDE = r"""#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif

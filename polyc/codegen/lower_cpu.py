@@ -13,7 +13,8 @@ tree and the browser view, and codegen only has to translate them:
   the two blocks cost it a fifth, so one thread asked for gets no blocks);
 - `parallel` and `partials ARRAYS` above such a band whose first member carries only
   reductions into single elements (a full sum or max, `s += x[i, j]`): each thread
-  reduces its rows into its own copy of those elements, combined after the loop;
+  reduces its rows into its own copy of those elements, combined after the loop in
+  thread order (the same result on every run with the same team);
 - on the last loop of an innermost band (the band is split so the mark sits on exactly
   that loop): `simd` when the loop carries no dependence, `reduce` when every dependence
   it carries is a float reduction statement's on itself, whose partial results may be
@@ -171,7 +172,10 @@ def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kerne
 def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, target: Target,
                    *, parallel: bool = True, threads: int = 0) -> isl.Schedule:
     """Insert `parallel`, `simd`, `reduce` and `stream` marks (see the module docstring);
-    `threads` is the team the code will run with (0: one thread per core)."""
+    `threads` is the team the code will run with (0: OMP_NUM_THREADS, blocked for one
+    thread per core); a team asked for is fixed on every parallel loop (`num_threads(N)`)."""
+    team = [f"num_threads({threads})"] if threads else []
+    parallel = parallel and threads != 1  # a team of one: no team
     threads = threads or target.cores
     statements, dependences = kernel.statements, model.dependences
     sizes = {s.name: math.prod(s.extents) for s in statements}
@@ -209,9 +213,9 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, tar
             marks = loop_marks(node, inner) if inner else []
             if (parallel and not in_band and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
                 if node.band_member_get_coincident(0):
-                    marks.append("parallel")
+                    marks += ["parallel", *team]
                 elif threads > 1 and (partial := _reductions_across(node, dependences, kernel)):
-                    marks += ["parallel", " ".join(["partials", *partial])]
+                    marks += ["parallel", *team, " ".join(["partials", *partial])]
             node = insert(node, marks)
             inserted = len(marks)
             in_band = True

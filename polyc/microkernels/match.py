@@ -133,10 +133,10 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: 
     overrides.update(dict(getattr(options, "microkernel_tiles", ()) or ()))
     tiles = apply_overrides(tiles, overrides, M, N, K, mk)
     par = "none"
-    if getattr(options, "parallel", True) and view.flops >= MIN_PARALLEL_FLOPS:
+    team = int(getattr(options, "threads", 0) or 0) or max(1, target.cores)
+    if getattr(options, "parallel", True) and view.flops >= MIN_PARALLEL_FLOPS and team > 1:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
-        cores = max(1, target.cores)
-        par = "batch" if first >= cores and (first % cores == 0 or first >= 4 * cores) else "inner"
+        par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
     loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]
     loops += ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []

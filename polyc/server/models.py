@@ -12,9 +12,9 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
-from ..compiler import TARGETS, Options
+from ..compiler import MAX_THREADS, TARGETS, Options
 from ..graph.ir import DTYPES
 from ..graph.ops import OPS
 
@@ -72,13 +72,23 @@ _OPTION_FIELDS: dict[str, dict] = {
                        "description": "isl's operation budget per kernel; past it the "
                                       "answer is 422 'schedule too complex'"},
     "verify": {"description": "check every schedule against every dependence"},
+    "threads": {"ge": 0, "le": MAX_THREADS,
+                "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
+}
+
+
+# JSON has no tuples: the tuple options arrive as arrays (strict items all the same)
+_OPTION_TYPES: dict[str, Any] = {
+    "tile_sizes": list[StrictInt] | None,
+    "microkernel_tiles": list[tuple[StrictStr, StrictInt]],
 }
 
 
 def _options_model() -> type[BaseModel]:
     hints = typing.get_type_hints(Options)
-    fields = {f.name: (hints[f.name], Field(f.default, strict=True,
-                                            **_OPTION_FIELDS.get(f.name, {})))
+    fields = {f.name: (_OPTION_TYPES.get(f.name, hints[f.name]),
+                       Field(f.default, strict=f.name not in _OPTION_TYPES,
+                             **_OPTION_FIELDS.get(f.name, {})))
               for f in dataclasses.fields(Options)}
     return create_model("CompileOptions", __config__=ConfigDict(extra="forbid"), **fields)
 

@@ -29,7 +29,7 @@ from .bundle import CorruptBundle, decode_bundle
 from .cache import Entry, ResultCache
 from .keys import Toolchain, canonical_graph
 from .models import CompileRequest
-from .problems import ApiProblem, graph_errors, pydantic_errors
+from .problems import ApiProblem, graph_errors, pointer, pydantic_errors
 from .settings import Settings
 from .singleflight import SingleFlight, across_replicas
 from .workers import CompileTimeout, QueueFull, WorkerCrashed, WorkerPool
@@ -110,6 +110,14 @@ class CompileService:
                              "; ".join(f"{x['pointer'] or '/'}: {x['message']}" for x in errors),
                              errors=errors) from None
         try:
+            options = Options.from_json(request.options.model_dump()).to_json()
+        except GraphError as e:  # a value the schema's types allow but polyc does not
+            errors = [{"pointer": pointer(*p.field.split(".")), "message": p.message}
+                      for p in e.problems]
+            raise ApiProblem(422, "invalid-request", "Invalid Request",
+                             "; ".join(f"{x['pointer']}: {x['message']}" for x in errors),
+                             errors=errors) from None
+        try:
             graph = load_graph(request.graph, limits=self.settings.limits)
             canonical = canonical_graph(graph)
         except GraphError as e:
@@ -120,7 +128,6 @@ class CompileService:
             raise ApiProblem(422, "invalid-graph", "Invalid Graph",
                              f"polyc could not validate this graph ({type(e).__name__}: {e}); "
                              "this is a polyc bug and was logged") from None
-        options = Options(**request.options.model_dump()).to_json()
         key = self.toolchain.key(canonical, request.target, options, tuning.fingerprint())
         return Prepared(key, canonical, request.target, options, request.graph, graph.notes)
 

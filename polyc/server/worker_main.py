@@ -103,7 +103,7 @@ def _compile_bundle(job: dict) -> bytes:
     from .bundle import OBJECT, RECORD, SOURCE, encode_bundle
 
     graph = load_graph(orjson.loads(job["graph"]), limits=job["limits"])
-    result = compile(graph, job["target"], options=Options(**job["options"]), build=False)
+    result = compile(graph, job["target"], options=Options.from_json(job["options"]), build=False)
     start = time.perf_counter()
     obj = build_object(result.c_source, timeout_s=job["timeout_s"])
     timings = {**result.trace.timings, "build": time.perf_counter() - start}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .graph.ir import Graph, TensorType
 from .graph.ranges import nonpositive_tensors
 from .schedule_tree.comprehension import Statement, lower_node
+from .schedule_tree.prologue import fold_prologues
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -86,6 +87,8 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
         produced = [n.output for n in nodes]
         needed_outside = set(graph.outputs) | {
             t for other in graph.nodes if other.name not in group for t in other.inputs}
+        statements, folded = fold_prologues(statements, set(produced) - needed_outside)
+        produced = [t for t in produced if t not in folded]
         read = []
         for n in nodes:
             for t in n.inputs:

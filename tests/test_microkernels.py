@@ -324,6 +324,59 @@ def test_random_contractions(m, n, k, batch, ta, tb, kc, mc, nc, parallel):
     assert _gemm_marks(_check(graph, inputs, Options(microkernel_tiles=tiles, parallel=parallel)))
 
 
+# --- prologues folded into packing, and fusions that would lose the kernel -------------
+
+def _prologue_graph(prologue: str):
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("pro")
+    shapes = {"a": (128, 96), "at": (96, 128), "w": (96, 160), "wt": (160, 96), "s": (96,)}
+    x = {n: b.input(n, shapes[n]) for n in shapes}
+
+    def t(v):
+        return b.op("transpose", v, perm=[1, 0])
+    y = {"transpose_a": lambda: b.matmul(t(x["at"]), x["w"]),
+         "transpose_b": lambda: b.matmul(x["a"], t(x["wt"])),
+         "scale_a": lambda: b.matmul(b.mul(x["a"], x["s"]), x["w"]),
+         "relu_b": lambda: b.matmul(x["a"], b.relu(x["w"])),
+         "chain": lambda: b.gelu(b.matmul(b.relu(t(x["at"])), x["w"]))}[prologue]()
+    graph = b.build([y])  # inputs no node reads are dropped
+    return graph, {n.name: _rand(rng, shapes[n.name]) for n in graph.inputs}
+
+
+@pytest.mark.parametrize("prologue", ["transpose_a", "transpose_b", "scale_a", "relu_b", "chain"])
+def test_cheap_producers_are_folded_into_the_packed_operand(prologue):
+    compiled = _check(*_prologue_graph(prologue))
+    (kernel,) = compiled.kernels
+    assert len(_gemm_marks(compiled)) == 1
+    assert any("folded into the operand of" in line for line in kernel.fusion_report)
+    stored = {s.target for s in kernel.kernel.statements}  # the prologue's are gone
+    assert not any(t.startswith(("transpose", "relu", "mul")) for t in stored), stored
+
+
+def test_expensive_or_shared_producers_stay_in_their_own_kernel():
+    b = GraphBuilder("kept")
+    a, w = b.input("a", [128, 96]), b.input("w", [96, 160])
+    r = b.relu(a, out="r")  # an output: stored anyway
+    graph = b.build([b.matmul(b.exp(a), w, out="y1"), b.matmul(r, w, out="y2"), r])
+    rng = np.random.default_rng(4)
+    compiled = _check(graph, {"a": _rand(rng, (128, 96)), "w": _rand(rng, (96, 160))})
+    assert len(_gemm_marks(compiled)) == 2
+    report = [line for k in compiled.kernels for line in k.fusion_report]
+    assert not any("folded" in line for line in report), report
+
+
+@pytest.mark.parametrize("after", ["softmax", "reduce_sum"])
+def test_a_reduction_after_a_matmul_does_not_take_its_microkernel(after):
+    rng = np.random.default_rng(5)
+    b = GraphBuilder("mmred")
+    y = b.matmul(b.input("a", [128, 96]), b.input("w", [96, 160]))
+    out = b.op("softmax", y, axis=-1) if after == "softmax" else b.reduce_sum(y, axes=[1])
+    compiled = _check(b.build([out]), {"a": _rand(rng, (128, 96)), "w": _rand(rng, (96, 160))})
+    assert len(_gemm_marks(compiled)) == 1
+    report = [line for k in compiled.kernels for line in k.fusion_report]
+    assert any("computes its contraction with the sgemm" in line for line in report), report
+
+
 # --- row reductions ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("op,fn", [("reduce_sum", "polyc_row_sum_f32"),

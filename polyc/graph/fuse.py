@@ -112,7 +112,7 @@ class _Partition:
         return tuple(done)
 
 
-def _label(group: tuple[str, ...]) -> str:
+def group_label(group: tuple[str, ...]) -> str:
     return group[0] if len(group) == 1 else f"{{{', '.join(group)}}}"
 
 
@@ -132,16 +132,18 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
             return
         a, b = p.members[ga], p.members[gb]
         involved = frozenset(a + b)
+        pair = f"{group_label(b)} + {group_label(a)}"
         if p.would_cycle(ga, gb):
-            report.append((involved, f"{kind}: {_label(b)} + {_label(a)}: rejected: another "
-                                     "kernel sits between them (fusing would create a cycle)"))
+            cycle = "another kernel sits between them (fusing would create a cycle)"
+            report.append((involved, f"{kind}: {pair}: rejected: {cycle}"))
             return
         answer = oracle(graph, a, b)
         if answer.legal and answer.profitable:
             p.merge(ga, gb) if p.order[a[0]] <= p.order[b[0]] else p.merge(gb, ga)
-            report.append((involved, f"{kind}: fused {_label(b)} into {_label(a)}: {answer.reason}"))
+            fused = f"fused {group_label(b)} into {group_label(a)}"
+            report.append((involved, f"{kind}: {fused}: {answer.reason}"))
         else:
-            report.append((involved, f"{kind}: {_label(b)} + {_label(a)}: rejected: {answer.reason}"))
+            report.append((involved, f"{kind}: {pair}: rejected: {answer.reason}"))
 
     for node in graph.nodes:
         for consumer in graph.consumers(node.output):

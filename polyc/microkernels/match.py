@@ -123,6 +123,16 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
     return model.with_schedule(_mark_rows(model.schedule, kernel))
 
 
+def gemm_microkernel(kernel: Kernel, target: Target, min_flops: int = MIN_GEMM_FLOPS
+                     ) -> registry.Microkernel | None:
+    """The gemm microkernel `map_microkernels` gives the kernel by default, if any and
+    if its contraction has at least `min_flops`."""
+    view = gemm_view(kernel)
+    if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
+        return None
+    return registry.select("gemm", "float32", target, shape=(view.M, view.N))
+
+
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,
               options, rows: BRows | None = None) -> GemmPlan:
     """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no

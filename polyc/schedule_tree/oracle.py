@@ -11,6 +11,11 @@ schedule the kernel will get, `fusion_tree`). It answers:
 - footprint: bytes of distinct array elements one iteration of the shared loops touches,
   counted exactly with isl, against the capacity of the target's fusion level;
 - saved bytes: the intermediate memory traffic the merge removes.
+
+Two answers come before the loops are looked at: a cheap elementwise producer of a
+contraction's operand is folded into it (`prologue.py`: no loop is shared, none is
+needed), and a merge that would leave a large contraction no microkernel can compute
+(a matmul with the softmax after it) is refused.
 """
 from __future__ import annotations
 
@@ -18,12 +23,18 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..kernel import Kernel, build_kernels
+from ..microkernels.match import gemm_microkernel
 from ..target import Target
 from .dependences import compute_dependences
 from .fusion_tree import shared_depth
 from .model import PolyModel, build_model
+
+# below this a contraction's plain loops fused with their neighbours (a tiny attention
+# in one kernel) beat a microkernel call between separate kernels
+KEEP_MICROKERNEL_FLOPS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -66,12 +77,20 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     merged = tuple(sorted(a + b, key=order.__getitem__))
     (kernel,) = build_kernels(graph, (merged,))
+    capacity = target.fusion_level.capacity
+    if lost := _microkernel_lost(graph, kernel, (a, b), target):
+        return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
+    kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
+    if not (kept_a and kept_b):  # one side folded into the other's contraction
+        consumer = b if kept_b else a
+        return FusionAnswer(True, 0, True, 0, capacity, _saved_bytes(graph, a, b),
+                            f"folded into the operand of {group_label(consumer)}, evaluated where "
+                            f"the contraction reads it (while packing, with a microkernel); "
+                            f"saves {_mib(_saved_bytes(graph, a, b))}")
     model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
                         isl.Context())
     model = compute_dependences(model)
-    depth, permutable, siblings = shared_depth(model, kernel.statements,
-                                               _statements_of(kernel, a), _statements_of(kernel, b))
-    capacity = target.fusion_level.capacity
+    depth, permutable, siblings = shared_depth(model, kernel.statements, kept_a, kept_b)
     if depth == 0 and siblings:
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
@@ -90,6 +109,20 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     else:
         reason = f"{head}, footprint {_mib(foot)} per iteration; saves {_mib(saved)}"
     return FusionAnswer(True, depth, permutable, foot, capacity, saved, reason)
+
+
+def _microkernel_lost(graph: Graph, merged: Kernel, groups, target: Target) -> str:
+    """Why merging would take a contraction off its microkernel ('' if it would not): a
+    matmul fused with the reduction after it (softmax's max) leaves a plain loop nest
+    five times slower than the microkernel and a second pass."""
+    if gemm_microkernel(merged, target) is not None:
+        return ""
+    for group in groups:
+        (alone,) = build_kernels(graph, (group,))
+        if (mk := gemm_microkernel(alone, target, KEEP_MICROKERNEL_FLOPS)) is not None:
+            return (f"{group_label(group)} computes its contraction with the {mk.name} "
+                    "microkernel; merged, the kernel is no contraction with elementwise epilogue, and would not")
+    return ""
 
 
 def _saved_bytes(graph: Graph, a: tuple[str, ...], b: tuple[str, ...]) -> int:

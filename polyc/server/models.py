@@ -87,7 +87,8 @@ _OPTION_TYPES: dict[str, Any] = {
 def _options_model() -> type[BaseModel]:
     hints = typing.get_type_hints(Options)
     fields = {f.name: (_OPTION_TYPES.get(f.name, hints[f.name]),
-                       Field(f.default, strict=f.name not in _OPTION_TYPES,
+                       Field(list(f.default) if isinstance(f.default, tuple) else f.default,
+                             strict=f.name not in _OPTION_TYPES,
                              **_OPTION_FIELDS.get(f.name, {})))
               for f in dataclasses.fields(Options)}
     return create_model("CompileOptions", __config__=ConfigDict(extra="forbid"), **fields)

@@ -1,0 +1,109 @@
+"""Folding a contraction's cheap producers into its operand expression.
+
+    before:  S0: t[i0, i1] = a[i1, i0]                       (transpose, t local)
+             S1_init: y[i0, i1] = 0
+             S1: y[i0, i1] += t[i0, i2] * w[i2, i1]
+    after:   S1_init: y[i0, i1] = 0
+             S1: y[i0, i1] += a[i2, i0] * w[i2, i1]
+
+A local tensor written by one elementwise statement (a transpose, broadcast, scaling,
+relu, cast, ...) and read only inside one operand of one contraction is not stored: its
+expression is substituted where the contraction reads it. With a microkernel the operand
+is evaluated while packing, about once per element, so the prologue costs no pass over
+memory; without one it is evaluated in the loop nest, so only cheap expressions fold.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
+                            Mod, Statement, identity, loads)
+
+# a few vector instructions each: recomputing them where the operand is read is cheap
+CHEAP = frozenset({"add", "sub", "mul", "div", "neg", "abs", "relu", "maximum", "minimum",
+                   "cast", "select", "equal", "greater", "less"})
+MAX_CALLS = 4
+
+
+def fold_prologues(statements: Iterable[Statement], local: set[str]
+                   ) -> tuple[tuple[Statement, ...], tuple[str, ...]]:
+    """The statements with every foldable producer substituted into its contraction
+    (chains fold one after the other: relu, then transpose), and the tensors folded."""
+    statements, folded = list(statements), []
+    while (found := _foldable(statements, local)) is not None:
+        p, s = found
+        statements[s] = _substitute_into(statements[s], statements[p])
+        folded.append(statements[p].target)
+        del statements[p]
+    return tuple(statements), tuple(folded)
+
+
+def _foldable(statements: list[Statement], local: set[str]) -> tuple[int, int] | None:
+    for p, prod in enumerate(statements):
+        t = prod.target
+        if (t not in local or prod.reduce is not None or _calls(prod.expr) > MAX_CALLS
+                or prod.index != identity(len(prod.extents))
+                or sum(x.target == t for x in statements) != 1):
+            continue
+        readers = [k for k, x in enumerate(statements)
+                   if any(ld.tensor == t for ld, _ in loads(x.expr))]
+        if len(readers) != 1 or readers[0] < p:
+            continue
+        s = statements[readers[0]]
+        if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
+                and len(s.expr.args) == 2):
+            continue
+        reads = [[ld for ld, _ in loads(arg) if ld.tensor == t] for arg in s.expr.args]
+        if min(map(len, reads)) == 0 and all(isinstance(e, Aff) for ld in reads[0] + reads[1]
+                                             for e in ld.index):
+            return p, readers[0]
+    return None
+
+
+def _calls(e: Expr) -> int:
+    if isinstance(e, Call):
+        return (1 if e.fn in CHEAP else MAX_CALLS + 1) + sum(_calls(a) for a in e.args)
+    if isinstance(e, Guarded):
+        return _calls(e.then) + _calls(e.otherwise)
+    return 0
+
+
+def _substitute_into(s: Statement, prod: Statement) -> Statement:
+    def visit(e: Expr) -> Expr:
+        if isinstance(e, Load) and e.tensor == prod.target:
+            return _rename(prod.expr, dict(enumerate(e.index)))
+        if isinstance(e, Call):
+            return Call(e.fn, tuple(visit(a) for a in e.args), e.dtype)
+        if isinstance(e, Guarded):
+            return Guarded(e.bounds, visit(e.then), visit(e.otherwise), e.dtype)
+        return e
+    return Statement(s.name, s.extents, s.target, s.index, visit(s.expr), s.dtype, s.reduce,
+                     s.origin)
+
+
+def _rename(e: Expr, to: dict[int, Aff]) -> Expr:
+    """`e` over the producer's iterators, each replaced by the consumer's index `to[p]`."""
+    if isinstance(e, Load):
+        return Load(e.tensor, tuple(_index(x, to) for x in e.index), e.dtype)
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_rename(a, to) for a in e.args), e.dtype)
+    if isinstance(e, Guarded):
+        return Guarded(tuple(Bound(_aff(b.aff, to), b.lo, b.hi) for b in e.bounds),
+                       _rename(e.then, to), _rename(e.otherwise, to), e.dtype)
+    assert isinstance(e, Const)
+    return e
+
+
+def _aff(a: Aff, to: dict[int, Aff]) -> Aff:
+    out = Aff((), a.const)
+    for p, c in a.terms:
+        out = out + to[p].scale(c)
+    return out
+
+
+def _index(e: Index, to: dict[int, Aff]) -> Index:
+    if isinstance(e, Aff):
+        return _aff(e, to)
+    if isinstance(e, FloorDiv):
+        return FloorDiv(_index(e.arg, to), e.d)
+    return Mod(_index(e.arg, to), e.d)

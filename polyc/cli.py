@@ -25,7 +25,8 @@ def _options(args):
 def _compile(args, build: bool):
     from .compiler import compile
     echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
-    return compile(args.graph, args.target, options=_options(args), build=build, print_after_all=echo, dump_dir=args.dump_dir)
+    return compile(args.graph, args.target, options=_options(args), build=build,
+                   print_after_all=echo, dump_dir=args.dump_dir)
 
 
 def cmd_compile(args) -> int:

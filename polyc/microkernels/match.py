@@ -105,16 +105,14 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
         return model
     target = target or cpu_target()
     view = gemm_view(kernel)
-    if view is not None:
-        mk = registry.select("gemm", "float32", target, getattr(options, "microkernel_isa", ""),
-                             shape=(view.M, view.N))
-        if mk is not None and view.flops >= MIN_GEMM_FLOPS:
-            rows = b_rows(view, kernel) if mk.b_rows_variant else None
-            plan = plan_gemm(view, mk, kernel, target, options, rows)
-            # codegen reads tile origins off the loop iterators: isl must not scale a
-            # strided loop (16*i2) down to its quotient (i2)
-            model.domain.get_ctx().set_ast_build_scale_strides(0)
-            return model.with_schedule(gemm_schedule(model, view, plan, rows))
+    mk = gemm_microkernel(view, target, getattr(options, "microkernel_isa", ""))
+    if mk is not None:
+        rows = b_rows(view, kernel) if mk.b_rows_variant else None
+        plan = plan_gemm(view, mk, kernel, target, options, rows)
+        # codegen reads tile origins off the loop iterators: isl must not scale a
+        # strided loop (16*i2) down to its quotient (i2)
+        model.domain.get_ctx().set_ast_build_scale_strides(0)
+        return model.with_schedule(gemm_schedule(model, view, plan, rows))
     rows = [r for r in row_views(kernel) if r.length >= MIN_ROW]
     if len(rows) == 1 and len(kernel.statements) == 2:
         tree = row_schedule(model, kernel, rows[0])
@@ -123,14 +121,13 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
     return model.with_schedule(_mark_rows(model.schedule, kernel))
 
 
-def gemm_microkernel(kernel: Kernel, target: Target, min_flops: int = MIN_GEMM_FLOPS
-                     ) -> registry.Microkernel | None:
-    """The gemm microkernel `map_microkernels` gives the kernel by default, if any and
-    if its contraction has at least `min_flops`."""
-    view = gemm_view(kernel)
+def gemm_microkernel(view: GemmView | None, target: Target, isa: str = "",
+                     min_flops: int = MIN_GEMM_FLOPS) -> registry.Microkernel | None:
+    """The gemm microkernel for a contraction (`gemm_view`), if any and if it has at
+    least `min_flops`: what `map_microkernels` maps, and the fusion oracle keeps."""
     if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
         return None
-    return registry.select("gemm", "float32", target, shape=(view.M, view.N))
+    return registry.select("gemm", "float32", target, isa, shape=(view.M, view.N))
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,

@@ -26,6 +26,7 @@ import islpy as isl
 from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..kernel import Kernel, build_kernels
+from ..microkernels.analysis import gemm_view
 from ..microkernels.match import gemm_microkernel
 from ..target import Target
 from .dependences import compute_dependences
@@ -82,11 +83,11 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
     if not (kept_a and kept_b):  # one side folded into the other's contraction
-        consumer = b if kept_b else a
-        return FusionAnswer(True, 0, True, 0, capacity, _saved_bytes(graph, a, b),
-                            f"folded into the operand of {group_label(consumer)}, evaluated where "
-                            f"the contraction reads it (while packing, with a microkernel); "
-                            f"saves {_mib(_saved_bytes(graph, a, b))}")
+        saved = _saved_bytes(graph, a, b)
+        return FusionAnswer(True, 0, True, 0, capacity, saved,
+                            f"folded into the operand of {group_label(b if kept_b else a)}, "
+                            "evaluated where the contraction reads it (while packing, with a "
+                            f"microkernel); saves {_mib(saved)}")
     model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
                         isl.Context())
     model = compute_dependences(model)
@@ -115,13 +116,15 @@ def _microkernel_lost(graph: Graph, merged: Kernel, groups, target: Target) -> s
     """Why merging would take a contraction off its microkernel ('' if it would not): a
     matmul fused with the reduction after it (softmax's max) leaves a plain loop nest
     five times slower than the microkernel and a second pass."""
-    if gemm_microkernel(merged, target) is not None:
+    if gemm_microkernel(gemm_view(merged), target) is not None:
         return ""
     for group in groups:
         (alone,) = build_kernels(graph, (group,))
-        if (mk := gemm_microkernel(alone, target, KEEP_MICROKERNEL_FLOPS)) is not None:
+        mk = gemm_microkernel(gemm_view(alone), target, min_flops=KEEP_MICROKERNEL_FLOPS)
+        if mk is not None:
             return (f"{group_label(group)} computes its contraction with the {mk.name} "
-                    "microkernel; merged, the kernel is no contraction with elementwise epilogue, and would not")
+                    "microkernel; merged, the kernel is no contraction with elementwise "
+                    "epilogue, and would not")
     return ""
 
 

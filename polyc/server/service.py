@@ -56,6 +56,12 @@ class Prepared:
     notes: tuple[str, ...]  # the loader's warnings (the canonical graph has no dead nodes)
 
 
+def _invalid_request(errors: list[dict]) -> ApiProblem:
+    return ApiProblem(422, "invalid-request", "Invalid Request",
+                      "; ".join(f"{x['pointer'] or '/'}: {x['message']}" for x in errors),
+                      errors=errors)
+
+
 def _json_type(v: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             int: "a number", float: "a number", type(None): "null"}.get(type(v), "a value")
@@ -105,18 +111,13 @@ class CompileService:
         try:
             request = CompileRequest.model_validate(doc)
         except ValidationError as e:
-            errors = pydantic_errors(e.errors(include_url=False, include_input=False))
-            raise ApiProblem(422, "invalid-request", "Invalid Request",
-                             "; ".join(f"{x['pointer'] or '/'}: {x['message']}" for x in errors),
-                             errors=errors) from None
+            raise _invalid_request(pydantic_errors(
+                e.errors(include_url=False, include_input=False))) from None
         try:
             options = Options.from_json(request.options.model_dump()).to_json()
         except GraphError as e:  # a value the schema's types allow but polyc does not
-            errors = [{"pointer": pointer(*p.field.split(".")), "message": p.message}
-                      for p in e.problems]
-            raise ApiProblem(422, "invalid-request", "Invalid Request",
-                             "; ".join(f"{x['pointer']}: {x['message']}" for x in errors),
-                             errors=errors) from None
+            raise _invalid_request([{"pointer": pointer(*p.field.split(".")),
+                                     "message": p.message} for p in e.problems]) from None
         try:
             graph = load_graph(request.graph, limits=self.settings.limits)
             canonical = canonical_graph(graph)

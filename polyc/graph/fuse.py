@@ -5,7 +5,9 @@ whether groups `a` and `b` can share outer loops and at what cost. Proposals, in
 
 1. vertical: each producer with each of its consumers (this covers a reduction followed
    by elementwise work along the kept axes);
-2. horizontal: groups that read the same tensor.
+2. horizontal: groups that read the same tensor;
+
+repeated, each pair of groups asked once, until a round merges nothing.
 
 A merge that would make the kernel graph cyclic (a path from one group to the other
 through a third) is never proposed: no loop schedule could order such kernels. Every
@@ -125,36 +127,46 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
     """
     p = _Partition(graph)
     report: list[tuple[frozenset, str]] = []
+    asked: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
 
-    def propose(a_node: str, b_node: str, kind: str) -> None:
+    def propose(a_node: str, b_node: str, kind: str) -> bool:
+        """Ask about the groups of two nodes, once per pair of groups; True if merged."""
         ga, gb = p.group_of[a_node], p.group_of[b_node]
-        if ga == gb:
-            return
         a, b = p.members[ga], p.members[gb]
+        if ga == gb or (a, b) in asked:
+            return False
+        asked.add((a, b))
         involved = frozenset(a + b)
         pair = f"{group_label(b)} + {group_label(a)}"
         if p.would_cycle(ga, gb):
             cycle = "another kernel sits between them (fusing would create a cycle)"
             report.append((involved, f"{kind}: {pair}: rejected: {cycle}"))
-            return
+            return False
         answer = oracle(graph, a, b)
         if answer.legal and answer.profitable:
             p.merge(ga, gb) if p.order[a[0]] <= p.order[b[0]] else p.merge(gb, ga)
             fused = f"fused {group_label(b)} into {group_label(a)}"
             report.append((involved, f"{kind}: {fused}: {answer.reason}"))
-        else:
-            report.append((involved, f"{kind}: {pair}: rejected: {answer.reason}"))
+            return True
+        report.append((involved, f"{kind}: {pair}: rejected: {answer.reason}"))
+        return False
 
-    for node in graph.nodes:
-        for consumer in graph.consumers(node.output):
-            propose(node.name, consumer.name, "vertical")
     readers: dict[str, list[str]] = {}
     for node in graph.nodes:
         for t in dict.fromkeys(node.inputs):
             readers.setdefault(t, []).append(node.name)
-    for t, names in readers.items():
-        for first, other in zip(names, names[1:]):
-            propose(first, other, f"horizontal (both read {t})")
+    # a merge changes what the merged group can share, so a pair refused before may be
+    # accepted now: propose again until a whole round merges nothing (each round that
+    # merges leaves fewer groups, so this ends)
+    merged = True
+    while merged:
+        merged = False
+        for node in graph.nodes:
+            for consumer in graph.consumers(node.output):
+                merged |= propose(node.name, consumer.name, "vertical")
+        for t, names in readers.items():
+            for first, other in zip(names, names[1:]):
+                merged |= propose(first, other, f"horizontal (both read {t})")
 
     groups = p.groups()
     outside = set(graph.outputs)

@@ -137,10 +137,12 @@ def _saved_bytes(graph: Graph, a: tuple[str, ...], b: tuple[str, ...]) -> int:
     def outside(group: set[str]) -> set[str]:
         return set(graph.outputs) | {t for n in graph.nodes if n.name not in group for t in n.inputs}
 
+    def leaving(group: set[str]) -> set[str]:
+        return {by_name[n].output for n in group} & outside(group)
+
     merged = set(a) | set(b)
     produced = {by_name[n].output for n in merged}
-    newly_local = produced - outside(merged)
-    newly_local &= outside(set(a)) | outside(set(b))
+    newly_local = (leaving(set(a)) | leaving(set(b))) - outside(merged)
     saved = sum(graph.types[t].nbytes * (1 + sum(t in by_name[n].inputs for n in merged))
                 for t in newly_local)
     shared = {t for n in a for t in by_name[n].inputs} & {t for n in b for t in by_name[n].inputs}

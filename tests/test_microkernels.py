@@ -353,6 +353,23 @@ def test_cheap_producers_are_folded_into_the_packed_operand(prologue):
     assert not any(t.startswith(("transpose", "relu", "mul")) for t in stored), stored
 
 
+def test_a_pair_refused_early_is_proposed_again_after_a_merge():
+    # transpose(relu(transpose(a))): the inner pair fuses first, the outer transpose is
+    # refused (transposed read), then folds into the matmul; proposed again, the inner
+    # pair folds into that operand too
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("chain")
+    a, w = b.input("a", [128, 96]), b.input("w", [96, 160])
+    inner = b.relu(b.op("transpose", a, perm=[1, 0]))
+    graph = b.build([b.matmul(b.op("transpose", inner, perm=[1, 0]), w)])
+    compiled = _check(graph, {"a": _rand(rng, (128, 96)), "w": _rand(rng, (96, 160))})
+    (kernel,) = compiled.kernels
+    assert len(_gemm_marks(compiled)) == 1
+    last = kernel.fusion_report[-1]
+    # only relu's output newly stays local: written and read once, 96 * 128 floats each
+    assert "folded into the operand" in last and last.endswith("saves 96.0 KiB"), last
+
+
 def test_expensive_or_shared_producers_stay_in_their_own_kernel():
     b = GraphBuilder("kept")
     a, w = b.input("a", [128, 96]), b.input("w", [96, 160])
@@ -407,13 +424,36 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, capsys):
     path = tmp_path / "g.json"
     import json
     path.write_text(json.dumps(graph_json))
-    assert main(["tune", str(path), "--budget", "3", "--repeat", "1"]) == 0
+
+    def tiles(threads):
+        plan = GemmPlan.parse(_gemm_marks(compile(str(path), options=Options(threads=threads),
+                                                  build=False))[0])
+        return {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc}
+
+    model_tiles = tiles(3)
+    assert main(["tune", str(path), "--budget", "3", "--repeat", "1", "--threads", "1"]) == 0
     out = capsys.readouterr()
     assert "best: " in out.out and "3/3" in out.err  # the progress bar ends full
+    assert "with 1 thread(s)" in out.out
     best = dict(w.split("=") for w in out.out.split("best: ")[1].split(" (")[0].split())
-    plan = GemmPlan.parse(_gemm_marks(compile(str(path), build=False))[0])
-    assert {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc} == {
-        k: int(v) for k, v in best.items()}
+    assert tiles(1) == {k: int(v) for k, v in best.items()}
+    assert tiles(3) == model_tiles  # measured for one thread, not for a team of three
+
+
+def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch):
+    from polyc.microkernels import tuning
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here
+    graph, _ = _matmul((96, 72), (72, 80), None)
+    plan = lambda threads: GemmPlan.parse(_gemm_marks(
+        compile(graph, options=Options(threads=threads), build=False))[0])
+    model = plan(2).tiles
+    tuned = {"kc": 24, "mc": 30, "nc": 32}
+    assert (model.kc, model.mc, model.nc) != tuple(tuned.values())
+    for kernel in compile(graph, build=False).kernels:
+        tuning.store(kernel.kernel, cpu_target(), 1, tuned, 1e-3)
+    got = plan(1).tiles
+    assert (got.kc, got.mc, got.nc) == tuple(tuned.values())
+    assert plan(2).tiles == model
 
 
 # --- the kernel's tile shape follows the shape of C ---------------------------------------

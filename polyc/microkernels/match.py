@@ -136,12 +136,12 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: 
     jc loop, and the column tiles step through the virtual columns."""
     M, N, K = view.M, view.N, view.K
     tiles = model_tiles(M, N, K, mk, target)
-    overrides = dict(tuning.lookup(kernel, target) or {})
+    team = tuning.team(options, target)
+    overrides = dict(tuning.lookup(kernel, target, team) or {})
     overrides.update(dict(getattr(options, "microkernel_tiles", ()) or ()))
     tiles = apply_overrides(tiles, overrides, M, N, K, mk)
     par = "none"
-    team = int(getattr(options, "threads", 0) or 0) or max(1, target.cores)
-    if getattr(options, "parallel", True) and view.flops >= MIN_PARALLEL_FLOPS and team > 1:
+    if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
         par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
     loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]

@@ -1,6 +1,7 @@
 """The tuning cache: the best tile sizes `polyc tune` measured, per (kernel, target,
-machine), in one JSON file under the build cache directory. Compiles look a kernel up
-here before falling back to the memory model's choice.
+machine, team size), in one JSON file under the build cache directory. Compiles look a
+kernel up here before falling back to the memory model's choice. The team is part of
+the key because the best blocks differ: two threads share one L3 and split each block.
 
 The kernel's key hashes its printed statements (shapes, accesses, epilogue), so any
 graph that produces the same kernel reuses the measurement.
@@ -34,9 +35,19 @@ def machine_id() -> str:
     return f"{model}|{os.cpu_count()}|{hashlib.sha256(feats.encode()).hexdigest()[:12]}"
 
 
-def kernel_key(kernel: Kernel, target: Target) -> str:
+def team(options, target: Target) -> int:
+    """The threads a compile with `options` plans its parallel loops for: `threads`,
+    else one per core (what OpenMP starts when OMP_NUM_THREADS is unset); 1 when
+    parallel loops are off."""
+    if not getattr(options, "parallel", True):
+        return 1
+    return int(getattr(options, "threads", 0) or 0) or max(1, target.cores)
+
+
+def kernel_key(kernel: Kernel, target: Target, threads: int) -> str:
     text = "\n".join(str(s).split("  #")[0] for s in kernel.statements)
-    return hashlib.sha256(f"{text}\n{target.name}\n{machine_id()}".encode()).hexdigest()
+    where = f"{target.name}\n{machine_id()}\n{threads} threads"
+    return hashlib.sha256(f"{text}\n{where}".encode()).hexdigest()
 
 
 def _path() -> Path:
@@ -61,16 +72,19 @@ def fingerprint() -> str:
     return f"{st.st_mtime_ns}:{st.st_size}"
 
 
-def lookup(kernel: Kernel, target: Target) -> dict[str, int] | None:
-    entry = _load().get(kernel_key(kernel, target))
+def lookup(kernel: Kernel, target: Target, threads: int) -> dict[str, int] | None:
+    entry = _load().get(kernel_key(kernel, target, threads))
     return dict(entry["tiles"]) if entry else None
 
 
-def store(kernel: Kernel, target: Target, tiles: dict[str, int], seconds: float) -> None:
-    """Record the best tiles for `kernel` (written atomically: tuners may race)."""
+def store(kernel: Kernel, target: Target, threads: int, tiles: dict[str, int],
+          seconds: float) -> None:
+    """Record the best tiles for `kernel` run by `threads` threads (written atomically:
+    tuners may race)."""
     data = _load()
-    data[kernel_key(kernel, target)] = {"kernel": kernel.name, "tiles": tiles,
-                                        "seconds": seconds, "machine": machine_id()}
+    data[kernel_key(kernel, target, threads)] = {
+        "kernel": kernel.name, "tiles": tiles, "seconds": seconds, "machine": machine_id(),
+        "threads": threads}
     path = _path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
@@ -111,6 +125,10 @@ def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=No
     from ..target import cpu_target
     from .match import GemmPlan
 
+    target = cpu_target()
+    threads = team(options, target)
+    # measured with exactly the team the key names, whatever OMP_NUM_THREADS says
+    options = dataclasses.replace(options, threads=threads)
     base = compile(graph, options=options, build=False)
     plans = []
     for kr in base.kernels:
@@ -120,7 +138,7 @@ def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=No
     if not plans:
         return ["no microkernel contraction in this graph: nothing to tune"]
     from .registry import by_name
-    kernel0, plan0 = plans[0]
+    plan0 = plans[0][1]
     mk = by_name(plan0.kernel)
     cands = candidates(plan0.tiles.to_json(), plan0.m, plan0.n, plan0.k, mk.mr, mk.nr, budget,
                        vary_nc=plan0.b == "packed")
@@ -146,9 +164,9 @@ def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=No
         if progress:
             progress(done, len(cands), text)
     seconds, tiles = best
-    target = cpu_target()
     for kernel, _ in plans:
-        store(kernel, target, tiles, seconds)
+        store(kernel, target, threads, tiles, seconds)
     lines.append("best: " + " ".join(f"{k}={v}" for k, v in tiles.items())
-                 + f" ({seconds * 1e3:.3f} ms), kept for {len(plans)} kernel(s) on {machine_id()}")
+                 + f" ({seconds * 1e3:.3f} ms), kept for {len(plans)} kernel(s) on {machine_id()}"
+                 + f" with {threads} thread(s)")
     return lines

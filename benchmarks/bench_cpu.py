@@ -188,6 +188,15 @@ def cases():
     return out
 
 
+def _check_result(case: str, got: np.ndarray, want: np.ndarray) -> None:
+    """A speed of wrong results is no result: polyc's output must match numpy's."""
+    if got.shape != want.shape:
+        raise SystemExit(f"{case}: polyc's result has shape {got.shape}, numpy's {want.shape}")
+    err = float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+    if not err <= 1e-4:
+        raise SystemExit(f"{case}: polyc's result differs from numpy's (relative error {err:.1e})")
+
+
 def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict:
     """Runs in a process whose thread pools were sized by the environment."""
     from polyc.compiler import Options, compile
@@ -210,6 +219,7 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
         row["kernel"] = ",".join(sorted(set(kernels))) or "-"
         out = {o: np.empty(graph.types[o].shape, graph.types[o].dtype) for o in graph.outputs}
         args = list(inputs.values())
+        _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], np_fn(*args))
         fns = {"polyc": lambda: compiled.program(inputs, out), "numpy": lambda: np_fn(*args)}
         if torch is not None:
             targs = [torch.from_numpy(a) for a in args]

@@ -10,7 +10,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 from polyc.cli import main
 from polyc.codegen import build

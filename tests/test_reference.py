@@ -436,7 +436,7 @@ def test_causal_attention_first_query_sees_only_first_key():
 def small_graph():
     b = GraphBuilder("g")
     x = b.input("x", [2, 3])
-    n = b.input("n", [3], "int32")
+    b.input("n", [3], "int32")
     c = b.constant("c", [3], [1, 2, 3.5])
     y = b.add(x, c, out="y")
     z = b.reduce_sum(y, axes=[-1], out="z")

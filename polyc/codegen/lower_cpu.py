@@ -34,7 +34,7 @@ import islpy as isl
 
 from ..kernel import Kernel
 from ..schedule_tree.comprehension import Statement, loads
-from ..schedule_tree.interchange import access_moves, unit_step
+from ..schedule_tree.interchange import access_moves, step_pairs, unit_step
 from ..schedule_tree.model import PolyModel
 from ..target import Target
 
@@ -111,7 +111,7 @@ def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
             load.tensor == s.target for t in kernel.statements for load, _ in loads(t.expr)):
         return False
     # consecutive iterations of the loop, all outer loops fixed, write consecutive elements
-    moves = access_moves(loop, 0, writes, isl.UnionSet(sets[s.name]))
+    moves = access_moves(step_pairs(loop, 0, isl.UnionSet(sets[s.name])), writes)
     return not moves.is_empty() and moves.is_equal(
         unit_step(loop.get_ctx(), a.c_name, len(a.type.shape)))
 

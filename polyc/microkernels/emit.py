@@ -281,7 +281,7 @@ class MicrokernelEmitter:
         dst = f"mk_dst[mk_p * {tile} + mk_x]"
         k_vars = _decompose(red_names, red_ext, "mk_k0 + mk_p")
         x_vars = _decompose(own_names, own_ext, f"{start} + mk_xp + mk_x")
-        valid = f"mk_nv"
+        valid = "mk_nv"
         runs = self._run_nest(expr, own_names, own_ext, [view.out_iter[d] for d in own], tile,
                               start, size, buf, k_vars,
                               _up(min(t.nc if side == "b" else t.mc, total), tile)
@@ -359,7 +359,7 @@ class MicrokernelEmitter:
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
             nest])
-        loop = cgen.For(f"long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)
+        loop = cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)
         code: list[cgen.Generable] = head + batch
         if plan.par == "inner":
             code.append(cgen.Pragma("omp for schedule(static)"))
@@ -456,7 +456,7 @@ class MicrokernelEmitter:
         base = _decompose([f"mk_b{n}" for n in own_names], own_ext, start)
         base += [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names]
         G, row = _ROWS, cap + tile  # rows gathered per pass; each panel then gets G rows at once
-        return cgen.For(f"long mk_pg = 0", "mk_pg < mk_kc", f"mk_pg += {G}", cgen.Block([
+        return cgen.For("long mk_pg = 0", "mk_pg < mk_kc", f"mk_pg += {G}", cgen.Block([
             cgen.Statement(f"float *restrict mk_rows = polyc_scratch(3, {4 * G * row})"),
             cgen.Statement(f"const long mk_g = min({G}, mk_kc - mk_pg)"),
             cgen.For("long mk_p = mk_pg", "mk_p < mk_pg + mk_g", "mk_p++", cgen.Block(
@@ -506,7 +506,7 @@ class MicrokernelEmitter:
 
     # -- the tile: kernel call and write-back ---------------------------------------------
     def tile(self, child) -> cgen.Generable:
-        plan, view, mk, t, rows = self.plan, self.view, self.mk, self.plan.tiles, self.rows
+        plan, view, mk, rows = self.plan, self.view, self.mk, self.rows
         loops = self._tile_loops(set(plan.loops))
         s0 = view.stmt
         MR, NR = mk.mr, mk.nr

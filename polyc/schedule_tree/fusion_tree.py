@@ -55,13 +55,12 @@ _Node = _Band | _Sequence | _Leaf
 class _Deps:
     """Dependence relations by (source statement, sink statement)."""
 
-    ctx: isl.Context
     by_pair: dict[tuple[str, str], isl.Map] = field(default_factory=dict)
 
     @staticmethod
     def of(model: PolyModel, relation: isl.UnionMap | None = None) -> "_Deps":
         """The model's dependences, or `relation` (e.g. its read-after-read pairs)."""
-        deps = _Deps(model.domain.get_ctx())
+        deps = _Deps()
         maps = (model.dependences if relation is None else relation).get_map_list()
         for m in (maps.get_at(i) for i in range(maps.n_map())):
             key = (m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out))
@@ -78,17 +77,14 @@ class _Deps:
     def has(self, m: isl.Map, level: int, relation: str, outer: int | None = None) -> bool:
         """Is there a pair with equal iterators before `outer` (default `level`) whose
         sink and source iterators at `level` are in `relation` ('<' or '!=')?"""
-        n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
-        if level >= n_in or level >= n_out:
+        if level >= m.dim(isl.dim_type.in_) or level >= m.dim(isl.dim_type.out):
             return False
-        outer = level if outer is None else outer
-        src = ", ".join(f"a{k}" for k in range(n_in))
-        dst = ", ".join(f"b{k}" for k in range(n_out))
-        cond = [f"b{k} = a{k}" for k in range(outer)] + [f"b{level} {relation} a{level}"]
-        probe = isl.Map.read_from_str(
-            self.ctx, f"{{ {m.get_tuple_name(isl.dim_type.in_)}[{src}] -> "
-                      f"{m.get_tuple_name(isl.dim_type.out)}[{dst}] : {' and '.join(cond)} }}")
-        return not m.intersect(probe).is_empty()
+        for k in range(level if outer is None else outer):
+            m = m.equate(isl.dim_type.in_, k, isl.dim_type.out, k)
+        sink, source = (isl.dim_type.out, level), (isl.dim_type.in_, level)
+        if not m.order_lt(*sink, *source).is_empty():
+            return True
+        return relation == "!=" and not m.order_gt(*sink, *source).is_empty()
 
 
 def _rank(s: Statement) -> int:

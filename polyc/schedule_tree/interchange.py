@@ -21,11 +21,10 @@ from .model import PolyModel
 _BAND = isl.schedule_node_type.band
 
 
-def access_moves(band: isl.ScheduleNode, member: int, access: isl.UnionMap,
-                 domain: isl.UnionSet | None = None) -> isl.UnionSet:
-    """How the elements `access` touches move (per array, as index differences) when
-    band member `member` steps by one with every outer loop and other member fixed; over
-    the band's instances, or those of `domain`. Empty when no access is under the band."""
+def step_pairs(band: isl.ScheduleNode, member: int,
+               domain: isl.UnionSet | None = None) -> isl.UnionMap:
+    """Pairs of instances (of the band, or of `domain`) one step of band member `member`
+    apart, with every outer loop and other member fixed."""
     domain = band.get_domain() if domain is None else domain
     outer = band.get_prefix_schedule_union_map().intersect_domain(domain)
     pairs = outer.apply_range(outer.reverse())
@@ -35,6 +34,12 @@ def access_moves(band: isl.ScheduleNode, member: int, access: isl.UnionMap,
         u = isl.UnionMap.from_union_pw_aff(partial.get_union_pw_aff(m)).intersect_domain(domain)
         moved = u.apply_range(step) if m == member else u
         pairs = pairs.intersect(moved.apply_range(u.reverse()))
+    return pairs
+
+
+def access_moves(pairs: isl.UnionMap, access: isl.UnionMap) -> isl.UnionSet:
+    """How the elements `access` touches move (per array, as index differences) across
+    `pairs` (`step_pairs`). Empty when no access is under the band."""
     return pairs.apply_domain(access).apply_range(access).deltas()
 
 
@@ -49,8 +54,9 @@ def unit_step(ctx: isl.Context, array: str, rank: int) -> isl.UnionSet:
 def _jumps(band: isl.ScheduleNode, member: int, accesses: list[tuple[isl.Map, int]]) -> int:
     """Weighted count of the accesses that are not contiguous when `member` is inner."""
     cost = 0
+    pairs = step_pairs(band, member)
     for access, weight in accesses:
-        moves = access_moves(band, member, isl.UnionMap(access))
+        moves = access_moves(pairs, isl.UnionMap(access))
         if moves.is_empty():
             continue  # the access's statement is not under this band
         name, rank = access.get_tuple_name(isl.dim_type.out), access.dim(isl.dim_type.out)

@@ -213,10 +213,7 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
         row: dict = {"unit": unit}
         graph = build()
         compiled = compile(graph, options=Options(threads=threads))
-        kernels = [line.split('"')[1].split()[1] for k in compiled.kernels
-                   for line in k.to_json()["schedule_text"].splitlines()
-                   if 'mark: "microkernel ' in line]
-        row["kernel"] = ",".join(sorted(set(kernels))) or "-"
+        row["kernel"] = ",".join(sorted({m for k in compiled.kernels for m in k.microkernels})) or "-"
         out = {o: np.empty(graph.types[o].shape, graph.types[o].dtype) for o in graph.outputs}
         args = list(inputs.values())
         _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], np_fn(*args))

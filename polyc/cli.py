@@ -98,7 +98,26 @@ def cmd_run(args) -> int:
           f"min {min(times) * 1e3:.3f} ms over {args.repeat} runs "
           + (f"({args.threads} threads)" if args.threads else
              f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})"))
+    _print_kernel_times(result, inputs, out, args.repeat)
     return 0 if ok else 1
+
+
+def _print_kernel_times(result, inputs, out, repeat: int) -> None:
+    """Where the time goes: each kernel timed alone, in order (its inputs are those the
+    kernels before it wrote)."""
+    _, calls = result.program.bind(inputs, out)
+    per_kernel: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeat):
+        for call, times in zip(calls, per_kernel):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    total = sum(float(np.median(t)) for t in per_kernel) or 1.0
+    for k, times in zip(result.kernels, per_kernel):
+        median = float(np.median(times))
+        used = ", ".join(k.microkernels) or "no microkernel"
+        print(f"  {k.name}: median {median * 1e3:.3f} ms ({100 * median / total:.0f}%), "
+              f"{len(k.kernel.nodes)} node(s), {used}")
 
 
 def cmd_serve(args) -> int:

@@ -55,6 +55,14 @@ def test_run_an_example(capsys):
     assert "MISMATCH" not in out
 
 
+def test_run_times_each_kernel(capsys):
+    assert main(["run", str(EXAMPLES / "attention.json"), "--repeat", "2"]) == 0
+    lines = re.findall(r"^  (polyc_k\d+_\w+): median ([\d.]+) ms \((\d+)%\), \d+ node\(s\), (.*)$",
+                       capsys.readouterr().out, re.M)
+    assert len(lines) == 3 and sum(int(share) for *_, share, _ in lines) in range(98, 103)
+    assert [used.startswith("sgemm_") for *_, used in lines] == [True, False, True]  # 2 matmuls
+
+
 def test_threads_fix_the_team_and_bad_counts_name_the_option(tmp_path, capsys):
     assert main(["run", str(EXAMPLES / "softmax.json"), "--repeat", "1", "--threads", "3"]) == 0
     assert "(3 threads)" in capsys.readouterr().out

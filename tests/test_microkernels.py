@@ -440,6 +440,31 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, capsys):
     assert tiles(3) == model_tiles  # measured for one thread, not for a team of three
 
 
+def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
+    import json
+
+    from polyc.cli import main
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    b = GraphBuilder("two")
+    y1 = b.matmul(b.input("a", (96, 72)), b.input("w", (72, 80)))
+    y2 = b.matmul(b.input("c", (40, 200)), b.input("v", (200, 64)))
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(b.to_json([y1, y2])))
+    assert main(["tune", str(path), "--budget", "2", "--repeat", "1", "--threads", "1"]) == 0
+    best = {}
+    for line in capsys.readouterr().out.splitlines():
+        if ": best: " in line:
+            name, tiles = line.split(": best: ")
+            best[name] = {k: int(v) for k, v in (w.split("=") for w in tiles.split(" (")[0].split())}
+    compiled = compile(str(path), options=Options(threads=1), build=False)
+    assert sorted(best) == sorted(k.name for k in compiled.kernels)
+    for k in compiled.kernels:
+        (mark,) = [line.split('"')[1] for line in k.to_json()["schedule_text"].splitlines()
+                   if 'mark: "gemm ' in line]
+        t = GemmPlan.parse(mark).tiles
+        assert {"kc": t.kc, "mc": t.mc, "nc": t.nc} == best[k.name]
+
+
 def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch):
     from polyc.microkernels import tuning
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here

@@ -8,8 +8,9 @@ a Program serves one call at a time (its intermediate buffers are shared between
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -46,6 +47,16 @@ class Program:
 
     def __call__(self, inputs: Mapping[str, np.ndarray],
                  out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        results, calls = self.bind(inputs, out)
+        for call in calls:
+            call()
+        return results
+
+    def bind(self, inputs: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray] | None = None
+             ) -> tuple[dict[str, np.ndarray], list[Callable[[], None]]]:
+        """The output arrays, and one call per kernel in order, each bound to its buffers:
+        calling them all computes the outputs; one alone can be timed (after the ones
+        before it have filled its inputs)."""
         # C reads dense row-major buffers; a 0-d array is dense already
         env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
                for k, v in check_inputs(self.graph, inputs).items()}
@@ -58,6 +69,7 @@ class Program:
                 results[name] = buf
             else:
                 results[name] = env[name] = self._output_buffer(name, out)
+        calls = []
         for kernel, fn in zip(self.kernels, self._fns):
             args = []
             for a in kernel.params:
@@ -65,6 +77,8 @@ class Program:
                     if a.tensor not in self._scratch:
                         self._scratch[a.tensor] = np.empty(a.type.shape, a.type.dtype)
                     env[a.tensor] = self._scratch[a.tensor]
-                args.append(env[a.tensor].ctypes.data)
-            fn(*args)
-        return results
+                # a pointer that keeps its array alive: the contiguous copies made here
+                # must outlive this function
+                args.append(env[a.tensor].ctypes.data_as(ctypes.c_void_p))
+            calls.append(functools.partial(fn, *args))
+        return results, calls

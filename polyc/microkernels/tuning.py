@@ -112,61 +112,77 @@ def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: 
 
 
 def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=None) -> list[str]:
-    """Measure tile-size candidates for every microkernel contraction of `graph`, keep
-    the fastest in the tuning cache; returns report lines. `progress(done, total, text)`
-    is called after each measurement."""
+    """Measure tile-size candidates for each microkernel contraction of `graph`, each
+    kernel timed alone, and keep each one's fastest in the tuning cache; returns report
+    lines. `progress(done, total, text)` is called after each measurement."""
     import dataclasses
-    import time
-
-    import numpy as np
 
     from ..cli import random_inputs
     from ..compiler import compile
     from ..target import cpu_target
     from .match import GemmPlan
+    from .registry import by_name
 
     target = cpu_target()
     threads = team(options, target)
     # measured with exactly the team the key names, whatever OMP_NUM_THREADS says
     options = dataclasses.replace(options, threads=threads)
     base = compile(graph, options=options, build=False)
-    plans = []
-    for kr in base.kernels:
+    plans = []  # (index of the kernel, kernel, its gemm plan)
+    for index, kr in enumerate(base.kernels):
         for line in kr.to_json()["schedule_text"].splitlines():
             if 'mark: "gemm ' in line:
-                plans.append((kr.kernel, GemmPlan.parse(line.split('"')[1])))
+                plans.append((index, kr.kernel, GemmPlan.parse(line.split('"')[1])))
     if not plans:
         return ["no microkernel contraction in this graph: nothing to tune"]
-    from .registry import by_name
-    plan0 = plans[0][1]
-    mk = by_name(plan0.kernel)
-    cands = candidates(plan0.tiles.to_json(), plan0.m, plan0.n, plan0.k, mk.mr, mk.nr, budget,
-                       vary_nc=plan0.b == "packed")
+    todo = []
+    for index, kernel, plan in plans:
+        mk = by_name(plan.kernel)
+        todo.append((index, kernel, candidates(plan.tiles.to_json(), plan.m, plan.n, plan.k,
+                                               mk.mr, mk.nr, budget, vary_nc=plan.b == "packed")))
+    total = sum(len(cands) for *_, cands in todo)
     inputs = random_inputs(base.graph)
-    best: tuple[float, dict] | None = None
-    lines = []
-    for done, tiles in enumerate(cands, 1):
-        opts = dataclasses.replace(options, microkernel_tiles=tuple(sorted(tiles.items())))
-        compiled = compile(graph, options=opts)
-        out = {o: np.empty(compiled.graph.types[o].shape, compiled.graph.types[o].dtype)
-               for o in compiled.graph.outputs}
-        compiled.program(inputs, out)
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            compiled.program(inputs, out)
-            times.append(time.perf_counter() - t)
-        seconds = min(times)
-        text = " ".join(f"{k}={v}" for k, v in tiles.items()) + f": {seconds * 1e3:.3f} ms"
-        lines.append(text)
-        if best is None or seconds < best[0]:
-            best = (seconds, tiles)
-        if progress:
-            progress(done, len(cands), text)
-    seconds, tiles = best
-    for kernel, _ in plans:
+    lines: list[str] = []
+    done = 0
+    for index, kernel, cands in todo:
+        best: tuple[float, dict] | None = None
+        for tiles in cands:
+            # the tiles apply to every contraction of the graph; only this one is timed
+            opts = dataclasses.replace(options, microkernel_tiles=tuple(sorted(tiles.items())))
+            seconds = _time_kernel(compile(graph, options=opts), index, inputs, repeat)
+            text = f"{kernel.name} {_tiles_text(tiles)}: {seconds * 1e3:.3f} ms"
+            lines.append(text)
+            if best is None or seconds < best[0]:
+                best = (seconds, tiles)
+            done += 1
+            if progress:
+                progress(done, total, text)
+        seconds, tiles = best
         store(kernel, target, threads, tiles, seconds)
-    lines.append("best: " + " ".join(f"{k}={v}" for k, v in tiles.items())
-                 + f" ({seconds * 1e3:.3f} ms), kept for {len(plans)} kernel(s) on {machine_id()}"
-                 + f" with {threads} thread(s)")
+        lines.append(f"{kernel.name}: best: {_tiles_text(tiles)} ({seconds * 1e3:.3f} ms)")
+    lines.append(f"kept for {len(todo)} kernel(s) on {machine_id()} with {threads} thread(s)")
     return lines
+
+
+def _tiles_text(tiles: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in tiles.items())
+
+
+def _time_kernel(compiled, index: int, inputs, repeat: int) -> float:
+    """Seconds of the fastest of `repeat` calls of kernel `index` alone, its inputs
+    written by one run of the whole graph first."""
+    import time
+
+    import numpy as np
+
+    out = {o: np.empty(compiled.graph.types[o].shape, compiled.graph.types[o].dtype)
+           for o in compiled.graph.outputs}
+    _, calls = compiled.program.bind(inputs, out)
+    for call in calls:
+        call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        calls[index]()
+        times.append(time.perf_counter() - start)
+    return min(times)

@@ -127,15 +127,15 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
     """
     p = _Partition(graph)
     report: list[tuple[frozenset, str]] = []
-    asked: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+    asked: set[frozenset[tuple[str, ...]]] = set()  # pairs of groups, in either order
 
     def propose(a_node: str, b_node: str, kind: str) -> bool:
         """Ask about the groups of two nodes, once per pair of groups; True if merged."""
         ga, gb = p.group_of[a_node], p.group_of[b_node]
         a, b = p.members[ga], p.members[gb]
-        if ga == gb or (a, b) in asked:
+        if ga == gb or frozenset((a, b)) in asked:
             return False
-        asked.add((a, b))
+        asked.add(frozenset((a, b)))
         involved = frozenset(a + b)
         pair = f"{group_label(b)} + {group_label(a)}"
         if p.would_cycle(ga, gb):

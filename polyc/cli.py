@@ -153,6 +153,17 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _at_least(low: int):
+    """An argparse type: an integer >= `low` (argparse names the flag when it fails)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"  # argparse's "invalid <name> value" message
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,15 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("run", help="compile, run on random inputs, compare with the reference")
     common(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--repeat", type=_at_least(1), default=10)
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("tune", help="measure microkernel tile sizes, keep the best in the cache")
     p.add_argument("graph", help="subgraph JSON file")
-    p.add_argument("--budget", type=int, default=18, help="candidates to measure")
-    p.add_argument("--repeat", type=int, default=5, help="timed runs per candidate")
+    p.add_argument("--budget", type=_at_least(1), default=18, help="candidates to measure")
+    p.add_argument("--repeat", type=_at_least(1), default=5, help="timed runs per candidate")
     p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
     threads(p)
     p.set_defaults(fn=cmd_tune)

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 
 from polyc.cli import main
 from polyc.codegen import build
@@ -71,6 +72,17 @@ def test_threads_fix_the_team_and_bad_counts_name_the_option(tmp_path, capsys):
     assert "num_threads(3)" in next(tmp_path.glob("*.c")).read_text()
     assert main(["run", str(EXAMPLES / "softmax.json"), "--threads", "-4"]) == 2
     assert "field 'options.threads': must be 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,flag", [(["run", "--repeat", "0"], "--repeat"),
+                                       (["run", "--seed", "-1"], "--seed"),
+                                       (["tune", "--budget", "0"], "--budget"),
+                                       (["tune", "--repeat", "-2"], "--repeat")])
+def test_counts_below_their_minimum_are_usage_errors(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([argv[0], str(EXAMPLES / "softmax.json"), *argv[1:]])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be at least" in capsys.readouterr().err
 
 
 def test_compile_writes_its_files(tmp_path, capsys):

@@ -142,20 +142,24 @@ class KernelResult:
     def name(self) -> str:
         return self.kernel.name
 
-    @property
-    def microkernels(self) -> list[str]:
-        """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
+    def marks(self, word: str) -> list[str]:
+        """The texts of its schedule tree's marks that start with `word`, outermost first,
+        e.g. marks("gemm") -> ['gemm S0 sgemm_avx2_6x16 m=512 ...']."""
         found: list[str] = []
 
         def visit(node: dict) -> None:
-            mark = node.get("mark", "")
-            if mark.startswith("microkernel ") and mark.split()[1] not in found:
-                found.append(mark.split()[1])
+            if node.get("mark", "").split(" ", 1)[0] == word:
+                found.append(node["mark"])
             for child in node["children"]:
                 visit(child)
 
         visit(schedule_to_json(self.schedule))
         return found
+
+    @property
+    def microkernels(self) -> list[str]:
+        """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
+        return list(dict.fromkeys(m.split()[1] for m in self.marks("microkernel")))
 
     def to_json(self) -> dict:
         return {

@@ -130,9 +130,7 @@ def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=No
     base = compile(graph, options=options, build=False)
     plans = []  # (index of the kernel, kernel, its gemm plan)
     for index, kr in enumerate(base.kernels):
-        for line in kr.to_json()["schedule_text"].splitlines():
-            if 'mark: "gemm ' in line:
-                plans.append((index, kr.kernel, GemmPlan.parse(line.split('"')[1])))
+        plans += [(index, kr.kernel, GemmPlan.parse(m)) for m in kr.marks("gemm")]
     if not plans:
         return ["no microkernel contraction in this graph: nothing to tune"]
     todo = []

@@ -1,15 +1,36 @@
-"""Session-wide test setup."""
+"""Session-wide test setup.
+
+- Built objects, the tuning file and the kernel calibration go to a fresh cache for each
+  test session, never the user's: a test must build what it checks, and an object
+  cached by an older polyc must not hide a bug.
+- The instruction set is the target's: `POLYC_CPU_ARCH` (a gcc -march value) is read
+  by `polyc.target.cpu_target`, so `POLYC_CPU_ARCH=x86-64-v3 pytest` runs the suite as
+  on a host without AVX-512 (tests about one ISA skip, with the reason, what it lacks).
+- Hypothesis does not shrink a failing example (the `polyc` profile): the examples are
+  small graphs already, and shrinking one through gcc builds took minutes.
+  `HYPOTHESIS_PROFILE=shrink pytest ...` shrinks, to study a failure.
+- `-m "not slow"` leaves out the tests marked slow (a few seconds or more each); CI
+  runs them all.
+"""
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
 
-# Built objects go to a fresh cache for each test session, never the user's: a test must
-# build what it checks, and an object cached by an older polyc must not hide a bug. Set at
-# import, before any test module (or its collection-time code) can build anything.
+from hypothesis import Phase, settings
+
+# Set at import, before any test module (or its collection-time code) can build anything.
 _CACHE_DIR = tempfile.mkdtemp(prefix="polyc-test-cache-")
 os.environ["POLYC_CACHE_DIR"] = _CACHE_DIR
+
+settings.register_profile("polyc", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.register_profile("shrink", phases=list(Phase))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "polyc"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes several seconds; -m 'not slow' skips it")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -10,6 +10,7 @@ against the float64-internal reference stays within a tolerance scaled to the ou
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -139,6 +140,7 @@ def _build(inputs, steps):
     return b.build(outputs=outputs)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipes(), st.integers(0, 2**32 - 1))
 def test_random_graph_matches_reference(recipe, seed):

@@ -214,6 +214,7 @@ def test_disk_full_in_the_worker_is_503_and_caches_nothing(tmp_path):
         assert c.post("/v1/compile", json=body).json()["cache_hit"] is False
 
 
+@pytest.mark.slow
 def test_worker_memory_is_bounded(tmp_path):
     # The limit is set just above what an idle worker maps, so a graph of 200 nodes runs
     # out of it. isl then reports an allocation failure (422 at once), or the worker

@@ -8,8 +8,11 @@ call as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the li
 taking `--rounds` turns (at least 3 calls and 50 ms each) so that a noisy spell on this
 shared machine hits them alike (`machine.best_times`), and polyc's result as a fraction
 of the machine's FMA peak or read bandwidth, both measured first by two small C programs
-built here with gcc. Each thread count runs in its own process (OMP_NUM_THREADS,
-OPENBLAS_NUM_THREADS and torch's threads set before anything starts a thread pool).
+built here with gcc (the peak on the widest vectors the host has). For contractions,
+polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`), in
+the same turns: the chosen one should be the fastest. Each thread count runs in its own
+process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before anything
+starts a thread pool).
 PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
 compiler and takes a while per case.
 """
@@ -35,24 +38,26 @@ PEAK_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <omp.h>
-/* 12 independent 8-wide FMA chains per thread: enough to cover the FMA latency of every
-   x86-64 core with AVX2, so the loop runs at the FMA units' throughput */
+/* 12 independent FMA chains per thread on the widest vectors the host has (zmm with
+   AVX-512, else ymm): enough to cover the FMA latency of every x86-64 core, so the loop
+   runs at the FMA units' throughput */
+#if defined(__AVX512F__)
+#define R(n) "%%zmm" #n
+#define LANES 16
+#else
+#define R(n) "%%ymm" #n
+#define LANES 8
+#endif
+#define FMA(n) "vfmadd231ps " R(14) "," R(15) "," R(n) "\n"
+#define ZERO(n) "vxorps " R(n) "," R(n) "," R(n) "\n"
 static double chains(long n) {
   double t = omp_get_wtime();
   __asm__ volatile(
-    "vxorps %%ymm0,%%ymm0,%%ymm0\n vxorps %%ymm1,%%ymm1,%%ymm1\n vxorps %%ymm2,%%ymm2,%%ymm2\n"
-    "vxorps %%ymm3,%%ymm3,%%ymm3\n vxorps %%ymm4,%%ymm4,%%ymm4\n vxorps %%ymm5,%%ymm5,%%ymm5\n"
-    "vxorps %%ymm6,%%ymm6,%%ymm6\n vxorps %%ymm7,%%ymm7,%%ymm7\n vxorps %%ymm8,%%ymm8,%%ymm8\n"
-    "vxorps %%ymm9,%%ymm9,%%ymm9\n vxorps %%ymm10,%%ymm10,%%ymm10\n vxorps %%ymm11,%%ymm11,%%ymm11\n"
-    "vxorps %%ymm14,%%ymm14,%%ymm14\n vxorps %%ymm15,%%ymm15,%%ymm15\n"
+    ZERO(0) ZERO(1) ZERO(2) ZERO(3) ZERO(4) ZERO(5) ZERO(6) ZERO(7) ZERO(8) ZERO(9)
+    ZERO(10) ZERO(11) ZERO(14) ZERO(15)
     "mov %0, %%rcx\n"
     "1:\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm0\n vfmadd231ps %%ymm14,%%ymm15,%%ymm1\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm2\n vfmadd231ps %%ymm14,%%ymm15,%%ymm3\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm4\n vfmadd231ps %%ymm14,%%ymm15,%%ymm5\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm6\n vfmadd231ps %%ymm14,%%ymm15,%%ymm7\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm8\n vfmadd231ps %%ymm14,%%ymm15,%%ymm9\n"
-    "vfmadd231ps %%ymm14,%%ymm15,%%ymm10\n vfmadd231ps %%ymm14,%%ymm15,%%ymm11\n"
+    FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7) FMA(8) FMA(9) FMA(10) FMA(11)
     "dec %%rcx\n jnz 1b\n"
     :: "r"(n) : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
        "xmm8", "xmm9", "xmm10", "xmm11", "xmm14", "xmm15", "cc");
@@ -62,11 +67,10 @@ int main(void) {
   long n = 40000000;
   double best = 0;
   for (int rep = 0; rep < 5; rep++) {
-    double t0 = omp_get_wtime(), slowest = 0;
+    double slowest = 0;
 #pragma omp parallel reduction(max:slowest)
     slowest = chains(n);
-    (void)t0;
-    double flops = 12.0 * 16.0 * n * omp_get_max_threads();
+    double flops = 12.0 * 2.0 * LANES * n * omp_get_max_threads();
     if (flops / slowest > best) best = flops / slowest;
   }
   printf("%.3f\n", best / 1e9);
@@ -188,6 +192,26 @@ def cases():
     return out
 
 
+def _gemm_kernels() -> list[str]:
+    """The gemm microkernels the cpu target can build and this host can run."""
+    from polyc.microkernels import registry
+    from polyc.target import cpu_target, host_can_run
+    target = cpu_target()
+    if not host_can_run(target.arch):
+        return []
+    return [m.name for m in registry.REGISTRY
+            if m.kind == "gemm" and set(m.features) <= target.features]
+
+
+def calibration() -> str:
+    """The measured in-cache speed of each gemm kernel: what chose the default."""
+    from polyc.microkernels import calibrate, registry
+    from polyc.target import cpu_target
+    names = _gemm_kernels()
+    rates = calibrate.rates(cpu_target(), tuple(registry.by_name(n) for n in names))
+    return ", ".join(f"{n} {rates[n]:.1f}" for n in names if n in rates)
+
+
 def _check_result(case: str, got: np.ndarray, want: np.ndarray) -> None:
     """A speed of wrong results is no result: polyc's output must match numpy's."""
     if got.shape != want.shape:
@@ -213,10 +237,20 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
         row: dict = {"unit": unit}
         graph = build()
         compiled = compile(graph, options=Options(threads=threads))
-        row["kernel"] = ",".join(sorted({m for k in compiled.kernels for m in k.microkernels})) or "-"
+        used = sorted({m for k in compiled.kernels for m in k.microkernels})
+        row["kernel"] = ",".join(used) or "-"
         out = {o: np.empty(graph.types[o].shape, graph.types[o].dtype) for o in graph.outputs}
         args = list(inputs.values())
-        _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], np_fn(*args))
+        want = np_fn(*args)
+        _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], want)
+        # the gemm kernels polyc did not choose, each pinned, timed beside the choice
+        others = {}
+        for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():
+            if alt in used:
+                continue
+            other = compile(graph, options=Options(threads=threads, gemm_kernel=alt))
+            _check_result(f"{name} on {alt}", other.program(inputs, out)[graph.outputs[0]], want)
+            others[alt] = lambda other=other: other.program(inputs, out)
         fns = {"polyc": lambda: compiled.program(inputs, out), "numpy": lambda: np_fn(*args)}
         if torch is not None:
             targs = [torch.from_numpy(a) for a in args]
@@ -231,8 +265,9 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
                     row["torch.compile"] = None
                     row["torch.compile error"] = str(e).splitlines()[0][:80]
         with torch.no_grad() if torch is not None else contextlib.nullcontext():
-            times = best_times(fns, rounds=rounds)
-        row.update({lib: work / t / 1e9 for lib, t in times.items()})
+            times = best_times({**fns, **others}, rounds=rounds)
+        row.update({lib: work / t / 1e9 for lib, t in times.items() if lib in fns})
+        row["alternatives"] = {alt: work / times[alt] / 1e9 for alt in others}
         results[name] = row
         print(f"  [{threads} thread(s)] {name}: done", file=sys.stderr, flush=True)
     return results
@@ -266,6 +301,7 @@ def main() -> int:
                 print(proc.stderr, file=sys.stderr)
                 return 1
             results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"gemm kernels measured in cache (GFLOP/s, 1 thread): {calibration()}")
     print(table(counts, limits, results))
     if args.json:
         Path(args.json).write_text(json.dumps({"limits": limits, "results": results}, indent=1))
@@ -279,7 +315,8 @@ def table(counts, limits, results) -> str:
     lines = ["machine: " + ", ".join(f"{t} thread(s): FMA peak {limits[t][0]:.1f} GFLOP/s, "
                                      f"read bandwidth {limits[t][1]:.1f} GB/s" for t in counts)]
     head = (f"{'case':36} {'thr':>3} {'unit':>7} {'polyc':>7} {'numpy':>7} {'torch':>7} "
-            f"{'compile':>7} {'x numpy':>7} {'x torch':>7} {'of peak':>7}  kernel")
+            f"{'compile':>7} {'x numpy':>7} {'x torch':>7} {'of peak':>7}  kernel "
+            "[the others, pinned]")
     lines += [head, "-" * len(head)]
     names = list(results[counts[0]])
     for name in names:
@@ -292,7 +329,10 @@ def table(counts, limits, results) -> str:
             lines.append(f"{name:36} {t:>3} {r['unit']:>7} {f(r['polyc']):>7} {f(r['numpy']):>7} "
                          f"{f(r.get('torch')):>7} {f(r.get('torch.compile')):>7} "
                          f"{vs_np:>6.2f}x {('-' if vs_torch is None else f'{vs_torch:.2f}x'):>7} "
-                         f"{100 * r['polyc'] / limit:>6.0f}%  {r['kernel']}")
+                         f"{100 * r['polyc'] / limit:>6.0f}%  {r['kernel']}"
+                         + (" [" + ", ".join(f"{k.removeprefix('sgemm_')} {f(v)}" for k, v in
+                                             r["alternatives"].items()) + "]"
+                            if r.get("alternatives") else ""))
     return "\n".join(lines)
 
 

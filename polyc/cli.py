@@ -192,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.set_defaults(fn=cmd_run)
-    p = sub.add_parser("tune", help="measure microkernel tile sizes, keep the best in the cache")
+    p = sub.add_parser("tune", help="measure microkernels and their tile sizes, keep the "
+                                    "fastest in the cache")
     p.add_argument("graph", help="subgraph JSON file")
-    p.add_argument("--budget", type=_at_least(1), default=18, help="candidates to measure")
+    p.add_argument("--budget", type=_at_least(1), default=24,
+                   help="(microkernel, tiles) candidates to measure per contraction")
     p.add_argument("--repeat", type=_at_least(1), default=5, help="timed runs per candidate")
     p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
     threads(p)

@@ -1,13 +1,21 @@
-"""Targets as data: memory levels, vector width, cores, compiler flags.
+"""Targets as data: memory levels, vector width, cores, instruction set, compiler flags.
 
 The memory model is what tiling and the fusion oracle read: a tile's footprint (computed
 with isl) must fit the capacity of the level it is meant to live in.
+
+The instruction set is part of the description too: `arch` is the gcc `-march` value the
+code is built for and `features` the ISA extensions that enables (what gcc reports for
+it), so the microkernel registry chooses only kernels that build and run with those
+flags. The host default is `POLYC_CPU_ARCH` (inherited by the service's workers), else
+`native`; a test or a cross-build asks for `cpu_target("x86-64-v3")`.
 """
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+import re
+import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -25,6 +33,8 @@ class Target:
     levels: tuple[MemoryLevel, ...]  # fastest first; the last is main memory
     vector_bytes: int
     cores: int
+    arch: str = "native"  # gcc's -march
+    features: frozenset[str] = field(default_factory=frozenset)  # ISA extensions it enables
 
     def level(self, name: str) -> MemoryLevel:
         return next(m for m in self.levels if m.name == name)
@@ -62,17 +72,63 @@ def _cache_size(level: int, default: int) -> int:
     return default
 
 
+CC = os.environ.get("POLYC_CC", "gcc")
+_ARCH = re.compile(r"[a-z0-9][a-z0-9.\-]*")
+
+
+def default_arch() -> str:
+    """POLYC_CPU_ARCH (a gcc -march value), else the host's own instruction set."""
+    return os.environ.get("POLYC_CPU_ARCH") or "native"
+
+
 @functools.lru_cache(maxsize=None)
-def cpu_target() -> Target:
-    """The host CPU."""
+def arch_features(arch: str) -> frozenset[str]:
+    """The x86 extensions gcc enables with -march=`arch` (its -m flags, without -m);
+    for the host, from /proc/cpuinfo when gcc cannot be asked. An arch gcc does not know
+    is a ValueError naming it."""
+    if not _ARCH.fullmatch(arch):
+        raise ValueError(f"POLYC_CPU_ARCH / arch {arch!r} is not a gcc -march value")
+    try:
+        proc = subprocess.run([CC, f"-march={arch}", "-Q", "--help=target"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        proc = None
+    if proc is not None and proc.returncode != 0 and "march" in proc.stderr:
+        raise ValueError(f"gcc does not know -march={arch}: {proc.stderr.strip()[:200]}")
+    found = re.findall(r"^\s+-m([a-z0-9.\-]+)\s+\[enabled\]", proc.stdout if proc else "", re.M)
+    if found:  # (-mno-sse4 is "enabled" where SSE4 is not: not an extension)
+        return frozenset(f for f in found if not f.startswith("no-"))
+    if arch == "native":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+        except OSError:
+            pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def host_can_run(arch: str) -> bool:
+    """Does this machine execute code built with -march=`arch`?"""
+    return arch_features(arch) <= arch_features("native") | {"native"}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_target(arch: str | None = None) -> Target:
+    """The host CPU, with code built for `arch` (default: `default_arch()`)."""
+    arch = arch or default_arch()
+    features = arch_features(arch)
     return Target(
         "cpu",
         (MemoryLevel("L1", _cache_size(1, 32 << 10)),
          MemoryLevel("L2", _cache_size(2, 512 << 10)),
          MemoryLevel("L3", _cache_size(3, 16 << 20), shared=True),
          MemoryLevel("DRAM", 1 << 40, shared=True)),
-        vector_bytes=32,
+        vector_bytes=64 if "avx512f" in features else 32 if "avx" in features else 16,
         cores=os.cpu_count() or 1,
+        arch=arch,
+        features=features,
     )
 
 

@@ -1,24 +1,44 @@
 """Microkernels: the registry, the matcher's marks, and compiled contractions and row
 reductions against the numpy reference (every benchmark shape, odd shapes, every
 epilogue kind, forced kernel variants and tile sizes, and random shapes by hypothesis).
+
+Which gemm kernel a compile picks depends on the host (its ISA and measured speeds): a
+test about one kernel pins it (`_isa`, `gemm_kernel`), and the differential tests run
+on every ISA this host and the target's -march can execute, skipping (with the reason)
+the others.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polyc import GraphBuilder
-from polyc.codegen.build import CC, CFLAGS
+from polyc import GraphBuilder, GraphError
+from polyc.codegen.build import CC, cflags
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
 from polyc.microkernels.match import GemmPlan
-from polyc.target import cpu_target
+from polyc.target import cpu_target, host_can_run
+
+ISAS = ["avx512", "avx2", "portable"]
+PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of structure
+
+
+def _isa(isa: str) -> Options:
+    """Options pinning gemm kernels to `isa`; skips when the target cannot run it."""
+    target = cpu_target()
+    if registry.select("gemm", "float32", target, isa, rates={}) is None:
+        pytest.skip(f"-march={target.arch} enables no {isa} gemm kernel")
+    if not host_can_run(target.arch):
+        pytest.skip(f"this host cannot run -march={target.arch} code")
+    return Options(microkernel_isa=isa)
 
 
 def _check(graph, inputs, options=Options(), rtol=1e-4, atol=1e-4):
@@ -61,15 +81,76 @@ def test_registry_describes_every_kernel_file():
         assert m.to_json()["tile"] == [m.mr, m.nr]
 
 
-def test_selection_follows_the_target_features(monkeypatch):
+def _features(*names):
+    return replace(cpu_target(), features=frozenset(names))
+
+
+def test_selection_follows_the_target_features():
+    rates = {"sgemm_avx512_14x32": 200.0, "sgemm_avx2_6x16": 100.0, "sgemm_avx2_4x24": 100.0,
+             "sgemm_vec_6x16": 90.0}
+    pick = lambda target, isa="": registry.select("gemm", "float32", target, isa, rates=rates)
+    assert pick(_features("avx2", "fma")).name == "sgemm_avx2_6x16"
+    assert pick(_features("avx2", "fma"), "avx512") is None
+    assert pick(_features()).name == "sgemm_vec_6x16"
+    assert pick(_features("avx512f", "avx2", "fma")).name == "sgemm_avx512_14x32"
+
+
+@pytest.mark.parametrize("rates,shape,chosen", [
+    # Zen 4: 512-bit FMAs in two halves, the wider kernel is no faster: avx2 wins
+    ({"sgemm_avx512_14x32": 100.1, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
+      "sgemm_vec_6x16": 90.0}, (1024, 1024), "sgemm_avx2_6x16"),
+    # two 512-bit FMA units: avx512 wins even with its edge waste on 127 rows
+    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
+      "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+    # within noise (3%): the one with edge variants, then the one wasting least
+    ({"sgemm_avx512_14x32": 80.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
+      "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
+    # not measured (a target this host cannot run): the widest ISA
+    ({}, (1024, 1024), "sgemm_avx512_14x32"),
+], ids=["zen4", "two-fma512", "tie", "unmeasured"])
+def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
+    """Assumes a target with avx512f, avx2 and fma; the rates stand for the host's."""
+    target = _features("avx512f", "avx2", "fma")
+    mk, why = registry.choose("gemm", "float32", target, shape=shape, rates=rates)
+    assert mk.name == chosen, why
+    assert why.startswith("measured on this host: " + chosen) if rates else "by rank" in why
+
+
+def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch):
+    from polyc.microkernels import calibrate
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
     target = cpu_target()
-    monkeypatch.setattr(registry, "target_features", lambda t: frozenset({"avx2", "fma"}))
-    assert registry.select("gemm", "float32", target).name == "sgemm_avx2_6x16"
-    assert registry.select("gemm", "float32", target, "avx512") is None
-    monkeypatch.setattr(registry, "target_features", lambda t: frozenset())
-    assert registry.select("gemm", "float32", target).name == "sgemm_vec_6x16"
-    monkeypatch.setattr(registry, "target_features", lambda t: frozenset({"avx512f", "avx2", "fma"}))
-    assert registry.select("gemm", "float32", target).name == "sgemm_avx512_14x32"
+    if not host_can_run(target.arch):
+        pytest.skip(f"this host cannot run -march={target.arch} code")
+    kernels = tuple(m for m in registry.REGISTRY
+                    if m.kind == "gemm" and set(m.features) <= target.features)
+    monkeypatch.setattr(calibrate, "_seen", {})
+    rates = calibrate.rates(target, kernels)
+    assert sorted(rates) == sorted(m.name for m in kernels)
+    assert all(r > 0.5 for r in rates.values()), rates  # GFLOP/s: any core does more
+    assert (tmp_path / "calibration.json").exists()
+    monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured twice"))
+    monkeypatch.setattr(calibrate, "_seen", {})
+    assert calibrate.rates(target, kernels) == rates  # from the file
+
+
+def test_the_report_says_why_the_kernel_was_chosen():
+    graph, _ = _matmul((130, 70), (70, 90))
+    compiled = compile(graph, build=False)
+    (line,) = [x for x in compiled.kernels[0].fusion_report if x.startswith("microkernel ")]
+    assert f"on {compiled.kernels[0].microkernels[0]}: " in line
+    assert "measured on this host" in line or "by rank" in line or "only" in line
+    pinned = compile(graph, build=False, options=Options(gemm_kernel=PORTABLE))
+    assert pinned.kernels[0].microkernels == [PORTABLE]
+    assert any("asked for by options.gemm_kernel" in x for x in pinned.kernels[0].fusion_report)
+
+
+def test_a_kernel_the_target_lacks_is_refused_naming_the_option():
+    graph, _ = _matmul((130, 70), (70, 90))
+    with pytest.raises(GraphError) as e:
+        compile(graph, cpu_target("x86-64"), build=False,
+                options=Options(gemm_kernel="sgemm_avx2_6x16"))
+    assert e.value.problems[0].field == "options.gemm_kernel" and "avx2" in str(e.value)
 
 
 def test_avx512_kernel_compiles():
@@ -88,7 +169,8 @@ def test_matmul_shows_marks_and_kernel_call():
     graph, _ = _matmul((130, 70), (70, 90))
     trace: list[str] = []
     compiled = compile(graph, build=False, print_after_all=trace.append,
-                       options=Options(microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 48))))
+                       options=Options(gemm_kernel=PORTABLE,
+                                       microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 48))))
     text = compiled.kernels[0].to_json()["schedule_text"]
     for mark in ("gemm S0 ", "pack_b S0", "pack_a S0", "microkernel sgemm_"):
         assert mark in text
@@ -118,9 +200,11 @@ def test_options_turn_microkernels_off_and_set_threads():
     ((41, 37), (29, 41), {"transpose_a": True, "transpose_b": True}),
     ((5, 200, 30), (30, 70), {}),
 ], ids=["odd", "512", "1024", "batched", "broadcast-batch", "transposes", "batch-lhs"])
-def test_matmul_shapes(sa, sb, attrs):
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_shapes(sa, sb, attrs, isa):
+    options = _isa(isa)
     graph, inputs = _matmul(sa, sb, **attrs)
-    assert _gemm_marks(_check(graph, inputs, rtol=1e-4, atol=2e-4))
+    assert _gemm_marks(_check(graph, inputs, options, rtol=1e-4, atol=2e-4))
 
 
 def _bias_gelu(b, y, inputs, rng, shape):
@@ -140,11 +224,13 @@ def _silu_erf_gelu(b, y, inputs, rng, shape):
 
 @pytest.mark.parametrize("epilogue", [_bias_gelu, _residual_relu_scale, _silu_erf_gelu],
                          ids=["bias-gelu", "residual-relu-scale", "silu-plus-erf-gelu"])
-@pytest.mark.parametrize("tiles", [(), (("kc", 24), ("mc", 18), ("nc", 32))],
+@pytest.mark.parametrize("tiles", [(), (("kc", 24), ("mc", 28), ("nc", 32))],
                          ids=["model-tiles", "small-tiles"])
-def test_epilogues_at_write_back(epilogue, tiles):
+@pytest.mark.parametrize("isa", ISAS)
+def test_epilogues_at_write_back(epilogue, tiles, isa):
+    options = replace(_isa(isa), microkernel_tiles=tiles)
     graph, inputs = _matmul((70, 90), (90, 100), epilogue)
-    compiled = _check(graph, inputs, Options(microkernel_tiles=tiles))
+    compiled = _check(graph, inputs, options)
     assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
 
 
@@ -184,6 +270,7 @@ def test_conv2d_implicit_gemm(xs, ws, attrs, bias):
     assert _gemm_marks(_check(graph, inputs, atol=3e-4))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
        co=st.integers(1, 9), kh=st.integers(1, 3), kw=st.integers(1, 3),
@@ -238,8 +325,9 @@ def _conv(xs, ws, bias_relu=False, seed=5, **attrs):
 def test_conv2d_reads_b_by_rows_from_a_padded_copy():
     """The benchmark's conv2d: no im2col; its window rows are read from a zero-padded
     copy of x (58 wide), the output tiled over 56 x 58 virtual columns."""
+    options = _isa("avx2")
     graph, inputs = _conv((1, 64, 56, 56), (64, 64, 3, 3), pads=[1, 1, 1, 1])
-    compiled = _check(graph, inputs, atol=3e-4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
     mark = _gemm_marks(compiled)[0]
     assert "b=rows" in mark and "sgemm_avx2_4x24" in mark and "jc" not in mark
     tree = compiled.kernels[0].to_json()["schedule_text"]
@@ -256,32 +344,35 @@ def test_conv2d_reads_b_by_rows_from_a_padded_copy():
     ((2, 3, 15, 16), (12, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
     ((1, 6, 20, 40), (12, 6, 3, 3), {"pads": [2, 1, 0, 2]}, True),
 ], ids=["valid", "1x1", "dilated", "odd-pads"])
-def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy):
+@pytest.mark.parametrize("isa", ISAS)
+def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     """No padding: the rows are read from x itself; padding: from a padded copy."""
+    options = _isa(isa)
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
-    compiled = _check(graph, inputs, atol=3e-4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
-    mk = registry.select("gemm", "float32", cpu_target(), isa, shape=(12, 18 * 18))
-    if mk is None:
-        pytest.skip(f"{isa} kernel not supported by this machine")
+    options = _isa(isa)
+    mk = registry.select("gemm", "float32", cpu_target(), isa, shape=(12, 18 * 18), rates={})
     assert mk.b_rows_variant
     graph, inputs = _conv((2, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
-    compiled = _check(graph, inputs, Options(microkernel_isa=isa), atol=3e-4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0] and mk.b_rows_variant + "(" in compiled.c_source
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 2), c=st.integers(1, 6), h=st.integers(3, 20), w=st.integers(3, 40),
        co=st.sampled_from([4, 6, 8, 12, 20]), kh=st.integers(1, 3), kw=st.integers(1, 3),
        dil=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
-       kc=st.sampled_from([0, 5, 8, 20]), mc=st.sampled_from([0, 4, 12]),
-       parallel=st.booleans(), bias_relu=st.booleans())
-def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, parallel, bias_relu):
+       kc=st.sampled_from([0, 5, 8, 20]), mc=st.sampled_from([0, 4, 12, 28]),
+       parallel=st.booleans(), bias_relu=st.booleans(), isa=st.sampled_from(ISAS))
+def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, parallel, bias_relu,
+                              isa):
     """B read by rows for random shapes: virtual columns that wrap inside a tile (or
     several times, on narrow images), tiles at the edge of the virtual columns, K blocks,
     row blocks, the epilogue at the last block, threads sharing the tiles."""
@@ -293,35 +384,36 @@ def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, paralle
     graph, inputs = _conv(xs, ws, bias_relu, seed=h * 100 + w, pads=pads,
                           dilations=[dil, dil])
     tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc)) if v)
-    compiled = _check(graph, inputs, Options(microkernel_tiles=tiles, parallel=parallel),
-                      atol=3e-4)
+    options = replace(_isa(isa), microkernel_tiles=tiles, parallel=parallel)
+    compiled = _check(graph, inputs, options, atol=3e-4)
     marks = _gemm_marks(compiled)
     virtual = wp * (oh - 1) + ow
     if marks and (oh == 1 or virtual <= 1.25 * oh * ow):
         assert "b=rows" in marks[0], marks
 
 
-@pytest.mark.parametrize("isa", ["portable", "avx2"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_forced_variants(isa):
-    if registry.select("gemm", "float32", cpu_target(), isa) is None:
-        pytest.skip(f"{isa} kernel not supported by this machine")
+    options = _isa(isa)
     graph, inputs = _matmul((50, 70), (70, 45), _bias_gelu)
-    compiled = _check(graph, inputs, Options(microkernel_isa=isa))
+    compiled = _check(graph, inputs, options)
     assert any(name in _gemm_marks(compiled)[0] for name in registry.ISAS[isa])
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(m=st.integers(8, 70), n=st.integers(8, 70), k=st.integers(8, 70),
        batch=st.sampled_from([(), (3,), (2, 1)]), ta=st.booleans(), tb=st.booleans(),
-       kc=st.sampled_from([0, 8, 20]), mc=st.sampled_from([0, 6, 24]), nc=st.sampled_from([0, 16, 48]),
-       parallel=st.booleans())
-def test_random_contractions(m, n, k, batch, ta, tb, kc, mc, nc, parallel):
+       kc=st.sampled_from([0, 8, 20]), mc=st.sampled_from([0, 6, 24, 28]),
+       nc=st.sampled_from([0, 16, 48, 64]), parallel=st.booleans(), isa=st.sampled_from(ISAS))
+def test_random_contractions(m, n, k, batch, ta, tb, kc, mc, nc, parallel, isa):
     sa = batch + ((k, m) if ta else (m, k))
     sb = (n, k) if tb else (k, n)
     graph, inputs = _matmul(sa, sb, _bias_gelu if (m + n) % 2 else None,
                             transpose_a=ta, transpose_b=tb)
     tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc), ("nc", nc)) if v)
-    assert _gemm_marks(_check(graph, inputs, Options(microkernel_tiles=tiles, parallel=parallel)))
+    options = replace(_isa(isa), microkernel_tiles=tiles, parallel=parallel)
+    assert _gemm_marks(_check(graph, inputs, options))
 
 
 # --- prologues folded into packing, and fusions that would lose the kernel -------------
@@ -365,7 +457,7 @@ def test_a_pair_refused_early_is_proposed_again_after_a_merge():
     compiled = _check(graph, {"a": _rand(rng, (128, 96)), "w": _rand(rng, (96, 160))})
     (kernel,) = compiled.kernels
     assert len(_gemm_marks(compiled)) == 1
-    last = kernel.fusion_report[-1]
+    last = [x for x in kernel.fusion_report if x.startswith(("vertical", "horizontal"))][-1]
     # only relu's output newly stays local: written and read once, 96 * 128 floats each
     assert "folded into the operand" in last and last.endswith("saves 96.0 KiB"), last
 
@@ -417,8 +509,15 @@ def test_row_kernels(op, fn):
 
 # --- tuning -------------------------------------------------------------------------------
 
-def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, capsys):
+def _tuned(text: str) -> tuple[str, dict[str, int]]:
+    """(microkernel, tiles) of a tune report's 'best: ' text."""
+    words = text.split(" (")[0].split()
+    return words[0], {k: int(v) for k, v in (w.split("=") for w in words[1:])}
+
+
+def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, capsys):
     from polyc.cli import main
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here
     b = GraphBuilder("tune_me")
     graph_json = b.to_json([b.relu(b.matmul(b.input("a", (96, 72)), b.input("w", (72, 80))))])
     path = tmp_path / "g.json"
@@ -428,16 +527,22 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, capsys):
     def tiles(threads):
         plan = GemmPlan.parse(_gemm_marks(compile(str(path), options=Options(threads=threads),
                                                   build=False))[0])
-        return {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc}
+        return plan.kernel, {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc}
 
     model_tiles = tiles(3)
-    assert main(["tune", str(path), "--budget", "3", "--repeat", "1", "--threads", "1"]) == 0
+    assert main(["tune", str(path), "--budget", "6", "--repeat", "1", "--threads", "1"]) == 0
     out = capsys.readouterr()
-    assert "best: " in out.out and "3/3" in out.err  # the progress bar ends full
+    assert "best: " in out.out and "6/6" in out.err  # the progress bar ends full
     assert "with 1 thread(s)" in out.out
-    best = dict(w.split("=") for w in out.out.split("best: ")[1].split(" (")[0].split())
-    assert tiles(1) == {k: int(v) for k, v in best.items()}
+    assert tiles(1) == _tuned(out.out.split("best: ")[1])
     assert tiles(3) == model_tiles  # measured for one thread, not for a team of three
+    # every gemm kernel the host can run was among the candidates
+    target = cpu_target()
+    runnable = [m.name for m in registry.REGISTRY
+                if m.kind == "gemm" and set(m.features) <= target.features]
+    measured = {line.split()[1] for line in out.out.splitlines() if line.endswith(" ms")
+                and ": best: " not in line}
+    assert measured == set(runnable[:6])
 
 
 def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
@@ -454,15 +559,16 @@ def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
     best = {}
     for line in capsys.readouterr().out.splitlines():
         if ": best: " in line:
-            name, tiles = line.split(": best: ")
-            best[name] = {k: int(v) for k, v in (w.split("=") for w in tiles.split(" (")[0].split())}
+            name, text = line.split(": best: ")
+            best[name] = _tuned(text)
     compiled = compile(str(path), options=Options(threads=1), build=False)
     assert sorted(best) == sorted(k.name for k in compiled.kernels)
     for k in compiled.kernels:
         (mark,) = [line.split('"')[1] for line in k.to_json()["schedule_text"].splitlines()
                    if 'mark: "gemm ' in line]
-        t = GemmPlan.parse(mark).tiles
-        assert {"kc": t.kc, "mc": t.mc, "nc": t.nc} == best[k.name]
+        plan = GemmPlan.parse(mark)
+        t = plan.tiles
+        assert (plan.kernel, {"kc": t.kc, "mc": t.mc, "nc": t.nc}) == best[k.name]
 
 
 def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch):
@@ -472,10 +578,11 @@ def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeyp
     plan = lambda threads: GemmPlan.parse(_gemm_marks(
         compile(graph, options=Options(threads=threads), build=False))[0])
     model = plan(2).tiles
-    tuned = {"kc": 24, "mc": 30, "nc": 32}
+    tuned = {"kc": 24, "mc": 84, "nc": 96}  # multiples of every kernel's mr and nr
     assert (model.kc, model.mc, model.nc) != tuple(tuned.values())
     for kernel in compile(graph, build=False).kernels:
-        tuning.store(kernel.kernel, cpu_target(), 1, tuned, 1e-3)
+        tuning.store(kernel.kernel, cpu_target(), 1, GemmPlan.parse(kernel.marks("gemm")[0]).kernel,
+                     tuned, 1e-3)
     got = plan(1).tiles
     assert (got.kc, got.mc, got.nc) == tuple(tuned.values())
     assert plan(2).tiles == model
@@ -488,42 +595,48 @@ def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeyp
                                         ((127, 255), "sgemm_avx2_6x16"),  # a tie: the taller
                                         ((20, 48), "sgemm_avx2_4x24")])
 def test_the_tile_that_wastes_least_is_chosen(shape, name):
-    if registry.select("gemm", "float32", cpu_target(), "avx2") is None:
-        pytest.skip("no avx2 on this machine")
-    assert registry.select("gemm", "float32", cpu_target(), "avx2", shape=shape).name == name
+    """Assumes a target with avx2 and fma whose two avx2 kernels measured alike."""
+    rates = {"sgemm_avx2_6x16": 100.0, "sgemm_avx2_4x24": 100.0, "sgemm_vec_6x16": 50.0}
+    target = _features("avx2", "fma")
+    assert registry.select("gemm", "float32", target, shape=shape, rates=rates).name == name
 
 
 @pytest.mark.parametrize("sa,sb,epilogue", [((28, 50), (50, 70), _bias_gelu),
                                             ((3, 40, 33), (33, 24), None),
                                             ((8, 9), (9, 100), _bias_gelu)])
 def test_four_row_kernel_matches_the_reference(sa, sb, epilogue):
-    if registry.select("gemm", "float32", cpu_target(), "avx2") is None:
-        pytest.skip("no avx2 on this machine")
+    options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_4x24")
     graph, inputs = _matmul(sa, sb, epilogue)
-    assert "sgemm_avx2_4x24" in _gemm_marks(_check(graph, inputs))[0]
+    assert "sgemm_avx2_4x24" in _gemm_marks(_check(graph, inputs, options))[0]
 
 
-def test_conv2d_with_64_output_channels_uses_the_four_row_kernel():
-    if registry.select("gemm", "float32", cpu_target(), "avx2") is None:
-        pytest.skip("no avx2 on this machine")
+def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
+    options = _isa("avx2")
+    # as if both avx2 kernels measured alike: the tile shape decides
+    from polyc.microkernels import calibrate
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+        m.name: 100.0 for m in kernels})
     b = GraphBuilder("conv")
     graph = b.build([b.conv2d(b.input("x", (1, 8, 11, 13)), b.input("w", (64, 8, 3, 3)),
                               pads=[1, 1, 1, 1])])
     rng = np.random.default_rng(5)
     inputs = {"x": _rand(rng, (1, 8, 11, 13)), "w": _rand(rng, (64, 8, 3, 3))}
-    compiled = _check(graph, inputs, atol=3e-4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
     assert "sgemm_avx2_4x24" in _gemm_marks(compiled)[0]
 
 
 @pytest.mark.parametrize("sa,sb", [((50, 70), (70, 45)), ((2, 1, 13, 21), (3, 21, 17)),
                                    ((4, 9), (9, 30))])
-def test_a_row_major_a_is_packed_by_register_transposes(sa, sb):
-    # K contiguous in A: polyc_pack_rows_t transposes 8 K steps at a time; edge panels
-    # (50 and 13 rows) are zero-filled, batch dims broadcast, K = 9 and 21 end in a tail
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_row_major_a_is_packed_by_register_transposes(sa, sb, isa):
+    # K contiguous in A: polyc_pack_rows_t transposes 8 K steps of 8 rows at a time (two
+    # row groups for 14-row panels); edge panels (50 and 13 rows) are zero-filled, batch
+    # dims broadcast, K = 9 and 21 end in a tail
+    options = _isa(isa)
     graph, inputs = _matmul(sa, sb)
-    assert "polyc_pack_rows_t(&" in _check(graph, inputs).c_source
+    assert "polyc_pack_rows_t(&" in _check(graph, inputs, options).c_source
     graph, inputs = _matmul(sa[:-2] + sa[:-3:-1], sb, transpose_a=True)  # K outer: no
-    assert "polyc_pack_rows_t(&" not in _check(graph, inputs).c_source
+    assert "polyc_pack_rows_t(&" not in _check(graph, inputs, options).c_source
 
 
 # --- memory safety -------------------------------------------------------------------
@@ -543,7 +656,7 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
     (tmp_path / "kernels.c").write_text(compiled.c_source)
     (tmp_path / "main.c").write_text('#include "kernels.c"\n#include <stdlib.h>\n#include <string.h>\n'
                                      "int main(void) {\n" + "\n".join(body) + "\n  return 0;\n}\n")
-    flags = [f for f in CFLAGS if f not in ("-O3", "-shared", "-fPIC")]
+    flags = [f for f in cflags() if f not in ("-O3", "-shared", "-fPIC")]
     subprocess.run([CC, *flags, "-O1", "-g", "-fsanitize=address", "-o", str(tmp_path / "main"),
                     str(tmp_path / "main.c"), "-lm"], check=True, capture_output=True)
     return subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=120,

@@ -22,6 +22,7 @@ from polyc.server.keys import Toolchain, canonical_graph
 from polyc.server.metrics import Metrics
 from polyc.server.models import CompileOptions, CompileRequest
 from polyc.server.problems import ApiProblem, graph_pointer
+from polyc.target import cpu_target, host_can_run
 
 TOOLCHAIN = Toolchain(polyc="0.1.0", islpy="2026.1", isl="isl-x", cc="gcc",
                       cc_version="gcc 12", cflags="-O3", cpu="flags=avx2 sse")
@@ -100,7 +101,8 @@ def test_int32_constants_stay_integers_in_the_canonical_form():
 
 def test_real_toolchain_is_detected():
     tc = Toolchain.detect()
-    assert tc.polyc and tc.islpy and tc.cc_version and "-march=native" in tc.cflags
+    assert tc.polyc and tc.islpy and tc.cc_version and f"-march={cpu_target().arch}" in tc.cflags
+    assert host_can_run(cpu_target().arch) == bool(json.loads(tc.calibration))
     assert len(tc.key(b"{}", "cpu", {})) == 64
 
 
@@ -188,7 +190,7 @@ def test_problems_point_at_the_field(problem, expected):
 # -- worker error mapping ------------------------------------------------------------------------
 
 def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
-    def full(source, *, timeout_s):
+    def full(source, target, *, timeout_s):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(worker_main, "build_object", full)
     job = {"key": "k" * 64, "graph": canonical_graph(load_graph(graph_doc())), "target": "cpu",

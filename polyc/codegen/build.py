@@ -14,14 +14,19 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BuildError
+from ..target import CC, Target, cpu_target
 
-CC = os.environ.get("POLYC_CC", "gcc")
 # reassociation lets gcc vectorise sums; infinities and NaN keep their IEEE meaning
 # (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf)
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11",
-          "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-          "-Wall", "-Werror=implicit-function-declaration")
+BASE_CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11",
+               "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+               "-fno-signed-zeros", "-Wall", "-Werror=implicit-function-declaration")
 BUILD_TIMEOUT_S = 120
+
+
+def cflags(target: Target | None = None) -> tuple[str, ...]:
+    """The flags generated code for `target` is built with: its -march and the rest."""
+    return (*BASE_CFLAGS, f"-march={(target or cpu_target()).arch}")
 
 
 def cache_dir() -> Path:
@@ -40,24 +45,24 @@ def compiler_version() -> str:
     return out.stdout.splitlines()[0] if out.stdout else CC
 
 
-def build_key(source: str) -> str:
+def build_key(source: str, target: Target | None = None) -> str:
     h = hashlib.sha256()
-    for part in (source, CC, " ".join(CFLAGS), compiler_version()):
+    for part in (source, CC, " ".join(cflags(target)), compiler_version()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
-def gcc_command(c_file: Path | str, so_file: Path | str) -> list[str]:
+def gcc_command(c_file: Path | str, so_file: Path | str, target: Target | None = None) -> list[str]:
     """The one command line that turns generated C into a shared object."""
-    return [CC, *CFLAGS, "-o", str(so_file), str(c_file), "-lm"]
+    return [CC, *cflags(target), "-o", str(so_file), str(c_file), "-lm"]
 
 
-def build_shared_object(source: str) -> Path:
-    """Compile `source` (or reuse the cached object) and return the .so path."""
+def build_shared_object(source: str, target: Target | None = None) -> Path:
+    """Compile `source` for `target` (or reuse the cached object); the .so path."""
     out_dir = cache_dir() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
-    so = out_dir / f"{build_key(source)}.so"
+    so = out_dir / f"{build_key(source, target)}.so"
     if so.exists():
         return so
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -65,7 +70,7 @@ def build_shared_object(source: str) -> Path:
         c_file.write_text(source)
         tmp_so = Path(tmp) / "kernels.so"
         try:
-            proc = subprocess.run(gcc_command(c_file, tmp_so), capture_output=True, text=True,
+            proc = subprocess.run(gcc_command(c_file, tmp_so, target), capture_output=True, text=True,
                                   timeout=BUILD_TIMEOUT_S, start_new_session=True)
         except subprocess.TimeoutExpired:
             raise BuildError(f"{CC} took longer than {BUILD_TIMEOUT_S} s") from None

@@ -478,7 +478,7 @@ class MicrokernelEmitter:
         """A panel of a plain load contiguous along K (a row-major A): one call of
         support.c's transposing packer, or None when the operand is anything else."""
         batch = {self.view.out_iter[d] for d in self.view.batch}
-        if (tile > 8 or not isinstance(expr, Load) or expr.dtype != "float32"
+        if (tile > 16 or not isinstance(expr, Load) or expr.dtype != "float32"
                 or not all(isinstance(e, Aff) for e in expr.index)
                 or self.b.arrays[expr.tensor].kept is not None
                 or not iterators(expr) <= {own, red} | batch):

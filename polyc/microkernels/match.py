@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
+from ..errors import GraphError, Problem
 from ..kernel import Kernel
 from ..schedule_tree.comprehension import Statement
 from ..schedule_tree.model import PolyModel
@@ -92,21 +93,24 @@ def is_gemm_mark(name: str) -> bool:
     return name.startswith("gemm ")
 
 
-def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Target | None = None
-                     ) -> PolyModel:
+def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Target | None = None,
+                     report: list[str] | None = None) -> PolyModel:
     """Map the kernel's contraction (or its row reductions) onto microkernels.
 
     Before: band(i, j) -> sequence[S0_init, S0 -> band(k), S1 (bias), S2 (gelu) ...].
     After: the tree in the module docstring; a kernel with no match is returned as is.
-    Options read: `microkernels` (off: no change), `microkernel_isa`, `microkernel_tiles`,
-    `parallel`, `threads`.
+    Options read: `microkernels` (off: no change), `microkernel_isa`, `gemm_kernel`,
+    `microkernel_tiles`, `parallel`, `threads`. Why a gemm kernel was chosen is appended
+    to `report`.
     """
     if not getattr(options, "microkernels", True):
         return model
     target = target or cpu_target()
     view = gemm_view(kernel)
-    mk = gemm_microkernel(view, target, getattr(options, "microkernel_isa", ""))
-    if mk is not None:
+    if gemm_microkernel(view, target, getattr(options, "microkernel_isa", "")) is not None:
+        mk, why = choose_gemm_kernel(view, kernel, target, options)
+        if report is not None:
+            report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = b_rows(view, kernel) if mk.b_rows_variant else None
         plan = plan_gemm(view, mk, kernel, target, options, rows)
         # codegen reads tile origins off the loop iterators: isl must not scale a
@@ -130,6 +134,35 @@ def gemm_microkernel(view: GemmView | None, target: Target, isa: str = "",
     return registry.select("gemm", "float32", target, isa, shape=(view.M, view.N))
 
 
+def choose_gemm_kernel(view: GemmView, kernel: Kernel, target: Target, options
+                       ) -> tuple[registry.Microkernel, str]:
+    """The gemm kernel for this contraction and why: the one `options.gemm_kernel`
+    names, else the one `polyc tune` measured fastest for this kernel, else the fastest
+    the calibration measured for the shape (`registry.choose`); within
+    `options.microkernel_isa` when it names one."""
+    isa = getattr(options, "microkernel_isa", "")
+    allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
+               and set(m.features) <= target.features
+               and (not isa or m.name in registry.ISAS[isa])]
+    asked = getattr(options, "gemm_kernel", "")
+    if asked:
+        mk = registry.by_name(asked)
+        if mk not in allowed:
+            raise GraphError(Problem(
+                f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
+                f"{target.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
+                f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
+                field="options.gemm_kernel"))
+        return mk, "asked for by options.gemm_kernel"
+    tuned = tuning.lookup(kernel, target, tuning.team(options, target)) or {}
+    name = tuned.get("microkernel")
+    if name and any(m.name == name for m in allowed):
+        return registry.by_name(name), (f"measured fastest by polyc tune "
+                                        f"({tuned['seconds'] * 1e3:.3f} ms)")
+    mk, why = registry.choose("gemm", "float32", target, isa, shape=(view.M, view.N))
+    return mk, why
+
+
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,
               options, rows: BRows | None = None) -> GemmPlan:
     """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
@@ -137,7 +170,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: 
     M, N, K = view.M, view.N, view.K
     tiles = model_tiles(M, N, K, mk, target)
     team = tuning.team(options, target)
-    overrides = dict(tuning.lookup(kernel, target, team) or {})
+    tuned = tuning.lookup(kernel, target, team) or {}
+    overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
     overrides.update(dict(getattr(options, "microkernel_tiles", ()) or ()))
     tiles = apply_overrides(tiles, overrides, M, N, K, mk)
     par = "none"

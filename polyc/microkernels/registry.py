@@ -6,15 +6,11 @@ and the target features it needs. The matcher reads the registry to pick a kerne
 its tile shape; codegen pastes the chosen files (include-guarded) into the translation
 unit; the browser view can show `to_json()`.
 
-A target's features are those gcc enables for it (`-march=native` on the host: the flags
-the generated code is built with), so a kernel is only chosen where it compiles and runs.
+A target's features are those gcc enables for its `-march` (the flags the generated code
+is built with, `target.features`), so a kernel is only chosen where it compiles and runs.
 """
 from __future__ import annotations
 
-import functools
-import os
-import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +67,9 @@ def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Micr
 
 
 REGISTRY: tuple[Microkernel, ...] = (
-    _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3),
+    _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3,
+          rows_variant="polyc_sgemm_avx512_14x32_rows",
+          b_rows_variant="polyc_sgemm_avx512_14x32_b_rows"),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows"),
@@ -94,30 +92,8 @@ def by_name(name: str) -> Microkernel:
     return next(m for m in REGISTRY if m.name == name)
 
 
-@functools.lru_cache(maxsize=None)
-def host_features() -> frozenset[str]:
-    """The x86 features gcc enables with -march=native (what generated code is built
-    with); from /proc/cpuinfo when gcc cannot be asked."""
-    cc = os.environ.get("POLYC_CC", "gcc")
-    try:
-        out = subprocess.run([cc, "-march=native", "-Q", "--help=target"], capture_output=True,
-                             text=True, timeout=30).stdout
-        found = re.findall(r"^\s+-m([a-z0-9.\-]+)\s+\[enabled\]", out, re.M)
-        if found:
-            return frozenset(found)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def target_features(target: Target) -> frozenset[str]:
-    return host_features() if target.name == "cpu" else frozenset()
+    return target.features
 
 
 def tile_efficiency(m: Microkernel, rows: int, cols: int) -> float:
@@ -125,23 +101,58 @@ def tile_efficiency(m: Microkernel, rows: int, cols: int) -> float:
     return rows / (-(-rows // m.mr) * m.mr) * cols / (-(-cols // m.nr) * m.nr)
 
 
+TIE = 0.03  # relative: rounds of the calibration differ by about this much
+
+
 def select(kind: str, dtype: str, target: Target, isa: str = "",
-           shape: tuple[int, int] | None = None) -> Microkernel | None:
-    """The best kernel of `kind` for `dtype` whose features the target has; `isa`
-    ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if unsupported).
-    Among equal ranks, a gemm of C's `shape` (rows, cols) gets the kernel whose tiles
-    waste the fewest multiply-adds at the edges (64 rows: 4 x 24, not 6 x 16 with a
-    third of its last row tile empty), the taller one on a tie."""
-    have = target_features(target)
+           shape: tuple[int, int] | None = None,
+           rates: dict[str, float] | None = None) -> Microkernel | None:
+    """The kernel `choose` picks (see there)."""
+    return choose(kind, dtype, target, isa, shape, rates)[0]
+
+
+def choose(kind: str, dtype: str, target: Target, isa: str = "",
+           shape: tuple[int, int] | None = None,
+           rates: dict[str, float] | None = None) -> tuple[Microkernel | None, str]:
+    """The fastest kernel of `kind` for `dtype` whose features the target has, and why.
+
+    `isa` ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if the target
+    lacks it). Among several gemm kernels, each kernel's speed measured on this host
+    (`calibrate.rates`, or `rates` given) is weighed by the share of its multiply-adds
+    that land inside a C of `shape` (rows, cols): 64 rows waste a third of the 6 x 16
+    kernel's last row tile and none of the 4 x 24's. Scores within TIE of the best are
+    a tie (measurement noise must not flip the choice), won by rank (the kernel with
+    edge variants), then the smaller waste, then the taller tile. A target this host
+    cannot run keeps the registry's rank (widest ISA first)."""
     fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
-            and set(m.features) <= have]
+            and set(m.features) <= target_features(target)]
     if isa and kind == "gemm":
         fits = [m for m in fits if m.name in ISAS.get(isa, ())]
+    if len(fits) <= 1 or kind != "gemm":
+        best = max(fits, key=lambda m: m.rank, default=None)
+        return best, (f"{best.name}: the only {kind} kernel for this target" if best else "")
+    if rates is None:
+        from . import calibrate
+        rates = calibrate.rates(target, tuple(m for m in REGISTRY if m.kind == "gemm"
+                                              and set(m.features) <= target_features(target)))
 
-    def key(m: Microkernel):
-        return (m.rank, round(tile_efficiency(m, *shape), 3) if shape else 0.0, m.mr)
+    def efficiency(m: Microkernel) -> float:
+        return round(tile_efficiency(m, *shape), 3) if shape else 1.0
 
-    return max(fits, key=key, default=None)
+    if not all(m.name in rates for m in fits):
+        best = max(fits, key=lambda m: (m.rank, efficiency(m), m.mr))
+        return best, (f"{best.name}: by rank (the kernels were not measured: this host "
+                      f"cannot run -march={target.arch} code)")
+    score = {m.name: rates[m.name] * efficiency(m) for m in fits}
+    top = max(score.values())
+    scored = sorted(fits, key=lambda m: (score[m.name] >= (1 - TIE) * top, m.rank,
+                                         efficiency(m), m.mr, score[m.name]), reverse=True)
+
+    def text(m: Microkernel) -> str:
+        return f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles used"
+
+    return scored[0], ("measured on this host: " + text(scored[0])
+                       + "".join(f"; vs {text(m)}" for m in scored[1:]))
 
 
 def c_source(kernels: list[Microkernel]) -> str:

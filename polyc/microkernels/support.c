@@ -9,11 +9,12 @@
  *   4 = the padded copy of a B read in place by rows, 5 = its K rows' offsets.
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
  *
- *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 8: a column panel from
+ *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 16: a column panel from
  *   `rows` rows of `kc` contiguous floats, `ld` floats apart: dst[p * tile + r] =
  *   src[r * ld + p], zero for rows <= r < tile. Writes exactly tile * kc floats; src
- *   and dst any alignment. With AVX, eight K steps at a time through an 8 x 8 register
- *   transpose (the scalar gather it replaces is two memory operations per element).
+ *   and dst any alignment. With AVX, eight K steps of eight rows at a time through an
+ *   8 x 8 register transpose (the scalar gather it replaces is two memory operations
+ *   per element); a tile over 8 rows is two such groups.
  */
 #ifndef POLYC_MK_SUPPORT
 #define POLYC_MK_SUPPORT
@@ -39,37 +40,52 @@ static void *polyc_scratch(int slot, size_t bytes)
   return polyc_scratch_buf[slot];
 }
 
+/* rows r0 .. r0 + 7 (those < rows; zeros past them) of eight K steps from p: an 8-wide
+   store per K step at dst + q * tile + r0, which may spill past the panel row into the
+   next K step's first slots: the caller writes lower row groups after higher ones, and
+   the last store of a panel is cut to the panel */
+static inline void polyc_pack_t8(const float *restrict src, long ld, long rows, long tile,
+                                 long r0, long p, int last, float *restrict dst)
+{
+#if defined(__AVX__)
+  __m256 r[8];
+  for (int i = 0; i < 8; i++)
+    r[i] = r0 + i < rows ? _mm256_loadu_ps(src + (r0 + i) * ld + p) : _mm256_setzero_ps();
+  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  __m256 col[8] = {  /* col[q][i] = row r0 + i at K step p + q */
+    _mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+    _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+    _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+    _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+  float *d = dst + p * tile + r0;
+  long width = tile - r0 < 8 ? tile - r0 : 8;
+  for (int q = 0; q < 7; q++)
+    _mm256_storeu_ps(d + q * tile, col[q]);
+  if (last || width < 8) {
+    float cut[8];
+    _mm256_storeu_ps(cut, col[7]);
+    memcpy(d + 7 * tile, cut, width * sizeof(float));
+  } else {
+    _mm256_storeu_ps(d + 7 * tile, col[7]);
+  }
+#endif
+}
+
 static void polyc_pack_rows_t(const float *restrict src, long ld, long rows, long tile,
                               long kc, float *restrict dst)
 {
   long p = 0;
 #if defined(__AVX__)
-  for (; p + 8 <= kc; p += 8) {
-    __m256 r[8];
-    for (int i = 0; i < 8; i++)
-      r[i] = i < rows ? _mm256_loadu_ps(src + i * ld + p) : _mm256_setzero_ps();
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    __m256 col[8] = {  /* col[q][i] = row i at K step p + q */
-      _mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
-      _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
-      _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
-      _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
-    float *d = dst + p * tile;
-    /* 8-wide stores `tile` apart: each spills past its K step into the next one's slot,
-       which the next store rewrites; the last one is cut to `tile` floats */
-    for (int q = 0; q < 7; q++)
-      _mm256_storeu_ps(d + q * tile, col[q]);
-    float last[8];
-    _mm256_storeu_ps(last, col[7]);
-    memcpy(d + 7 * tile, last, tile * sizeof(float));
-  }
+  for (; p + 8 <= kc; p += 8)
+    for (long r0 = (tile - 1) / 8 * 8; r0 >= 0; r0 -= 8)
+      polyc_pack_t8(src, ld, rows, tile, r0, p, p + 8 >= kc, dst);
 #endif
   for (; p < kc; p++)
     for (long i = 0; i < tile; i++)

@@ -18,11 +18,11 @@ from pathlib import Path
 from ..codegen.build import cache_dir
 from ..kernel import Kernel
 from ..target import Target
-from .registry import host_features
 
 
-def machine_id() -> str:
-    """The CPU model, core count and enabled features: where a measurement holds."""
+def machine_id(target: Target) -> str:
+    """The CPU model, core count, and the arch and features the code is built for: where
+    a measurement holds."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -31,8 +31,9 @@ def machine_id() -> str:
                 break
     except OSError:
         pass
-    feats = ",".join(sorted(f for f in host_features() if f.startswith(("avx", "fma", "sse"))))
-    return f"{model}|{os.cpu_count()}|{hashlib.sha256(feats.encode()).hexdigest()[:12]}"
+    feats = ",".join(sorted(f for f in target.features if f.startswith(("avx", "fma", "sse"))))
+    return (f"{model}|{os.cpu_count()}|{target.arch}|"
+            f"{hashlib.sha256(feats.encode()).hexdigest()[:12]}")
 
 
 def team(options, target: Target) -> int:
@@ -46,7 +47,7 @@ def team(options, target: Target) -> int:
 
 def kernel_key(kernel: Kernel, target: Target, threads: int) -> str:
     text = "\n".join(str(s).split("  #")[0] for s in kernel.statements)
-    where = f"{target.name}\n{machine_id()}\n{threads} threads"
+    where = f"{target.name}\n{machine_id(target)}\n{threads} threads"
     return hashlib.sha256(f"{text}\n{where}".encode()).hexdigest()
 
 
@@ -72,19 +73,20 @@ def fingerprint() -> str:
     return f"{st.st_mtime_ns}:{st.st_size}"
 
 
-def lookup(kernel: Kernel, target: Target, threads: int) -> dict[str, int] | None:
-    entry = _load().get(kernel_key(kernel, target, threads))
-    return dict(entry["tiles"]) if entry else None
+def lookup(kernel: Kernel, target: Target, threads: int) -> dict | None:
+    """The stored measurement of `kernel`: {"microkernel": name, "tiles": {...},
+    "seconds": ...}, or None."""
+    return _load().get(kernel_key(kernel, target, threads))
 
 
-def store(kernel: Kernel, target: Target, threads: int, tiles: dict[str, int],
-          seconds: float) -> None:
-    """Record the best tiles for `kernel` run by `threads` threads (written atomically:
-    tuners may race)."""
+def store(kernel: Kernel, target: Target, threads: int, microkernel: str,
+          tiles: dict[str, int], seconds: float) -> None:
+    """Record the fastest microkernel and tiles for `kernel` run by `threads` threads
+    (written atomically: tuners may race)."""
     data = _load()
     data[kernel_key(kernel, target, threads)] = {
-        "kernel": kernel.name, "tiles": tiles, "seconds": seconds, "machine": machine_id(),
-        "threads": threads}
+        "kernel": kernel.name, "microkernel": microkernel, "tiles": tiles, "seconds": seconds,
+        "machine": machine_id(target), "threads": threads}
     path = _path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
@@ -111,54 +113,78 @@ def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: 
     return out[:max(1, budget)]
 
 
-def tune_graph(graph, *, options, budget: int = 18, repeat: int = 5, progress=None) -> list[str]:
-    """Measure tile-size candidates for each microkernel contraction of `graph`, each
-    kernel timed alone, and keep each one's fastest in the tuning cache; returns report
-    lines. `progress(done, total, text)` is called after each measurement."""
+def kernel_candidates(plan, kernels, target: Target, budget: int, vary_nc: bool
+                      ) -> list[tuple[str, dict[str, int]]]:
+    """(microkernel, tiles) pairs to measure for a contraction `plan`: for each gemm
+    kernel in `kernels`, tiles around the memory model's choice for that kernel, taken
+    in turns (every kernel's own model tiles first) up to `budget`."""
+    from .tiles import model_tiles
+    per_kernel = []
+    for mk in kernels:
+        model = model_tiles(plan.m, plan.n, plan.k, mk, target).to_json()
+        per_kernel.append([(mk.name, t) for t in candidates(
+            model, plan.m, plan.n, plan.k, mk.mr, mk.nr, budget, vary_nc)])
+    out = []
+    for turn in range(max(map(len, per_kernel), default=0)):
+        out += [cands[turn] for cands in per_kernel if turn < len(cands)]
+    return out[:max(1, budget)]
+
+
+def tune_graph(graph, *, options, budget: int = 24, repeat: int = 5, progress=None) -> list[str]:
+    """Measure (microkernel, tile sizes) candidates for each microkernel contraction of
+    `graph`, each kernel timed alone, and keep each one's fastest in the tuning cache;
+    returns report lines. The candidates cover every gemm kernel the target can run
+    (within `options.microkernel_isa`, or only `options.gemm_kernel` when set).
+    `progress(done, total, text)` is called after each measurement."""
     import dataclasses
 
     from ..cli import random_inputs
     from ..compiler import compile
-    from ..target import cpu_target
+    from ..target import cpu_target, host_can_run
     from .match import GemmPlan
-    from .registry import by_name
+    from .registry import ISAS, REGISTRY
 
     target = cpu_target()
     threads = team(options, target)
     # measured with exactly the team the key names, whatever OMP_NUM_THREADS says
     options = dataclasses.replace(options, threads=threads)
     base = compile(graph, options=options, build=False)
-    plans = []  # (index of the kernel, kernel, its gemm plan)
-    for index, kr in enumerate(base.kernels):
-        plans += [(index, kr.kernel, GemmPlan.parse(m)) for m in kr.marks("gemm")]
-    if not plans:
-        return ["no microkernel contraction in this graph: nothing to tune"]
+    kernels = [m for m in REGISTRY if m.kind == "gemm" and set(m.features) <= target.features
+               and (not options.microkernel_isa or m.name in ISAS[options.microkernel_isa])
+               and (not options.gemm_kernel or m.name == options.gemm_kernel)]
+    if not host_can_run(target.arch):
+        return [f"this host cannot run -march={target.arch} code: nothing to measure"]
     todo = []
-    for index, kernel, plan in plans:
-        mk = by_name(plan.kernel)
-        todo.append((index, kernel, candidates(plan.tiles.to_json(), plan.m, plan.n, plan.k,
-                                               mk.mr, mk.nr, budget, vary_nc=plan.b == "packed")))
+    for index, kr in enumerate(base.kernels):
+        for mark in kr.marks("gemm"):
+            plan = GemmPlan.parse(mark)
+            usable = [m for m in kernels if plan.b != "rows" or m.b_rows_variant]
+            todo.append((index, kr.kernel, kernel_candidates(plan, usable, target, budget,
+                                                             vary_nc=plan.b == "packed")))
+    if not todo:
+        return ["no microkernel contraction in this graph: nothing to tune"]
     total = sum(len(cands) for *_, cands in todo)
     inputs = random_inputs(base.graph)
     lines: list[str] = []
     done = 0
     for index, kernel, cands in todo:
-        best: tuple[float, dict] | None = None
-        for tiles in cands:
-            # the tiles apply to every contraction of the graph; only this one is timed
-            opts = dataclasses.replace(options, microkernel_tiles=tuple(sorted(tiles.items())))
+        best: tuple[float, str, dict] | None = None
+        for name, tiles in cands:
+            # the choice applies to every contraction of the graph; only this one is timed
+            opts = dataclasses.replace(options, gemm_kernel=name,
+                                       microkernel_tiles=tuple(sorted(tiles.items())))
             seconds = _time_kernel(compile(graph, options=opts), index, inputs, repeat)
-            text = f"{kernel.name} {_tiles_text(tiles)}: {seconds * 1e3:.3f} ms"
+            text = f"{kernel.name} {name} {_tiles_text(tiles)}: {seconds * 1e3:.3f} ms"
             lines.append(text)
             if best is None or seconds < best[0]:
-                best = (seconds, tiles)
+                best = (seconds, name, tiles)
             done += 1
             if progress:
                 progress(done, total, text)
-        seconds, tiles = best
-        store(kernel, target, threads, tiles, seconds)
-        lines.append(f"{kernel.name}: best: {_tiles_text(tiles)} ({seconds * 1e3:.3f} ms)")
-    lines.append(f"kept for {len(todo)} kernel(s) on {machine_id()} with {threads} thread(s)")
+        seconds, name, tiles = best
+        store(kernel, target, threads, name, tiles, seconds)
+        lines.append(f"{kernel.name}: best: {name} {_tiles_text(tiles)} ({seconds * 1e3:.3f} ms)")
+    lines.append(f"kept for {len(todo)} kernel(s) on {machine_id(target)} with {threads} thread(s)")
     return lines
 
 

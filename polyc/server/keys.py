@@ -5,6 +5,9 @@ key = sha256 over, each part preceded by its length (so no two part lists collid
   JSON, the polyc version, the islpy and isl versions, the C compiler command, its
   version and its flags, and for the host target (`cpu`, built with -march=native) the
   host's CPU features and the state of the tuning cache (`polyc tune` changes tiles).
+  The gemm kernels' speeds measured on the host (`calibrate`: they choose the default
+  kernel) are not in it: they are a function of the CPU, which is, and replicas on one
+  kind of CPU must share results although their measurements differ by noise.
 
 The canonical graph JSON is the loader's `Graph.to_json()` (nodes in its canonical
 topological order, defaults filled in, attrs normalised) with sorted keys, compact
@@ -65,6 +68,7 @@ class Toolchain:
     cc_version: str
     cflags: str
     cpu: str
+    calibration: str = ""  # the host's measured gemm kernel speeds (shown, not keyed)
 
     @classmethod
     def detect(cls) -> "Toolchain":
@@ -72,10 +76,16 @@ class Toolchain:
         import islpy
 
         from .. import __version__
-        from ..codegen.build import CC, CFLAGS, compiler_version
+        from ..codegen.build import CC, cflags, compiler_version
+        from ..microkernels import calibrate, registry
+        from ..target import cpu_target
+        # measured here, once, before any worker compiles: the workers read the file
+        target = cpu_target()
+        rates = calibrate.rates(target, tuple(m for m in registry.REGISTRY if m.kind == "gemm"
+                                              and set(m.features) <= target.features))
         return cls(polyc=__version__, islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),
-                   cc=CC, cc_version=compiler_version(), cflags=" ".join(CFLAGS),
-                   cpu=cpu_features())
+                   cc=CC, cc_version=compiler_version(), cflags=" ".join(cflags()),
+                   cpu=cpu_features(), calibration=canonical_json(rates).decode())
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -100,12 +100,13 @@ def _compile_bundle(job: dict) -> bytes:
 
     from ..compiler import Options, compile
     from ..graph.load import load_graph
+    from ..target import get_target
     from .bundle import OBJECT, RECORD, SOURCE, encode_bundle
 
     graph = load_graph(orjson.loads(job["graph"]), limits=job["limits"])
     result = compile(graph, job["target"], options=Options.from_json(job["options"]), build=False)
     start = time.perf_counter()
-    obj = build_object(result.c_source, timeout_s=job["timeout_s"])
+    obj = build_object(result.c_source, get_target(job["target"]), timeout_s=job["timeout_s"])
     timings = {**result.trace.timings, "build": time.perf_counter() - start}
     record = {
         "target": job["target"],
@@ -129,7 +130,7 @@ def _limit_gcc(cpu_seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def build_object(source: str, *, timeout_s: float) -> bytes:
+def build_object(source: str, target, *, timeout_s: float) -> bytes:
     """gcc `source` into a shared object and return its bytes.
 
     Unlike polyc.codegen.build.build_shared_object, gcc stays in the worker's process
@@ -144,7 +145,7 @@ def build_object(source: str, *, timeout_s: float) -> bytes:
         c_file.write_text(source, encoding="utf-8")
         so = Path(tmp) / "kernels.so"
         cpu = max(1, int(timeout_s) + 1)
-        proc = subprocess.Popen(gcc_command(c_file, so),
+        proc = subprocess.Popen(gcc_command(c_file, so, target),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
                                 preexec_fn=lambda: _limit_gcc(cpu))

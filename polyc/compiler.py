@@ -25,11 +25,13 @@ from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
 from .graph.verify import verify_graph
-from .kernel import Kernel, build_kernels
+from .kernel import Kernel, build_kernels, recompute_locals
 from .microkernels import registry
 from .microkernels.match import map_microkernels
 from .schedule_tree.contract import contract_arrays
-from .schedule_tree.oracle import ask_fusion
+from .schedule_tree.fusion_tree import column_block
+from .schedule_tree.oracle import ask_fusion, block_capacity, element_bytes
+from .schedule_tree.prologue import recomputable
 from .target import Target, get_target
 from .tiling.tile import tile_bands
 from .schedule_tree.dependences import compute_dependences, respects_dependences
@@ -40,7 +42,8 @@ from .schedule_tree.tree import schedule_to_json, schedule_to_text
 TARGETS = ("cpu",)
 MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
 MAX_TILE = 1 << 30  # tile sizes stay C ints
-ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the best the target has
+ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the fastest measured on the host
+GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm"))
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ class Options:
     tile: bool = True  # tile permutable bands to fit the target's fastest memory
     tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
     microkernels: bool = True  # contractions and row reductions onto polyc/microkernels
-    microkernel_isa: str = ""  # '' the best the target has, else 'avx512' | 'avx2' | 'portable'
+    microkernel_isa: str = ""  # '' the fastest measured, else 'avx512' | 'avx2' | 'portable'
+    gemm_kernel: str = ""  # '' the fastest measured for the shape, else a registry name
     microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
     # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
     # blocked for one thread per core)
@@ -70,6 +74,8 @@ class Options:
              f"must be at least 1, got {self.max_operations}"),
             ("microkernel_isa", self.microkernel_isa in ISAS,
              f"must be one of {', '.join(map(repr, ISAS))}, got {self.microkernel_isa!r}"),
+            ("gemm_kernel", self.gemm_kernel in GEMM_KERNELS,
+             f"must be one of {', '.join(map(repr, GEMM_KERNELS))}, got {self.gemm_kernel!r}"),
             ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
              f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
             ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
@@ -94,6 +100,7 @@ class Options:
                 "verify": self.verify, "fuse": self.fuse, "tile": self.tile,
                 "tile_sizes": list(self.tile_sizes) if self.tile_sizes else None,
                 "microkernels": self.microkernels, "microkernel_isa": self.microkernel_isa,
+                "gemm_kernel": self.gemm_kernel,
                 "microkernel_tiles": [list(t) for t in self.microkernel_tiles],
                 "threads": self.threads}
 
@@ -203,25 +210,20 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     """The per-kernel half of the pipeline: isl model -> schedule -> tiles -> buffers ->
     marks -> C."""
     ctx = isl.Context()  # one per kernel: the operation budget is per context
-    arrays = {a.tensor: a.c_name for a in kernel.arrays}
     k = kernel.name
-    model = trace.run(f"model {k}", build_model, kernel.statements, arrays, ctx)
-    model = trace.run(f"dependences {k}", compute_dependences, model)
-    model = trace.run(f"schedule {k}", schedule_kernel, model, kernel.statements,
-                      fused=len(kernel.nodes) > 1, max_operations=options.max_operations)
-    if options.verify:
-        _verify(model, model.schedule, f"schedule {k}")
-    # before tiling: bands under a microkernel's marks are already tiled for its shape
-    model = trace.run(f"microkernels {k}", map_microkernels, model, kernel, options=options,
-                      target=target, show=lambda m: schedule_to_text(m.schedule))
-    schedule = model.schedule
-    if options.tile:
-        schedule = trace.run(f"tile {k}", tile_bands, model, schedule, kernel, target,
-                             sizes=options.tile_sizes, show=schedule_to_text)
-        if options.verify:
-            _verify(model, schedule, f"tile {k}")
-    # buffers are sized on the final loop order, which tiling may have changed
-    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
+    chosen: list[str] = []
+    model, schedule, kernel = _schedule(kernel, target, options, trace, ctx, chosen)
+    # a cheap elementwise local that no buffer could hold (it is read a pass later, as a
+    # column softmax's exp): computed again where it is read instead of stored whole
+    stored = tuple(a.tensor for a in kernel.arrays if a.role == "local" and a.kept is None
+                   and recomputable(kernel.statements, a.tensor))
+    if stored:
+        kernel = trace.run(f"recompute {k}", recompute_locals, kernel, stored)
+        report += tuple(f"{t} is computed again where it is read: no buffer of the loop "
+                        "structure could hold it, and storing it whole costs a pass over "
+                        "memory" for t in stored)
+        chosen.clear()
+        model, schedule, kernel = _schedule(kernel, target, options, trace, ctx, chosen)
     # the cpu target: parallel and simd marks
     marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel, model, target,
                        parallel=options.parallel, threads=options.threads, show=schedule_to_text)
@@ -230,7 +232,36 @@ def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, opti
     ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
     builder = CpuBuilder(kernel)
     code = trace.run(f"codegen {k}", lambda: str(builder.function(ast)))
+    report += tuple(f"microkernel {line}" for line in chosen)
     return KernelResult(kernel, model, marked, report + _buffer_report(kernel, builder)), code
+
+
+def _schedule(kernel: Kernel, target: Target, options: Options, trace: Trace,
+              ctx: isl.Context, chosen: list[str]) -> tuple[PolyModel, isl.Schedule, Kernel]:
+    """model -> dependences -> schedule -> microkernels -> tile -> contract."""
+    arrays = {a.tensor: a.c_name for a in kernel.arrays}
+    k = kernel.name
+    model = trace.run(f"model {k}", build_model, kernel.statements, arrays, ctx)
+    model = trace.run(f"dependences {k}", compute_dependences, model)
+    fused = len(kernel.nodes) > 1
+    block = (column_block(model, kernel.statements, element_bytes(kernel),
+                          block_capacity(target), target.cores) if fused else 0)
+    model = trace.run(f"schedule {k}", schedule_kernel, model, kernel.statements,
+                      fused=fused, max_operations=options.max_operations, block=block)
+    if options.verify:
+        _verify(model, model.schedule, f"schedule {k}")
+    # before tiling: bands under a microkernel's marks are already tiled for its shape
+    model = trace.run(f"microkernels {k}", map_microkernels, model, kernel, options=options,
+                      target=target, report=chosen, show=lambda m: schedule_to_text(m.schedule))
+    schedule = model.schedule
+    if options.tile:
+        schedule = trace.run(f"tile {k}", tile_bands, model, schedule, kernel, target,
+                             sizes=options.tile_sizes, show=schedule_to_text)
+        if options.verify:
+            _verify(model, schedule, f"tile {k}")
+    # buffers are sized on the final loop order, which tiling may have changed
+    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
+    return model, schedule, kernel
 
 
 def _buffer_report(kernel: Kernel, builder: CpuBuilder) -> tuple[str, ...]:
@@ -265,11 +296,14 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
         raise InternalError(where, f"schedule violates dependences {violated}")
 
 
-def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
+def compile(graph: Graph | dict | str | Path, target: str | Target = "cpu", *,
             options: Options = Options(), limits: Limits = Limits(), build: bool = True,
             print_after_all: Callable[[str], None] | None = None,
             dump_dir: str | Path | None = None) -> CompiledGraph:
-    """Compile a subgraph for `target`; the result runs on numpy arrays."""
+    """Compile a subgraph for `target` (a name, or a machine description such as
+    `cpu_target("x86-64-v3")`); the result runs on numpy arrays."""
+    machine = target if isinstance(target, Target) else None
+    target = machine.name if machine else target
     if target not in TARGETS:
         raise GraphError(f"unknown target {target!r} (available: {', '.join(TARGETS)})")
     trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
@@ -279,7 +313,7 @@ def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
     if options.verify:
         verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops
-    machine = get_target(target)
+    machine = machine or get_target(target)
     plan = trace.run("fuse", plan_fusion, g, machine, options)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
@@ -292,6 +326,6 @@ def compile(graph: Graph | dict | str | Path, target: str = "cpu", *,
     source = PRELUDE + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:
-        so = trace.run("build", build_shared_object, source)
+        so = trace.run("build", build_shared_object, source, machine)
         program = Program(g, tuple(r.kernel for r in results), so)
     return CompiledGraph(loaded, g, target, options, plan, tuple(results), source, trace, program)

@@ -11,12 +11,12 @@ elsewhere) and `local` (produced and consumed inside the kernel only).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .graph.ir import Graph, TensorType
 from .graph.ranges import nonpositive_tensors
 from .schedule_tree.comprehension import Statement, lower_node
-from .schedule_tree.prologue import fold_prologues
+from .schedule_tree.prologue import fold_prologues, recompute
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -106,3 +106,13 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
 def _tensor_c_names(graph: Graph) -> dict[str, str]:
     names = [t.name for t in graph.inputs + graph.constants] + [n.output for n in graph.nodes]
     return {t: c_ident(t, f"t{k}") for k, t in enumerate(names)}
+
+
+def recompute_locals(kernel: Kernel, tensors: tuple[str, ...]) -> Kernel:
+    """`kernel` with the local `tensors` computed again wherever they are read instead
+    of stored (`prologue.recompute`); the other arrays lose their buffer plans, which
+    the next schedule decides again."""
+    nonpositive = frozenset(a.tensor for a in kernel.arrays if a.nonpositive)
+    statements = recompute(kernel.statements, tensors, nonpositive)
+    arrays = tuple(replace(a, kept=None) for a in kernel.arrays if a.tensor not in tensors)
+    return replace(kernel, statements=statements, arrays=arrays)

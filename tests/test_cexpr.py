@@ -83,7 +83,8 @@ def test_exp_of_a_shifted_row_skips_only_a_check_that_cannot_fire():
     xs = b.input("x", x.shape, "float32")
     graph = b.build([b.exp(b.sub(xs, b.reduce_max(xs, axes=[1], keepdims=True)), out="y")])
     compiled = compile(graph, options=Options(parallel=False))
-    assert "polyc_expf_no_overflow(t" in compiled.c_source  # a call on an array
+    # on the stored difference, or on its expression where it is recomputed
+    assert "polyc_expf_no_overflow(" in compiled.c_source
     got = compiled(x=x)["y"]
     want = np.exp(x.astype(np.float64) - x.astype(np.float64).max())
     tiny = want < 2.0 ** -125

@@ -221,6 +221,8 @@ class ExprPrinter:
         args = [self.value(a) for a in e.args]
         if e.fn == "cast":
             return f"(({C_TYPE[e.dtype]})({args[0]}))"
+        if e.fn == "nonpositive":  # a fact about the value (prologue.recompute), no code
+            return args[0]
         if e.fn == "select":
             return f"({args[0]} != 0 ? {args[1]} : {args[2]})"
         if e.fn in _COMPARE:
@@ -228,8 +230,9 @@ class ExprPrinter:
         a, b = (args + [None])[:2]
         if e.dtype == "int32":
             return _INT_FNS[e.fn].format(a=a, b=b)
-        if (e.dtype == "float32" and e.fn == "exp" and isinstance(e.args[0], Load)
-                and self.arrays[e.args[0].tensor].nonpositive):
+        if e.dtype == "float32" and e.fn == "exp" and (
+                (isinstance(e.args[0], Load) and self.arrays[e.args[0].tensor].nonpositive)
+                or (isinstance(e.args[0], Call) and e.args[0].fn == "nonpositive")):
             return f"polyc_expf_no_overflow({a})"  # x - max(x): the overflow check never fires
         if e.dtype == "float32" and e.fn in _FLOAT32_FNS:
             return _FLOAT32_FNS[e.fn].format(a=a)

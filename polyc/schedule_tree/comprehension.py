@@ -247,16 +247,15 @@ class _Lowering:
         axes = norm_axes(self.node.attrs.get("axes"), x.ndim)
         keep = self.node.attrs["keepdims"]
         kind = REDUCE_KIND[self.node.op]
-        # the update iterates the kept axes outermost, as its init and its consumers
-        # do, so that fused statements line up loop by loop
-        dims = [d for d in range(x.ndim) if d not in axes] + list(axes)
-        pos = {d: p for p, d in enumerate(dims)}
-        out_index = tuple(Aff() if d in axes else Aff.it(pos[d])
+        # the update iterates the input in its own order, the reduced axes in place: a
+        # sum over rows (axis 0) walks each row contiguously, its columns vectorise, and
+        # every statement of a fused column softmax keeps the column as its last
+        # iterator (fusion_tree's column blocks)
+        out_index = tuple(Aff() if d in axes else Aff.it(d)
                           for d in range(x.ndim) if keep or d not in axes)
         init = self.stmt(self.out.shape, identity(self.out.ndim),
                          Const(reduce_identity(kind, x.dtype), x.dtype), suffix="_init")
-        update = self.stmt(tuple(x.shape[d] for d in dims), out_index,
-                           self.load(0, tuple(Aff.it(pos[d]) for d in range(x.ndim))), kind)
+        update = self.stmt(x.shape, out_index, self.load(0, identity(x.ndim)), kind)
         return [init, update]
 
     def op_matmul(self) -> list[Statement]:

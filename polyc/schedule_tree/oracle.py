@@ -30,7 +30,7 @@ from ..microkernels.analysis import gemm_view
 from ..microkernels.match import gemm_microkernel
 from ..target import Target
 from .dependences import compute_dependences
-from .fusion_tree import shared_depth
+from .fusion_tree import column_block, shared_depth
 from .model import PolyModel, build_model
 
 # below this a contraction's plain loops fused with their neighbours (a tiny attention
@@ -60,17 +60,29 @@ def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
     return {s.name for s in kernel.statements if s.name.split("_")[0] in prefixes}
 
 
-def footprint(model: PolyModel, kernel: Kernel, depth: int) -> int:
+def block_capacity(target: Target) -> int:
+    """Bytes a column block may touch (`fusion_tree.column_block`)."""
+    return target.last_cache.capacity // max(1, target.cores)
+
+
+def element_bytes(kernel: Kernel) -> dict[str, int]:
+    return {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+
+
+def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> int:
     """Bytes of distinct elements touched by the first iteration of the outer `depth`
-    loops (on box domains every iteration is alike)."""
+    loops (on box domains every iteration is alike); with `block`, the last of those
+    loops is a column block: the first `block` columns."""
     parts = []
     for s in kernel.statements:
-        iters = ", ".join(s.iter_name(d) for d in range(len(s.extents)))
-        fixed = " and ".join(f"{s.iter_name(d)} = 0" for d in range(min(depth, len(s.extents))))
-        parts.append(f"{s.name}[{iters}]" + (f" : {fixed}" if fixed else ""))
+        n = len(s.extents)
+        iters = ", ".join(s.iter_name(d) for d in range(n))
+        fixed = [f"{s.iter_name(d)} = 0" for d in range(min(depth - (1 if block else 0), n))]
+        if block and n:
+            fixed.append(f"{s.iter_name(n - 1)} < {block}")
+        parts.append(f"{s.name}[{iters}]" + (f" : {' and '.join(fixed)}" if fixed else ""))
     first = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
-    return model.bytes_touched(first, {a.c_name: a.type.nbytes // max(a.type.size, 1)
-                                       for a in kernel.arrays})
+    return model.bytes_touched(first, element_bytes(kernel))
 
 
 def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Target) -> FusionAnswer:
@@ -91,7 +103,10 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
                         isl.Context())
     model = compute_dependences(model)
-    depth, permutable, siblings = shared_depth(model, kernel.statements, kept_a, kept_b)
+    block = column_block(model, kernel.statements, element_bytes(kernel),
+                         block_capacity(target), target.cores)
+    depth, permutable, siblings, block = shared_depth(model, kernel.statements, kept_a, kept_b,
+                                                      block)
     if depth == 0 and siblings:
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
@@ -101,12 +116,18 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
                             "no loop can be shared in the nodes' own loop orders: one "
                             "iteration of the consumer's outer loop needs the producer's "
                             "for several values (a reduction across it, or a transposed read)")
-    foot = footprint(model, kernel, depth)
+    foot = footprint(model, kernel, depth, block)
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
+    level = target.fusion_level.name
+    if block:
+        # a block is read by several passes: it should stay in the last cache level
+        capacity, level = block_capacity(target), f"a core's share of {target.last_cache.name}"
+        head += (f", the columns in blocks of {block} (every dependence keeps its column; "
+                 "the reductions run down the rows inside a block)")
     if foot > capacity:
         reason = (f"{head}, but one iteration touches {_mib(foot)}, more than "
-                  f"{target.fusion_level.name} ({_mib(capacity)})")
+                  f"{level} ({_mib(capacity)})")
     else:
         reason = f"{head}, footprint {_mib(foot)} per iteration; saves {_mib(saved)}"
     return FusionAnswer(True, depth, permutable, foot, capacity, saved, reason)

@@ -14,6 +14,7 @@ memory; without one it is evaluated in the loop nest, so only cheap expressions 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable
 
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
@@ -107,3 +108,53 @@ def _index(e: Index, to: dict[int, Aff]) -> Index:
     if isinstance(e, FloorDiv):
         return FloorDiv(_index(e.arg, to), e.d)
     return Mod(_index(e.arg, to), e.d)
+
+
+# recomputing costs a few instructions per element; storing costs a pass over memory
+RECOMPUTE = CHEAP | {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "reciprocal"}
+
+
+def recomputable(statements: Iterable[Statement], tensor: str) -> bool:
+    """Is `tensor` written by exactly one elementwise statement of at most MAX_CALLS ops
+    (transcendental ones included), and read only at affine indices?"""
+    statements = list(statements)
+    writers = [s for s in statements if s.target == tensor]
+    if len(writers) != 1:
+        return False
+    w = writers[0]
+    if (w.reduce is not None or w.index != identity(len(w.extents))
+            or _cost(w.expr) > MAX_CALLS):
+        return False
+    return all(all(isinstance(e, Aff) for e in ld.index)
+               for s in statements for ld, _ in loads(s.expr) if ld.tensor == tensor)
+
+
+def recompute(statements: Iterable[Statement], tensors: Iterable[str],
+              nonpositive: frozenset[str] = frozenset()) -> tuple[Statement, ...]:
+    """The statements with each of `tensors` (all `recomputable`) no longer stored: its
+    producer's expression is substituted wherever it is read. A tensor known to hold
+    no positive value (`graph.ranges`) keeps that fact as a `nonpositive(...)` call
+    around its expression (codegen's exp then skips its overflow check).
+
+        before:  S1: shifted[i0, i1] = x[i0, i1] - max[0, i1]
+                 S5: y[i0, i1] = shifted[i0, i1] - log[0, i1]
+        after:   S5: y[i0, i1] = nonpositive(x[i0, i1] - max[0, i1]) - log[0, i1]
+    """
+    out = list(statements)
+    for t in tensors:
+        prod = next(s for s in out if s.target == t)
+        if t in nonpositive:
+            prod = replace(prod, expr=Call("nonpositive", (prod.expr,), prod.dtype))
+        out = [_substitute_into(s, prod) if any(ld.tensor == t for ld, _ in loads(s.expr))
+               else s for s in out if s.target != t]
+    return tuple(out)
+
+
+def _cost(e: Expr) -> int:
+    if isinstance(e, Call) and e.fn == "nonpositive":
+        return _cost(e.args[0])
+    if isinstance(e, Call):
+        return (1 if e.fn in RECOMPUTE else MAX_CALLS + 1) + sum(_cost(a) for a in e.args)
+    if isinstance(e, Guarded):
+        return _cost(e.then) + _cost(e.otherwise)
+    return 0

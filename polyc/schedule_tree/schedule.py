@@ -15,12 +15,13 @@ DEFAULT_MAX_OPERATIONS = 20_000_000
 
 
 def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fused: bool,
-                    max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
+                    max_operations: int = DEFAULT_MAX_OPERATIONS, block: int = 0) -> PolyModel:
     """The kernel's schedule tree: a fused kernel's loop structure from its fusion
-    decisions (`fusion_tree`), a single node's from isl's scheduler, its bands'
-    contiguous members moved innermost (`interchange`)."""
+    decisions (`fusion_tree`, with column blocks of `block` where they apply), a single
+    node's from isl's scheduler, its bands' contiguous members moved innermost
+    (`interchange`)."""
     if fused:
-        return model.with_schedule(fusion_schedule(model, statements))
+        return model.with_schedule(fusion_schedule(model, statements, block))
     return interchange_for_locality(isl_schedule(model, max_operations=max_operations))
 
 

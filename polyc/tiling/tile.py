@@ -1,5 +1,7 @@
 """Tiling permutable bands with sizes from the target's memory model.
 
+Bands under a `column_block` mark are left whole: the block was sized to fit.
+
 Only permutable bands are tiled (isl proved every dependence has non-negative distance
 along each member, so any rectangular tiling is legal; a reduction loop is tiled only
 when that holds). Tile sizes are chosen so that the tile's footprint, the distinct array
@@ -82,6 +84,9 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, target:
     capacity = target.tile_level.capacity
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if (node.get_type() == isl.schedule_node_type.mark
+                and node.mark_get_id().get_name().startswith("column_block ")):
+            return node  # the block was sized for the fusion level: its bands stay whole
         if (node.get_type() == _BAND and node.band_n_member() >= 2
                 and node.band_get_permutable()):
             extents = _members(node, by_name)

@@ -1,6 +1,23 @@
-"""polyc: a polyhedral operator compiler for tensor subgraphs."""
+"""polyc: a polyhedral operator compiler for tensor subgraphs.
+
+    import polyc
+    compiled = polyc.compile(graph, target="cpu")   # a Graph, a dict, JSON text or a path
+    outputs = compiled(x=np.ones(...))               # numpy arrays in and out, by name
+"""
 from .errors import GraphError, PolycError
 from .graph import GraphBuilder, Limits, load_graph
 
 __version__ = "0.1.0"
-__all__ = ["GraphBuilder", "GraphError", "Limits", "PolycError", "load_graph"]
+__all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
+           "load_graph"]
+
+_LAZY = {"compile": "compiler", "Options": "compiler"}  # islpy and cgen load on first use
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'polyc' has no attribute {name!r}")

@@ -48,3 +48,19 @@ def test_example_survives_a_canonical_round_trip(name):
     # The service keys its cache on the canonical JSON, so it must load back unchanged.
     g = load_graph(str(EXAMPLES / name))
     assert load_graph(json.dumps(g.to_json())) == g
+
+
+def test_the_package_compiles_at_its_top_level():
+    # DESIGN.md's Python API: polyc.compile, the same function as polyc.compiler.compile
+    import numpy as np
+
+    import polyc
+    import polyc.compiler
+    assert polyc.compile is polyc.compiler.compile and polyc.Options is polyc.compiler.Options
+    compiled = polyc.compile(EXAMPLES / "softmax.json", options=polyc.Options(threads=1))
+    x = np.random.default_rng(0).standard_normal((512, 1000)).astype(np.float32)
+    want = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(compiled(logits=x)["y"], want / want.sum(1, keepdims=True),
+                               rtol=1e-5, atol=1e-7)
+    with pytest.raises(AttributeError):
+        polyc.no_such_thing  # noqa: B018

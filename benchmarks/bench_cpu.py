@@ -195,8 +195,8 @@ def cases():
 def _gemm_kernels() -> list[str]:
     """The gemm microkernels the cpu target can build and this host can run."""
     from polyc.microkernels import registry
-    from polyc.target import cpu_target, host_can_run
-    target = cpu_target()
+    from polyc.targets.cpu import cpu_machine, host_can_run
+    target = cpu_machine()
     if not host_can_run(target.arch):
         return []
     return [m.name for m in registry.REGISTRY
@@ -205,10 +205,11 @@ def _gemm_kernels() -> list[str]:
 
 def calibration() -> str:
     """The measured in-cache speed of each gemm kernel: what chose the default."""
-    from polyc.microkernels import calibrate, registry
-    from polyc.target import cpu_target
+    from polyc.microkernels import registry
+    from polyc.targets.cpu import calibrate
+    from polyc.targets.cpu import cpu_machine
     names = _gemm_kernels()
-    rates = calibrate.rates(cpu_target(), tuple(registry.by_name(n) for n in names))
+    rates = calibrate.rates(cpu_machine(), tuple(registry.by_name(n) for n in names))
     return ", ".join(f"{n} {rates[n]:.1f}" for n in names if n in rates)
 
 

@@ -6,8 +6,8 @@
 """
 from .errors import GraphError, PolycError
 from .graph import GraphBuilder, Limits, load_graph
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
            "load_graph"]
 

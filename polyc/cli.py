@@ -18,8 +18,11 @@ from .errors import GraphError, PolycError
 
 
 def _options(args):
-    from .compiler import Options
-    return Options(parallel=not args.no_parallel, threads=args.threads)
+    from .targets import backend
+    given = {"parallel": not args.no_parallel}
+    if args.threads:  # an option of the targets with an OpenMP team
+        given["threads"] = args.threads
+    return backend(args.target).options(given)
 
 
 def _compile(args, build: bool):
@@ -59,22 +62,8 @@ def report(result) -> str:
     return "\n".join(lines)
 
 
-def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
-    small nonzero integers for int32 (div)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for t in graph.inputs:
-        if t.type.dtype == "int32":
-            v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
-        else:
-            v = rng.uniform(0.5, 2.0, size=t.type.shape)
-        out[t.name] = np.asarray(v, dtype=t.type.dtype)
-    return out
-
-
 def cmd_run(args) -> int:
-    from .graph.reference import run_reference
+    from .graph.reference import random_inputs, run_reference
     result = _compile(args, build=True)
     inputs = random_inputs(result.graph, args.seed)
     got = result(**inputs)
@@ -139,7 +128,7 @@ def cmd_serve(args) -> int:
 
 def cmd_tune(args) -> int:
     from .graph.load import load_graph
-    from .microkernels.tuning import tune_graph
+    from .tune import tune_graph
 
     def progress(done: int, total: int, text: str) -> None:
         bar = "#" * (20 * done // total)
@@ -147,7 +136,7 @@ def cmd_tune(args) -> int:
               file=sys.stderr, flush=True)
 
     graph = load_graph(args.graph)
-    lines = tune_graph(graph, options=_options(args),
+    lines = tune_graph(graph, target=args.target, options=_options(args),
                        budget=args.budget, repeat=args.repeat, progress=progress)
     print("\n".join(lines))
     return 0
@@ -165,6 +154,7 @@ def _at_least(low: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import targets
     parser = argparse.ArgumentParser(prog="polyc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -174,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p):
         p.add_argument("graph", help="subgraph JSON file")
-        p.add_argument("--target", default="cpu")
+        p.add_argument("--target", default="cpu", choices=targets.names())
         p.add_argument("--print-after-all", action="store_true",
                        help="print the IR after every pass to stderr")
         p.add_argument("--dump-dir", help="write one numbered file per pass here")
@@ -199,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="(microkernel, tiles) candidates to measure per contraction")
     p.add_argument("--repeat", type=_at_least(1), default=5, help="timed runs per candidate")
     p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
+    p.add_argument("--target", default="cpu", choices=targets.tunable(),
+                   help="a target whose kernels have tile sizes to measure")
     threads(p)
     p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("serve", help="run the HTTP compile service")

@@ -1,108 +1,49 @@
 """The pipeline of DESIGN.md as one readable function, and what it returns.
 
-Each pass is recorded by a `Trace`: its printed output IR and its time, so that
+    graph    load -> decompose -> simplify -> fuse (each proposal asked of the oracle)
+             -> kernels
+    kernel   the neutral passes (model, dependences, schedule: `schedule_tree.passes`)
+             then the target's (`targets.<name>`), each `(state, machine, options) ->
+             state`, every tree checked against every dependence -> the target's codegen
+    unit     the target's prelude + one C function per kernel -> its toolchain -> a
+             program that runs on numpy arrays
+
+Each pass is recorded by a `Trace`: its printed output and its time, so that
 `--print-after-all`, the dump folder and the browser view all read the same record.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import islpy as isl
 import numpy as np
 
-from .codegen.ast_to_c import CpuBuilder
+from . import targets
 from .codegen.build import build_shared_object
-from .codegen.cexpr import PRELUDE
-from .codegen.lower_cpu import mark_cpu_loops
-from .codegen.runtime import Program
-from .errors import GraphError, InternalError, Problem
+from .errors import GraphError, InternalError
 from .graph.decompose import decompose_graph
 from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
 from .graph.verify import verify_graph
-from .kernel import Kernel, build_kernels, recompute_locals
-from .microkernels import registry
-from .microkernels.match import map_microkernels
-from .schedule_tree.contract import contract_arrays
-from .schedule_tree.fusion_tree import column_block
-from .schedule_tree.oracle import ask_fusion, block_capacity, element_bytes
-from .schedule_tree.prologue import recomputable
-from .target import Target, get_target
-from .tiling.tile import tile_bands
-from .schedule_tree.dependences import compute_dependences, respects_dependences
-from .schedule_tree.model import PolyModel, build_model
-from .schedule_tree.schedule import DEFAULT_MAX_OPERATIONS, schedule_kernel
+from .kernel import Kernel, build_kernels
+from .machine import Machine
+from .options import Options as CommonOptions
+from .schedule_tree import marks as mk
+from .schedule_tree.dependences import respects_dependences
+from .schedule_tree.model import PolyModel
+from .schedule_tree.oracle import Microkernels, ask_fusion
+from .schedule_tree.passes import NEUTRAL
+from .schedule_tree.state import KernelState, Pass
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
+from .targets.backend import Backend
+from .targets.cpu.options import CpuOptions
 
-TARGETS = ("cpu",)
-MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
-MAX_TILE = 1 << 30  # tile sizes stay C ints
-ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the fastest measured on the host
-GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm"))
-
-
-@dataclass(frozen=True)
-class Options:
-    """Every option that changes the generated code (and so the cache key)."""
-
-    parallel: bool = True  # OpenMP threads over outer parallel loops
-    max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
-    verify: bool = True  # check every schedule against every dependence
-    fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
-    tile: bool = True  # tile permutable bands to fit the target's fastest memory
-    tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
-    microkernels: bool = True  # contractions and row reductions onto polyc/microkernels
-    microkernel_isa: str = ""  # '' the fastest measured, else 'avx512' | 'avx2' | 'portable'
-    gemm_kernel: str = ""  # '' the fastest measured for the shape, else a registry name
-    microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
-    # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
-    # blocked for one thread per core)
-    threads: int = 0
-
-    def __post_init__(self):
-        tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE
-                       for t in self.microkernel_tiles)
-        checks = (
-            ("threads", 0 <= self.threads <= MAX_THREADS,
-             f"must be 0 (OMP_NUM_THREADS) to {MAX_THREADS}, got {self.threads}"),
-            ("max_operations", self.max_operations >= 1,
-             f"must be at least 1, got {self.max_operations}"),
-            ("microkernel_isa", self.microkernel_isa in ISAS,
-             f"must be one of {', '.join(map(repr, ISAS))}, got {self.microkernel_isa!r}"),
-            ("gemm_kernel", self.gemm_kernel in GEMM_KERNELS,
-             f"must be one of {', '.join(map(repr, GEMM_KERNELS))}, got {self.gemm_kernel!r}"),
-            ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
-             f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
-            ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
-             f"1 to {MAX_TILE}, got {[list(t) for t in self.microkernel_tiles]}"),
-        )
-        problems = [Problem(message, field=f"options.{name}") for name, ok, message in checks
-                    if not ok]
-        if problems:
-            raise GraphError(problems)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "Options":
-        """The options `to_json` wrote (JSON has arrays where Options has tuples)."""
-        doc = dict(doc)
-        if doc.get("tile_sizes") is not None:
-            doc["tile_sizes"] = tuple(doc["tile_sizes"])
-        doc["microkernel_tiles"] = tuple(tuple(t) for t in doc.get("microkernel_tiles", ()))
-        return cls(**doc)
-
-    def to_json(self) -> dict:
-        return {"parallel": self.parallel, "max_operations": self.max_operations,
-                "verify": self.verify, "fuse": self.fuse, "tile": self.tile,
-                "tile_sizes": list(self.tile_sizes) if self.tile_sizes else None,
-                "microkernels": self.microkernels, "microkernel_isa": self.microkernel_isa,
-                "gemm_kernel": self.gemm_kernel,
-                "microkernel_tiles": [list(t) for t in self.microkernel_tiles],
-                "threads": self.threads}
+Options = CpuOptions  # the default target's options (`polyc.Options`)
 
 
 @dataclass
@@ -142,21 +83,21 @@ class KernelResult:
 
     kernel: Kernel
     model: PolyModel
-    schedule: isl.Schedule  # final, with target marks
-    fusion_report: tuple[str, ...]  # the fusion proposals that concern this kernel's nodes
+    schedule: isl.Schedule  # final, with the target's marks
+    fusion_report: tuple[str, ...]  # fusion proposals about its nodes, then each pass's lines
+    trees: tuple[tuple[str, isl.Schedule], ...] = ()  # (pass, the tree after it)
 
     @property
     def name(self) -> str:
         return self.kernel.name
 
-    def marks(self, word: str) -> list[str]:
-        """The texts of its schedule tree's marks that start with `word`, outermost first,
-        e.g. marks("gemm") -> ['gemm S0 sgemm_avx2_6x16 m=512 ...']."""
-        found: list[str] = []
+    def marks(self, kind: type[mk.Mark]) -> list[mk.Mark]:
+        """Its final tree's marks of one kind, outermost first."""
+        found: list[mk.Mark] = []
 
         def visit(node: dict) -> None:
-            if node.get("mark", "").split(" ", 1)[0] == word:
-                found.append(node["mark"])
+            if "mark" in node and mk.word(node["mark"]) == kind.word:
+                found.append(mk.parse(node["mark"]))
             for child in node["children"]:
                 visit(child)
 
@@ -166,7 +107,7 @@ class KernelResult:
     @property
     def microkernels(self) -> list[str]:
         """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
-        return list(dict.fromkeys(m.split()[1] for m in self.marks("microkernel")))
+        return list(dict.fromkeys(m.kernel for m in self.marks(mk.Microkernel)))
 
     def to_json(self) -> dict:
         return {
@@ -179,7 +120,7 @@ class KernelResult:
             "dependences": str(self.model.dependences),
             "schedule_tree": schedule_to_json(self.schedule),
             "schedule_text": schedule_to_text(self.schedule),
-            "initial_schedule_tree": schedule_to_json(self.model.schedule),
+            "trees": {name: schedule_to_json(tree) for name, tree in self.trees},
             "fusion_report": list(self.fusion_report),
             "microkernels": self.microkernels,
             "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
@@ -192,12 +133,13 @@ class CompiledGraph:
     graph: Graph  # as loaded
     primitive: Graph  # after decomposition and simplification
     target: str
-    options: Options
+    options: CommonOptions
     fusion: FusionPlan
     kernels: tuple[KernelResult, ...]
     c_source: str
     trace: Trace
-    program: Program | None = None  # None when built with build=False
+    machine: Machine | None = None
+    program: Any = None  # what runs it; None when built with build=False
 
     def __call__(self, out: Mapping[str, np.ndarray] | None = None, **inputs) -> dict[str, np.ndarray]:
         if self.program is None:
@@ -205,89 +147,42 @@ class CompiledGraph:
         return self.program(inputs, out)
 
 
-def compile_kernel(kernel: Kernel, report: tuple[str, ...], target: Target, options: Options,
-                   trace: Trace) -> tuple[KernelResult, str]:
-    """The per-kernel half of the pipeline: isl model -> schedule -> tiles -> buffers ->
-    marks -> C."""
-    ctx = isl.Context()  # one per kernel: the operation budget is per context
-    k = kernel.name
-    chosen: list[str] = []
-    model, schedule, kernel = _schedule(kernel, target, options, trace, ctx, chosen)
-    # a cheap elementwise local that no buffer could hold (it is read a pass later, as a
-    # column softmax's exp): computed again where it is read instead of stored whole
-    stored = tuple(a.tensor for a in kernel.arrays if a.role == "local" and a.kept is None
-                   and recomputable(kernel.statements, a.tensor))
-    if stored:
-        kernel = trace.run(f"recompute {k}", recompute_locals, kernel, stored)
-        report += tuple(f"{t} is computed again where it is read: no buffer of the loop "
-                        "structure could hold it, and storing it whole costs a pass over "
-                        "memory" for t in stored)
-        chosen.clear()
-        model, schedule, kernel = _schedule(kernel, target, options, trace, ctx, chosen)
-    # the cpu target: parallel and simd marks
-    marked = trace.run(f"lower-cpu {k}", mark_cpu_loops, schedule, kernel, model, target,
-                       parallel=options.parallel, threads=options.threads, show=schedule_to_text)
-    if options.verify:
-        _verify(model, marked, f"lower-cpu {k}")
-    ast = isl.AstBuild.from_context(isl.Set.read_from_str(ctx, "{ : }")).node_from_schedule(marked)
-    builder = CpuBuilder(kernel)
-    code = trace.run(f"codegen {k}", lambda: str(builder.function(ast)))
-    report += tuple(f"microkernel {line}" for line in chosen)
-    return KernelResult(kernel, model, marked, report + _buffer_report(kernel, builder)), code
+def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
+               options: CommonOptions, trace: Trace) -> KernelState:
+    """Every pass in order; each tree a pass changed is kept under its name and, with
+    `options.verify`, checked against every dependence. A pass that rewrote the
+    statements (`state.restart`) has them run again from the first."""
+    k = state.kernel.name
+    for p in passes:
+        before = state.model.schedule if state.model is not None else None
+        state = trace.run(f"{p.name} {k}", p.run, state, machine, options,
+                          show=KernelState.show)
+        if state.restart:
+            return run_passes(replace(state, restart=False), passes, machine, options, trace)
+        if p.changes_schedule and not (before is not None and before.plain_is_equal(state.schedule)):
+            state = replace(state, trees=state.trees + ((p.name, state.schedule),))
+            if options.verify:
+                _verify(state.model, state.schedule, f"{p.name} {k}")
+    return state
 
 
-def _schedule(kernel: Kernel, target: Target, options: Options, trace: Trace,
-              ctx: isl.Context, chosen: list[str]) -> tuple[PolyModel, isl.Schedule, Kernel]:
-    """model -> dependences -> schedule -> microkernels -> tile -> contract."""
-    arrays = {a.tensor: a.c_name for a in kernel.arrays}
-    k = kernel.name
-    model = trace.run(f"model {k}", build_model, kernel.statements, arrays, ctx)
-    model = trace.run(f"dependences {k}", compute_dependences, model)
-    fused = len(kernel.nodes) > 1
-    block = (column_block(model, kernel.statements, element_bytes(kernel),
-                          block_capacity(target), target.cores) if fused else 0)
-    model = trace.run(f"schedule {k}", schedule_kernel, model, kernel.statements,
-                      fused=fused, max_operations=options.max_operations, block=block)
-    if options.verify:
-        _verify(model, model.schedule, f"schedule {k}")
-    # before tiling: bands under a microkernel's marks are already tiled for its shape
-    model = trace.run(f"microkernels {k}", map_microkernels, model, kernel, options=options,
-                      target=target, report=chosen, show=lambda m: schedule_to_text(m.schedule))
-    schedule = model.schedule
-    if options.tile:
-        schedule = trace.run(f"tile {k}", tile_bands, model, schedule, kernel, target,
-                             sizes=options.tile_sizes, show=schedule_to_text)
-        if options.verify:
-            _verify(model, schedule, f"tile {k}")
-    # buffers are sized on the final loop order, which tiling may have changed
-    kernel = trace.run(f"contract {k}", contract_arrays, kernel, model, schedule)
-    return model, schedule, kernel
+def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, machine: Machine,
+                   options: CommonOptions, trace: Trace) -> tuple[KernelResult, str]:
+    """The per-kernel half of the pipeline: the passes, then the target's C."""
+    state = KernelState(kernel, isl.Context(), fusion)
+    state = run_passes(state, NEUTRAL + backend.passes(), machine, options, trace)
+    code, lines = trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
+                            show=lambda result: result[0])
+    report = state.fusion + state.decisions + lines
+    return KernelResult(state.kernel, state.model, state.schedule, report, state.trees), code
 
 
-def _buffer_report(kernel: Kernel, builder: CpuBuilder) -> tuple[str, ...]:
-    lines = []
-    for a in kernel.arrays:
-        if a.kept is not None:
-            shape = "x".join(map(str, a.buffer_shape)) or "1"
-            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
-                         f"{shape} element(s) per thread holds it")
-        elif a in builder.unstored:
-            where = ("with the partial sums of its K blocks in scratch"
-                     if a.tensor in builder.microkernels.partial_sums
-                     else "in registers until its consumers are applied at the write-back")
-            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: the "
-                         f"microkernel computes it tile by tile, {where}")
-        elif a.role == "local":
-            lines.append(f"{a.tensor} ({a.type}) stays inside the kernel but could not be "
-                         "contracted: it is materialised whole in scratch memory")
-    return tuple(lines)
-
-
-def plan_fusion(graph: Graph, target: Target, options: Options) -> FusionPlan:
+def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
+                options: CommonOptions) -> FusionPlan:
     """The graph layer's partition, every proposal answered by the oracle."""
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
-    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, target))
+    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels))
 
 
 def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
@@ -296,16 +191,16 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
         raise InternalError(where, f"schedule violates dependences {violated}")
 
 
-def compile(graph: Graph | dict | str | Path, target: str | Target = "cpu", *,
-            options: Options = Options(), limits: Limits = Limits(), build: bool = True,
+def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
+            options: CommonOptions | Mapping[str, Any] | None = None,
+            limits: Limits = Limits(), build: bool = True,
             print_after_all: Callable[[str], None] | None = None,
             dump_dir: str | Path | None = None) -> CompiledGraph:
-    """Compile a subgraph for `target` (a name, or a machine description such as
-    `cpu_target("x86-64-v3")`); the result runs on numpy arrays."""
-    machine = target if isinstance(target, Target) else None
-    target = machine.name if machine else target
-    if target not in TARGETS:
-        raise GraphError(f"unknown target {target!r} (available: {', '.join(TARGETS)})")
+    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
+    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
+    backend = targets.backend(target.name if isinstance(target, Machine) else target)
+    machine = target if isinstance(target, Machine) else backend.machine()
+    options = backend.options(options)
     trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
     g = trace.run("decompose", decompose_graph, loaded)
@@ -313,19 +208,20 @@ def compile(graph: Graph | dict | str | Path, target: str | Target = "cpu", *,
     if options.verify:
         verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops
-    machine = machine or get_target(target)
-    plan = trace.run("fuse", plan_fusion, g, machine, options)
+    plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
+                     options)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     results, functions = [], []
     for kernel in kernels:
-        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), machine, options,
-                                      trace)
+        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend, machine,
+                                      options, trace)
         results.append(result)
         functions.append(code)
-    source = PRELUDE + "\n" + "\n\n".join(functions) + "\n"
+    source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:
-        so = trace.run("build", build_shared_object, source, machine)
-        program = Program(g, tuple(r.kernel for r in results), so)
-    return CompiledGraph(loaded, g, target, options, plan, tuple(results), source, trace, program)
+        so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
+        program = backend.program(g, tuple(r.kernel for r in results), so, machine)
+    return CompiledGraph(loaded, g, backend.name, options, plan, tuple(results), source, trace,
+                         machine, program)

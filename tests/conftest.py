@@ -4,7 +4,7 @@
   test session, never the user's: a test must build what it checks, and an object
   cached by an older polyc must not hide a bug.
 - The instruction set is the target's: `POLYC_CPU_ARCH` (a gcc -march value) is read
-  by `polyc.target.cpu_target`, so `POLYC_CPU_ARCH=x86-64-v3 pytest` runs the suite as
+  by `polyc.targets.cpu.cpu_machine`, so `POLYC_CPU_ARCH=x86-64-v3 pytest` runs the suite as
   on a host without AVX-512 (tests about one ISA skip, with the reason, what it lacks).
 - Hypothesis does not shrink a failing example (the `polyc` profile): the examples are
   small graphs already, and shrinking one through gcc builds took minutes.

@@ -7,7 +7,7 @@ import pytest
 from polyc import GraphBuilder
 from polyc.codegen.cexpr import _FLOAT_FNS, _INT_FNS, ExprPrinter, c_literal
 from polyc.compiler import Options, compile
-from polyc.schedule_tree.comprehension import Call, Const
+from polyc.kernel.comprehension import Call, Const
 
 
 @pytest.mark.parametrize("dtype,fns", [("float32", _FLOAT_FNS), ("float64", _FLOAT_FNS),

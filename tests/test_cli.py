@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from polyc.cli import main
-from polyc.codegen import build
-from polyc.codegen.cexpr import PRELUDE
+from polyc.targets.cpu.prelude import PRELUDE
 from polyc.compiler import compile
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -103,7 +102,8 @@ def test_compile_writes_its_files(tmp_path, capsys):
 
 
 STAGES = ("load", "decompose", "simplify", "fuse", "kernels", "model", "dependences",
-          "schedule", "microkernels", "tile", "contract", "lower-cpu", "codegen", "build")
+          "schedule", "microkernels", "tile", "contract", "recompute", "lower-cpu", "codegen",
+          "build")
 
 
 def test_print_after_all_shows_every_pass(tmp_path, capsys):
@@ -114,7 +114,7 @@ def test_print_after_all_shows_every_pass(tmp_path, capsys):
     assert {p.split(" ")[0] for p in printed} == set(STAGES)
     # every per-kernel pass, for every kernel
     kernels = [k.name for k in compile(path, build=False).kernels]
-    for stage in STAGES[5:13]:
+    for stage in STAGES[5:14]:
         assert [p for p in printed if p.startswith(stage + " ")] == [
             f"{stage} {k}" for k in kernels]
 
@@ -156,7 +156,7 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 
 
 def test_a_missing_c_compiler_is_an_error_not_a_traceback(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(build, "CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("POLYC_CC", str(tmp_path / "no-such-cc"))
     assert main(["run", _write(tmp_path, SMALL)]) == 3
     assert "no-such-cc" in capsys.readouterr().err
 

@@ -17,9 +17,14 @@ from polyc.graph.decompose import decompose_graph
 from polyc.graph.fuse import fuse_graph
 from polyc.graph.reference import run_reference
 from polyc.graph.simplify import simplify_graph
-from polyc.schedule_tree.comprehension import loads
+from polyc.kernel.comprehension import loads
 from polyc.schedule_tree.oracle import ask_fusion
-from polyc.target import cpu_target
+from polyc.targets.cpu import cpu_machine
+from polyc.targets.cpu.plan import microkernel_name
+
+
+def _microkernels(kernel, flops):  # the cpu backend's answer to the oracle
+    return microkernel_name(kernel, cpu_machine(), flops)
 
 
 def _check(graph, compiled, rng=np.random.default_rng(0)):
@@ -120,7 +125,7 @@ def test_the_report_records_each_proposal_with_its_reason():
 
 def _oracle(graph, a, b):
     g = simplify_graph(decompose_graph(graph))
-    return ask_fusion(g, a, b, cpu_target())
+    return ask_fusion(g, a, b, cpu_machine(), _microkernels)
 
 
 def test_oracle_rejects_a_consumer_of_a_whole_reduction():
@@ -152,7 +157,7 @@ def test_oracle_rejects_a_fusion_whose_footprint_exceeds_the_cache():
     assert answer.legal and answer.depth == 1 and not answer.profitable
     assert "more than L2" in answer.reason
     plan = fuse_graph(simplify_graph(decompose_graph(graph)),
-                      lambda g, a, b: ask_fusion(g, a, b, cpu_target()))
+                      lambda g, a, b: ask_fusion(g, a, b, cpu_machine(), _microkernels))
     assert plan.groups == (("m",), ("y",))
 
 
@@ -199,7 +204,7 @@ def test_a_cycle_through_a_third_kernel_is_never_proposed():
 
     def oracle(g, a, b):
         asked.append({*a, *b})
-        real = ask_fusion(g, a, b, cpu_target())
+        real = ask_fusion(g, a, b, cpu_machine(), _microkernels)
         if "m" in a + b:
             return replace(real, legal=False, reason="kept apart by this test")
         return real

@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc import GraphBuilder, GraphError
-from polyc.codegen.build import CC, cflags
+from polyc.codegen.build import cc
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
-from polyc.microkernels.match import GemmPlan
-from polyc.target import cpu_target, host_can_run
+from polyc.schedule_tree import marks
+from polyc.targets.cpu import cpu_machine, host_can_run
+from polyc.targets.cpu.machine import cpu_toolchain
 
 ISAS = ["avx512", "avx2", "portable"]
 PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of structure
@@ -33,7 +34,7 @@ PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of str
 
 def _isa(isa: str) -> Options:
     """Options pinning gemm kernels to `isa`; skips when the target cannot run it."""
-    target = cpu_target()
+    target = cpu_machine()
     if registry.select("gemm", "float32", target, isa, rates={}) is None:
         pytest.skip(f"-march={target.arch} enables no {isa} gemm kernel")
     if not host_can_run(target.arch):
@@ -82,7 +83,7 @@ def test_registry_describes_every_kernel_file():
 
 
 def _features(*names):
-    return replace(cpu_target(), features=frozenset(names))
+    return replace(cpu_machine(), features=frozenset(names))
 
 
 def test_selection_follows_the_target_features():
@@ -117,9 +118,9 @@ def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
 
 
 def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch):
-    from polyc.microkernels import calibrate
+    from polyc.targets.cpu import calibrate
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
-    target = cpu_target()
+    target = cpu_machine()
     if not host_can_run(target.arch):
         pytest.skip(f"this host cannot run -march={target.arch} code")
     kernels = tuple(m for m in registry.REGISTRY
@@ -148,7 +149,7 @@ def test_the_report_says_why_the_kernel_was_chosen():
 def test_a_kernel_the_target_lacks_is_refused_naming_the_option():
     graph, _ = _matmul((130, 70), (70, 90))
     with pytest.raises(GraphError) as e:
-        compile(graph, cpu_target("x86-64"), build=False,
+        compile(graph, cpu_machine("x86-64"), build=False,
                 options=Options(gemm_kernel="sgemm_avx2_6x16"))
     assert e.value.problems[0].field == "options.gemm_kernel" and "avx2" in str(e.value)
 
@@ -156,7 +157,7 @@ def test_a_kernel_the_target_lacks_is_refused_naming_the_option():
 def test_avx512_kernel_compiles():
     """This machine may lack AVX-512: the kernel must at least build for a target with it."""
     src = registry.c_source([registry.by_name("sgemm_avx512_14x32")])
-    proc = subprocess.run([CC, "-mavx512f", "-O2", "-fsyntax-only", "-Wall", "-Werror", "-x", "c", "-"],
+    proc = subprocess.run([cc(), "-mavx512f", "-O2", "-fsyntax-only", "-Wall", "-Werror", "-x", "c", "-"],
                           input=src + "\nvoid (*keep)(long, const float *, const float *, float *,"
                           " long, int) = polyc_sgemm_avx512_14x32;\n",
                           capture_output=True, text=True)
@@ -174,7 +175,7 @@ def test_matmul_shows_marks_and_kernel_call():
     text = compiled.kernels[0].to_json()["schedule_text"]
     for mark in ("gemm S0 ", "pack_b S0", "pack_a S0", "microkernel sgemm_"):
         assert mark in text
-    plan = GemmPlan.parse(_gemm_marks(compiled)[0])
+    plan = marks.parse(_gemm_marks(compiled)[0])
     assert (plan.m, plan.n, plan.k) == (130, 90, 70)
     assert plan.loops[-5:] == ("jc", "pc", "ic", "jr", "ir")
     assert "polyc_sgemm_" in compiled.c_source and "polyc_scratch" in compiled.c_source
@@ -357,10 +358,11 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
 @pytest.mark.parametrize("isa", ISAS)
 def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
     options = _isa(isa)
-    mk = registry.select("gemm", "float32", cpu_target(), isa, shape=(12, 18 * 18), rates={})
-    assert mk.b_rows_variant
     graph, inputs = _conv((2, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
     compiled = _check(graph, inputs, options, atol=3e-4)
+    (used,) = compiled.kernels[0].microkernels
+    mk = registry.by_name(used)  # whichever of the isa's kernels measured fastest
+    assert used in registry.ISAS[isa] and mk.b_rows_variant
     assert "b=rows" in _gemm_marks(compiled)[0] and mk.b_rows_variant + "(" in compiled.c_source
 
 
@@ -525,7 +527,7 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, cap
     path.write_text(json.dumps(graph_json))
 
     def tiles(threads):
-        plan = GemmPlan.parse(_gemm_marks(compile(str(path), options=Options(threads=threads),
+        plan = marks.parse(_gemm_marks(compile(str(path), options=Options(threads=threads),
                                                   build=False))[0])
         return plan.kernel, {"kc": plan.tiles.kc, "mc": plan.tiles.mc, "nc": plan.tiles.nc}
 
@@ -537,7 +539,7 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, cap
     assert tiles(1) == _tuned(out.out.split("best: ")[1])
     assert tiles(3) == model_tiles  # measured for one thread, not for a team of three
     # every gemm kernel the host can run was among the candidates
-    target = cpu_target()
+    target = cpu_machine()
     runnable = [m.name for m in registry.REGISTRY
                 if m.kind == "gemm" and set(m.features) <= target.features]
     measured = {line.split()[1] for line in out.out.splitlines() if line.endswith(" ms")
@@ -566,22 +568,22 @@ def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
     for k in compiled.kernels:
         (mark,) = [line.split('"')[1] for line in k.to_json()["schedule_text"].splitlines()
                    if 'mark: "gemm ' in line]
-        plan = GemmPlan.parse(mark)
+        plan = marks.parse(mark)
         t = plan.tiles
         assert (plan.kernel, {"kc": t.kc, "mc": t.mc, "nc": t.nc}) == best[k.name]
 
 
 def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch):
-    from polyc.microkernels import tuning
+    from polyc.targets.cpu import tuning
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here
     graph, _ = _matmul((96, 72), (72, 80), None)
-    plan = lambda threads: GemmPlan.parse(_gemm_marks(
+    plan = lambda threads: marks.parse(_gemm_marks(
         compile(graph, options=Options(threads=threads), build=False))[0])
     model = plan(2).tiles
     tuned = {"kc": 24, "mc": 84, "nc": 96}  # multiples of every kernel's mr and nr
     assert (model.kc, model.mc, model.nc) != tuple(tuned.values())
     for kernel in compile(graph, build=False).kernels:
-        tuning.store(kernel.kernel, cpu_target(), 1, GemmPlan.parse(kernel.marks("gemm")[0]).kernel,
+        tuning.store(kernel.kernel, cpu_machine(), 1, kernel.marks(marks.Gemm)[0].kernel,
                      tuned, 1e-3)
     got = plan(1).tiles
     assert (got.kc, got.mc, got.nc) == tuple(tuned.values())
@@ -613,7 +615,7 @@ def test_four_row_kernel_matches_the_reference(sa, sb, epilogue):
 def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
     options = _isa("avx2")
     # as if both avx2 kernels measured alike: the tile shape decides
-    from polyc.microkernels import calibrate
+    from polyc.targets.cpu import calibrate
     monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
         m.name: 100.0 for m in kernels})
     b = GraphBuilder("conv")
@@ -656,8 +658,8 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
     (tmp_path / "kernels.c").write_text(compiled.c_source)
     (tmp_path / "main.c").write_text('#include "kernels.c"\n#include <stdlib.h>\n#include <string.h>\n'
                                      "int main(void) {\n" + "\n".join(body) + "\n  return 0;\n}\n")
-    flags = [f for f in cflags() if f not in ("-O3", "-shared", "-fPIC")]
-    subprocess.run([CC, *flags, "-O1", "-g", "-fsanitize=address", "-o", str(tmp_path / "main"),
+    flags = [f for f in cpu_toolchain(cpu_machine()).flags if f not in ("-O3", "-shared", "-fPIC")]
+    subprocess.run([cc(), *flags, "-O1", "-g", "-fsanitize=address", "-o", str(tmp_path / "main"),
                     str(tmp_path / "main.c"), "-lm"], check=True, capture_output=True)
     return subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})

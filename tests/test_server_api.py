@@ -77,7 +77,9 @@ def test_fetch_stored_result(client):
     trees = client.get(f"/v1/kernels/{key}/schedule").json()
     assert trees["key"] == key
     assert trees["kernels"][0]["schedule_tree"] == a["kernels"][0]["schedule_tree"]
-    assert trees["kernels"][0]["initial_schedule_tree"]["kind"] == "domain"
+    after = trees["kernels"][0]["trees"]
+    assert list(after)[0] == "schedule" and after["schedule"]["kind"] == "domain"
+    assert list(after)[-1] == "lower-cpu"
 
     obj = client.get(f"/v1/kernels/{key}/object").content
     assert obj.startswith(b"\x7fELF")

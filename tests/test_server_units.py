@@ -22,10 +22,10 @@ from polyc.server.keys import Toolchain, canonical_graph
 from polyc.server.metrics import Metrics
 from polyc.server.models import CompileOptions, CompileRequest
 from polyc.server.problems import ApiProblem, graph_pointer
-from polyc.target import cpu_target, host_can_run
+from polyc.targets.cpu import cpu_machine, host_can_run
 
-TOOLCHAIN = Toolchain(polyc="0.1.0", islpy="2026.1", isl="isl-x", cc="gcc",
-                      cc_version="gcc 12", cflags="-O3", cpu="flags=avx2 sse")
+TOOLCHAIN = Toolchain(polyc="0.1.0", islpy="2026.1", isl="isl-x", targets=(
+    ("cpu", (("cc", "gcc"), ("cc_version", "gcc 12"), ("cflags", "-O3"))),))
 
 
 def graph_doc(**over):
@@ -40,8 +40,14 @@ def graph_doc(**over):
     return doc
 
 
-def key_of(doc, target="cpu", options=Options(), toolchain=TOOLCHAIN, tuning=""):
-    return toolchain.key(canonical_graph(load_graph(doc)), target, options.to_json(), tuning)
+def key_of(doc, target="cpu", options=Options(), toolchain=TOOLCHAIN, host=("flags=avx2 sse", "")):
+    return toolchain.key(canonical_graph(load_graph(doc)), target, options.to_json(), host)
+
+
+def _cpu(**fields):
+    """TOOLCHAIN with some of its cpu fields replaced."""
+    return dataclasses.replace(TOOLCHAIN, targets=(("cpu", tuple({**TOOLCHAIN.of("cpu"),
+                                                                 **fields}.items())),))
 
 
 # -- content keys ---------------------------------------------------------------------------
@@ -80,12 +86,12 @@ def test_key_fills_defaults():
     lambda: key_of(graph_doc(constants=[{"name": "c", "shape": [3], "data": [1, 2.5, 4]}])),
     lambda: key_of(graph_doc(), options=Options(parallel=False)),
     lambda: key_of(graph_doc(), options=Options(max_operations=12345)),
-    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cc_version="gcc 13")),
-    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cflags="-O2")),
+    lambda: key_of(graph_doc(), toolchain=_cpu(cc_version="gcc 13")),
+    lambda: key_of(graph_doc(), toolchain=_cpu(cflags="-O2")),
     lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, islpy="2027.1")),
     lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, polyc="0.2.0")),
-    lambda: key_of(graph_doc(), toolchain=dataclasses.replace(TOOLCHAIN, cpu="flags=sse")),
-    lambda: key_of(graph_doc(), tuning="1700000000:123"),
+    lambda: key_of(graph_doc(), host=("flags=sse", "")),
+    lambda: key_of(graph_doc(), host=("flags=avx2 sse", "1700000000:123")),
 ], ids=["graph-name", "constant", "parallel", "max-ops", "gcc", "cflags", "islpy", "polyc",
         "cpu", "tuning"])
 def test_key_covers_everything_that_changes_the_output(change):
@@ -101,8 +107,9 @@ def test_int32_constants_stay_integers_in_the_canonical_form():
 
 def test_real_toolchain_is_detected():
     tc = Toolchain.detect()
-    assert tc.polyc and tc.islpy and tc.cc_version and f"-march={cpu_target().arch}" in tc.cflags
-    assert host_can_run(cpu_target().arch) == bool(json.loads(tc.calibration))
+    cpu = tc.of("cpu")
+    assert tc.polyc and tc.islpy and cpu["cc_version"] and f"-march={cpu_machine().arch}" in cpu["cflags"]
+    assert host_can_run(cpu_machine().arch) == bool(json.loads(cpu["calibration"]))
     assert len(tc.key(b"{}", "cpu", {})) == 64
 
 
@@ -195,7 +202,7 @@ def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
     monkeypatch.setattr(worker_main, "build_object", full)
     job = {"key": "k" * 64, "graph": canonical_graph(load_graph(graph_doc())), "target": "cpu",
            "options": Options().to_json(), "limits": __import__("polyc").Limits(),
-           "timeout_s": 30, "notes": [], "toolchain": TOOLCHAIN.to_json()}
+           "timeout_s": 30, "notes": [], "toolchain": TOOLCHAIN.to_json("cpu")}
     reply = worker_main.run_job(job)
     assert reply[0] == "error" and reply[1] == worker_main.DISK_FULL
 

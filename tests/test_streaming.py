@@ -1,4 +1,4 @@
-"""Non-temporal stores: which loops `lower_cpu` marks `stream`, and that the kernels it
+"""Non-temporal stores: which loops the cpu lowering marks `stream`, and that the kernels it
 streams still match the reference on every dtype and alignment.
 
 The decision depends on the last cache level (an output at least half its size), so the
@@ -11,20 +11,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import polyc.compiler
 from polyc import GraphBuilder
 from polyc.compiler import compile
 from polyc.graph.reference import run_reference
 from polyc.schedule_tree.tree import schedule_to_text
-from polyc.target import MemoryLevel, cpu_target
+from polyc.targets.cpu import CpuBackend, cpu_machine
 
 
 @pytest.fixture
 def small_l3(monkeypatch):
-    host = cpu_target()
+    host = cpu_machine()
     levels = tuple(replace(m, capacity=64 << 10) if m.name == "L3" else m for m in host.levels)
-    monkeypatch.setattr(polyc.compiler, "get_target", lambda name: replace(host, levels=levels))
-    assert isinstance(levels[2], MemoryLevel) and levels[2].capacity == 64 << 10
+    monkeypatch.setattr(CpuBackend, "machine", lambda self: replace(host, levels=levels))
+    assert CpuBackend().machine().role("block").capacity == 64 << 10
 
 
 def _streamed(compiled) -> list[str]:

@@ -1,8 +1,16 @@
-"""isl AST -> C through cgen, one function per kernel.
+"""isl AST -> C through cgen, one function per kernel: the target-neutral walk.
 
 `CBuilder` walks the AST isl generated from a kernel's schedule tree and calls one hook
-per construct (emit_loop, emit_if, emit_assign, emit_mark); a target subclasses it to
-turn marks into what that target needs (`CpuBuilder`: OpenMP pragmas).
+per construct; a target's builder overrides the hooks it needs (the cpu's emits OpenMP
+pragmas and vector loops from its marks, packs microkernel operands, ...):
+
+    for_loop(node, marks)   a loop (`emit_loop` prints it)
+    emit_if                 a condition
+    emit_mark(mark, child, marks)   a schedule-tree mark (typed, `schedule_tree.marks`);
+                            by default it applies to the first loop level below it
+    emit_assign(s, iters)   one statement instance
+    declare_buffer(a)       a local contracted to a small buffer (`contract.py`)
+    declare_local(a)        a local that could not be contracted: (allocation, release)
 
 The ABI of every kernel function is `void NAME(T *restrict p0, ..., T *restrict pn)`: one
 pointer per `in` / `out` array, in `Kernel.params` order, each a dense row-major buffer
@@ -17,9 +25,9 @@ import cgen
 import islpy as isl
 
 from ..kernel import Array, Kernel, c_comment
-from ..schedule_tree.comprehension import Statement, loads
-from ..microkernels.emit import MicrokernelEmitter, handles as is_microkernel_mark
-from .cexpr import C_TYPE, ExprPrinter, c_literal
+from ..kernel.comprehension import Statement
+from ..schedule_tree import marks as mk
+from .cexpr import C_TYPE, ExprPrinter
 
 _T = isl.ast_node_type
 
@@ -31,100 +39,54 @@ class CBuilder:
         self.kernel = kernel
         self.statements: dict[str, Statement] = {s.name: s for s in kernel.statements}
         self.arrays: dict[str, Array] = {a.tensor: a for a in kernel.arrays}
-        # contracted locals: small arrays declared once, private to each thread
+        # contracted locals: small arrays declared once (per thread, where threads run)
         self.buffers = [a for a in kernel.arrays if a.kept is not None]
         self.unstored: list[Array] = []  # uncontracted locals no code touched (function())
 
     # -- the walk ------------------------------------------------------------------
-    def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
+    def node(self, n: isl.AstNode, marks: tuple = ()) -> cgen.Generable:
         """C for an AST node; `marks` are the schedule-tree marks right above it, which
         apply to the first loop level only."""
         kind = n.get_type()
         if kind == _T.for_:
-            it = n.for_get_iterator().get_id().get_name()
-            header = (it, n.for_get_init().to_C_str(), n.for_get_cond().to_C_str(),
-                      n.for_get_inc().to_C_str())
-            inner = n.for_get_body()
-            if "reduce" in marks or "simd" in marks:
-                calls = _user_calls(inner)
-                reused = self.reused_buffers(it, calls) if calls else None
-                if reused is None:  # a buffer shared by the iterations: no vector lanes
-                    marks = tuple(m for m in marks if m not in ("reduce", "simd"))
-                elif "reduce" in marks:
-                    code = self.emit_reduction_loop(*header, calls, reused)
-                    if code is not None:
-                        return code
-                if reused:
-                    marks += (f"private({', '.join(reused)})",)
-                if reused is not None and "stream" in marks:
-                    code = self.emit_streaming_loop(*header, calls, marks)
-                    if code is not None:
-                        return code
-            return self.emit_loop(*header, _statement(self.node(inner)), marks)
+            return self.for_loop(n, marks)
         if kind == _T.if_:
-            other = _statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
+            other = statement(self.node(n.if_get_else_node())) if n.if_has_else_node() else None
             return self.emit_if(n.if_get_cond().to_C_str(),
-                                _statement(self.node(n.if_get_then_node())), other)
+                                statement(self.node(n.if_get_then_node())), other)
         if kind == _T.block:
             children = n.block_get_children()
             return cgen.Block([self.node(children.get_at(i), marks)
                                for i in range(children.n_ast_node())])
         if kind == _T.mark:
-            return self.emit_mark(n.mark_get_id().get_name(), n.mark_get_node(), marks)
+            return self.emit_mark(mk.parse(n.mark_get_id().get_name()), n.mark_get_node(), marks)
         if kind == _T.user:
             return self.emit_user(n.user_get_expr())
         raise NotImplementedError(f"isl AST node of kind {kind}")
 
+    @staticmethod
+    def header(n: isl.AstNode) -> tuple[str, str, str, str]:
+        """(iterator, init, condition, increment) of a for node, as C."""
+        return (n.for_get_iterator().get_id().get_name(), n.for_get_init().to_C_str(),
+                n.for_get_cond().to_C_str(), n.for_get_inc().to_C_str())
+
     # -- hooks ----------------------------------------------------------------------
+    def for_loop(self, n: isl.AstNode, marks: tuple) -> cgen.Generable:
+        return self.emit_loop(*self.header(n), statement(self.node(n.for_get_body())), marks)
+
     def emit_loop(self, it: str, init: str, cond: str, inc: str, body: cgen.Generable,
-                  marks: tuple[str, ...]) -> cgen.Generable:
-        """A loop; the base class has no use for marks, a target's builder turns them
-        into pragmas and passes those down as `marks`."""
-        loop = cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}", body)
-        pragmas = [m for m in marks if m.startswith("omp ")]
-        return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop]) if pragmas else loop
+                  marks: tuple) -> cgen.Generable:
+        return cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}", body)
 
     def emit_if(self, cond: str, then: cgen.Generable, other: cgen.Generable | None) -> cgen.Generable:
         return cgen.If(cond, then, other)
 
-    def emit_mark(self, name: str, child: isl.AstNode, marks: tuple[str, ...]) -> cgen.Generable:
-        """A schedule-tree mark above `child`; by default it applies to the first loop
-        level below it (`marks`), a target's builder may emit code of its own."""
-        return self.node(child, marks + (name,))
-
-    def emit_reduction_loop(self, it: str, init: str, cond: str, inc: str,
-                            calls: list[isl.AstExpr], private: list[str]) -> cgen.Generable | None:
-        """A loop of statements whose only carried dependences are reductions', or None
-        to emit it as any loop."""
-        return None
-
-    def emit_streaming_loop(self, it: str, init: str, cond: str, inc: str,
-                            calls: list[isl.AstExpr], marks: tuple[str, ...]) -> cgen.Generable | None:
-        """A loop whose output goes to memory with non-temporal stores, or None to emit
-        it as any loop."""
-        return None
-
-    def reused_buffers(self, it: str, calls: list[isl.AstExpr]) -> list[str] | None:
-        """Contracted scalars the loop's statements write in every iteration (each vector
-        lane needs its own), or None when a larger buffer is reused across iterations
-        (its slots would be shared by the lanes)."""
-        scalars = []
-        for call in calls:
-            s, iters = self._call(call)
-            a = self.arrays[s.target]
-            if a.kept is None or s.reduce is not None:
-                continue
-            target = ExprPrinter(self.arrays, lambda pos: iters[pos]).access(s.target, s.index)
-            if re.search(rf"\b{it}\b", target):
-                continue
-            if a.kept:
-                return None
-            scalars.append(a.c_name)
-        return sorted(set(scalars))
+    def emit_mark(self, mark: mk.Mark, child: isl.AstNode, marks: tuple) -> cgen.Generable:
+        return self.node(child, marks + (mark,))
 
     def _call(self, call: isl.AstExpr) -> tuple[Statement, list[str]]:
         name = call.get_op_arg(0).get_id().get_name()
-        args = [_atom(call.get_op_arg(i).to_C_str()) for i in range(1, call.get_op_n_arg())]
+        args = [atom(call.get_op_arg(i).to_C_str()) for i in range(1, call.get_op_n_arg())]
         return self.statements[name], args
 
     def emit_user(self, call: isl.AstExpr) -> cgen.Generable:
@@ -135,8 +97,17 @@ class CBuilder:
         target = p.access(s.target, s.index)
         return cgen.Statement(p.update(target, s.reduce, p.value(s.expr), s.dtype).rstrip(";"))
 
+    def declare_buffer(self, a: Array) -> cgen.Generable:
+        size = f"[{math.prod(a.buffer_shape)}]" if a.kept else ""
+        return cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}{size}")
+
+    def declare_local(self, a: Array) -> tuple[cgen.Generable, cgen.Generable]:
+        return (cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
+                               f"malloc({a.type.nbytes})"),
+                cgen.Statement(f"free({a.c_name})"))
+
     # -- the function -----------------------------------------------------------------
-    def function(self, ast: isl.AstNode) -> cgen.Generable:
+    def function(self, ast: isl.AstNode) -> cgen.FunctionBody:
         params = []
         for a in self.kernel.params:
             value = cgen.RestrictPointer(cgen.Value(C_TYPE[a.type.dtype], a.c_name))
@@ -145,34 +116,21 @@ class CBuilder:
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
                  for s in self.kernel.statements]
-        for a in self.buffers:
-            size = f"[{math.prod(a.buffer_shape)}]" if a.kept else ""
-            body.append(cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}{size}"))
+        body += [self.declare_buffer(a) for a in self.buffers]
         code = self.node(ast)
         # locals that could not be contracted live whole for the call, unless no code
-        # touches them (a contraction's result that its microkernel keeps in registers
-        # and its own partial-sum scratch)
+        # touches them (a contraction's result a microkernel keeps in registers)
         text = str(code)
         locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
         self.unstored = [a for a in locals_
                          if not re.search(rf"\b{re.escape(a.c_name)}\b", text)]
-        locals_ = [a for a in locals_ if a not in self.unstored]
-        for a in locals_:
-            body.append(cgen.Statement(
-                f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = malloc({a.type.nbytes})"))
-        body.append(code)
-        body += [cgen.Statement(f"free({a.c_name})") for a in locals_]
+        held = [self.declare_local(a) for a in locals_ if a not in self.unstored]
+        body += [take for take, _ in held] + [code] + [release for _, release in held]
         decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
         return cgen.FunctionBody(decl, cgen.Block(body))
 
 
-PREFETCH_CHUNK = 256  # elements of a row loop between two rounds of prefetches (each
-# round ends the lanes' partial reductions: fewer, longer chunks keep that cheap)
-STREAM_CHUNK = 256  # elements staged in L1 between two non-temporal copies: each copy
-# pays for aligning its start, which at 64 cost softmax 4096^2 about a tenth of its time
-
-
-def _user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
+def user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
     """The statement calls of a loop body made only of statements, else None."""
     if node.get_type() == _T.user:
         return [node.user_get_expr()]
@@ -185,227 +143,11 @@ def _user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
     return [k.user_get_expr() for k in kids]
 
 
-def _statement(g: cgen.Generable) -> cgen.Generable:
+def statement(g: cgen.Generable) -> cgen.Generable:
     """`g` as one C statement: a pragma'd loop (a Module) needs braces under a for or if."""
     return cgen.Block(g.contents) if isinstance(g, cgen.Module) else g
 
 
-def _atom(c: str) -> str:
+def atom(c: str) -> str:
     """`c` parenthesised unless it is a name or a number already."""
     return c if c.replace("_", "").isalnum() else f"({c})"
-
-
-_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
-_IDENTITY = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}
-_INT32_IDENTITY = {"sum": 0, "prod": 1, "max": -2**31, "min": 2**31 - 1}
-
-
-class CpuBuilder(CBuilder):
-    """Marks from `lower_cpu` become one OpenMP pragma on the loop right below them;
-    microkernel marks (`polyc/microkernels/match.py`) become packing, kernel calls and
-    write-back (`polyc/microkernels/emit.py`), the kernels' C pasted before the function."""
-
-    def __init__(self, kernel: Kernel):
-        super().__init__(kernel)
-        self.loops: list[str] = []  # iterators of the loops around the node being built
-        self.parallel: list[str] = []  # those of them that threads share out
-        self.microkernels = MicrokernelEmitter(self)
-        self.streamed = False  # has a loop stored with non-temporal stores
-
-    def node(self, n: isl.AstNode, marks: tuple[str, ...] = ()) -> cgen.Generable:
-        if n.get_type() != _T.for_:
-            return super().node(n, marks)
-        it = n.for_get_iterator().get_id().get_name()
-        self.loops.append(it)
-        if "parallel" in marks:
-            self.parallel.append(it)
-        try:
-            return super().node(n, marks)
-        finally:
-            self.loops.pop()
-            if "parallel" in marks:
-                self.parallel.pop()
-
-    def emit_mark(self, name, child, marks):
-        if is_microkernel_mark(name):
-            return self.microkernels.emit(name, child, marks)
-        return super().emit_mark(name, child, marks)
-
-    def function(self, ast: isl.AstNode) -> cgen.Generable:
-        fn = super().function(ast)
-        if self.streamed:
-            # orders this thread's non-temporal stores before the caller reads the
-            # output; each worker thread's are drained by the locked instructions of the
-            # barrier that ends the parallel loop
-            fn.body.contents.append(cgen.Statement("polyc_stream_fence()"))
-        kernels = self.microkernels.sources()  # include-guarded: pasted once per kernel
-        return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
-
-    def emit_loop(self, it, init, cond, inc, body, marks):
-        partial = next((m.split()[1:] for m in marks if m.startswith("partials ")), None)
-        if partial:
-            return self.emit_partials(it, init, cond, inc, body, marks, partial)
-        # both marks on one loop (a one-member band) make `omp parallel for simd`
-        words = (["parallel for"] if "parallel" in marks else []) + (
-            ["simd"] if "simd" in marks else [])
-        private = [m for m in marks if m.startswith("private(")]
-        if "parallel" in marks:
-            words += [m for m in marks if m.startswith("num_threads(")]
-        if "parallel" in marks and self.buffers:  # each thread its own contracted buffers
-            words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
-        elif words:
-            words += private
-        pragmas = ("omp " + " ".join(words),) if words else ()
-        # pragmas a microkernel mark asked for (`omp for` of a team) pass through
-        pragmas = tuple(m for m in marks if m.startswith("omp ")) + pragmas
-        return super().emit_loop(it, init, cond, inc, body, pragmas)
-
-    def emit_partials(self, it, init, cond, inc, body, marks, names: list[str]):
-        """Threads share the loop, each reducing into its own copy of the one-element
-        arrays `names`: inside the loop an array's name is a pointer to the thread's copy,
-        so the body is the sequential one; each thread then folds its copies into the
-        arrays with the statements' own update (a NaN a thread saw stays in a max), one
-        thread after the other in thread order: with a static schedule every run with
-        the same team rounds alike (folding in order of arrival did not)."""
-        reduce = {self.arrays[s.target].c_name: s.reduce for s in self.kernel.statements
-                  if s.reduce is not None}
-        by_c_name = {a.c_name: a for a in self.kernel.arrays}
-        p = ExprPrinter(self.arrays, lambda pos: "0")
-        decls, aliases, folds = [], [], []
-        for name in names:
-            dtype = by_c_name[name].type.dtype
-            copy = f"polyc_part_{name}"
-            identity = (_INT32_IDENTITY if dtype == "int32" else _IDENTITY)[reduce[name]]
-            decls.append(cgen.Statement(f"{C_TYPE[dtype]} {copy} = {c_literal(identity, dtype)}"))
-            aliases.append(cgen.Statement(f"{C_TYPE[dtype]} *const {name} = &{copy}"))
-            folds.append(cgen.Statement(p.update(f"{name}[0]", reduce[name], copy, dtype)
-                                        .rstrip(";")))
-        loop = self.emit_loop(it, init, cond, inc, cgen.Block(aliases + [body]),
-                              tuple(m for m in marks if m != "parallel"
-                                    and not m.startswith(("partials ", "num_threads("))))
-        clauses = [m for m in marks if m.startswith("num_threads(")]
-        if self.buffers:
-            clauses.append(f"private({', '.join(a.c_name for a in self.buffers)})")
-        # schedule(static, 1): thread t takes turn t of the ordered loop
-        fold = cgen.For("int polyc_t = 0", "polyc_t < omp_get_num_threads()", "polyc_t++",
-                        cgen.Module([cgen.Pragma("omp ordered"), cgen.Block(folds)]))
-        return cgen.Module([cgen.Pragma(" ".join(["omp parallel", *clauses])), cgen.Block(
-            decls + [cgen.Pragma("omp for schedule(static)"), loop,
-                     cgen.Pragma("omp for ordered schedule(static, 1)"), fold])])
-
-    def emit_reduction_loop(self, it, init, cond, inc, calls, private):
-        """Each reduction whose element stays put in the loop accumulates in a scalar that
-        `omp simd reduction` splits into one accumulator per vector lane; the element is
-        read before the loop and written after it. OpenMP leaves open what max and min
-        make of a NaN when lanes combine, so a NaN seen by any lane is kept in a flag."""
-        accs: dict[str, tuple[str, str, str]] = {}  # element -> (scalar, op, C type)
-        body = []
-        for call in calls:
-            s, iters = self._call(call)
-            p = ExprPrinter(self.arrays, lambda pos: iters[pos])
-            target = p.access(s.target, s.index)
-            value = p.value(s.expr)
-            if s.reduce is not None and not re.search(rf"\b{it}\b", target):
-                if target not in accs:
-                    accs[target] = (f"acc{len(accs)}", s.reduce, C_TYPE[s.dtype])
-                acc = accs[target][0]
-                if s.reduce in ("max", "min"):
-                    body.append(cgen.Block([
-                        cgen.Statement(f"{C_TYPE[s.dtype]} v = {value}"),
-                        cgen.Statement(p.update(acc, s.reduce, "v", s.dtype).rstrip(";")),
-                        cgen.Statement(f"{acc}_nan |= v != v")]))
-                    continue
-                target = acc
-            body.append(cgen.Statement(p.update(target, s.reduce, value, s.dtype).rstrip(";")))
-        if not accs:
-            return None
-        extrema = [acc for acc, op, _ in accs.values() if op in ("max", "min")]
-        clauses = " ".join(f"reduction({_OMP_REDUCTION[op]}:{acc})" for acc, op, _ in accs.values())
-        clauses += "".join(f" reduction(|:{acc}_nan)" for acc in extrema)
-        if private:
-            clauses += f" private({', '.join(private)})"
-        body = body[0] if len(body) == 1 else cgen.Block(body)
-        loop = (self.prefetching_loop(it, init, cond, inc, calls, body, f"omp simd {clauses}")
-                or cgen.Module([cgen.Pragma(f"omp simd {clauses}"),
-                                cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}", body)]))
-        before = [cgen.Statement(f"{ctype} {acc} = {element}") for element, (acc, _, ctype) in accs.items()]
-        before += [cgen.Statement(f"int {acc}_nan = {acc} != {acc}") for acc in extrema]
-        after = [cgen.Statement(f"{element} = {acc}_nan ? NAN : {acc}" if acc in extrema
-                                else f"{element} = {acc}")
-                 for element, (acc, _, _) in accs.items()]
-        return cgen.Block(before + [loop] + after)
-
-    def prefetching_loop(self, it, init, cond, inc, calls, body, pragma) -> cgen.Generable | None:
-        """Hide the next row's memory latency behind a reduction loop over this one.
-
-        A thread's share of rows is read pass after pass (max then exp-sum, mean then
-        variance); the passes after the first find the row in cache and leave memory idle,
-        and the hardware prefetcher, which follows demand misses, does not run a row
-        ahead. Strip-mined by PREFETCH_CHUNK, each chunk first prefetches the same chunk of
-        the next row of every input it reads, so the next row's first pass finds it in
-        cache (layer_norm 8192x1024 at 2 threads: 14-17 GB/s without, 23-35 with; a
-        burst of the whole next row at the row's start stalls a 4096-wide softmax).
-        Prefetches never fault, past the last row included. None when it does not apply.
-        """
-        bound = re.fullmatch(rf"{it} <= (.+)", cond)
-        if not self.parallel or inc != "1" or bound is None:
-            return None
-        row, chunk = self.parallel[-1], f"{it}_chunk"
-        addresses: list[str] = []
-        for call in calls:
-            s, iters = self._call(call)
-            for load, _ in loads(s.expr):
-                a = self.arrays[load.tensor]
-                here = ExprPrinter(self.arrays, lambda pos: iters[pos]).access(load.tensor,
-                                                                                load.index)
-                if a.role != "in" or not all(re.search(rf"\b{x}\b", here) for x in (row, it)):
-                    continue  # only rows of inputs, which come from memory
-                line = 64 // (a.type.nbytes // max(a.type.size, 1))  # elements per cache line
-                for k in range(0, PREFETCH_CHUNK, line):
-                    moved = [re.sub(rf"\b{it}\b", f"({chunk} + {k})",
-                                    re.sub(rf"\b{row}\b", f"({row} + 1)", x)) for x in iters]
-                    address = ExprPrinter(self.arrays, lambda pos: moved[pos]).access(load.tensor,
-                                                                                       load.index)
-                    if address not in addresses:
-                        addresses.append(address)
-        if not addresses:
-            return None
-        inner = cgen.For(f"int {it} = {chunk}", f"{it} <= min({chunk} + {PREFETCH_CHUNK - 1}, "
-                         f"{bound.group(1)})", f"{it} += 1", body)
-        return cgen.For(f"int {chunk} = {init}", cond.replace(it, chunk, 1),
-                        f"{chunk} += {PREFETCH_CHUNK}",
-                        cgen.Block([cgen.Statement(f"__builtin_prefetch(&{x}, 0, 2)")
-                                    for x in addresses] + [cgen.Pragma(pragma), inner]))
-
-    def emit_streaming_loop(self, it, init, cond, inc, calls, marks):
-        """Strip-mined by STREAM_CHUNK, each chunk of the output is computed into a
-        stage buffer in L1 by a `simd` loop, then copied out with non-temporal stores
-        (`polyc_stream`); the loop's other statements write locals and stay as they are."""
-        bound = re.fullmatch(rf"{it} <= (.+)", cond)
-        if inc != "1" or bound is None:
-            return None
-        chunk, last = f"{it}_chunk", f"min({it}_chunk + {STREAM_CHUNK - 1}, {bound.group(1)})"
-        body, address, ctype = [], None, None
-        for call in calls:
-            s, iters = self._call(call)
-            if self.arrays[s.target].role == "local":
-                body.append(self.emit_assign(s, iters))
-                continue
-            p = ExprPrinter(self.arrays, lambda pos: iters[pos])
-            ctype = C_TYPE[s.dtype]
-            body.append(cgen.Statement(f"polyc_stage[{it} - {chunk}] = {p.value(s.expr)}"))
-            start = [re.sub(rf"\b{it}\b", chunk, x) for x in iters]
-            address = ExprPrinter(self.arrays, lambda pos: start[pos]).access(s.target, s.index)
-        self.streamed = True
-        private = [m for m in marks if m.startswith("private(")]
-        inner = cgen.Module([
-            cgen.Pragma(" ".join(["omp simd", *private])),
-            cgen.For(f"int {it} = {chunk}", f"{it} <= {last}", f"{it} += 1",
-                     body[0] if len(body) == 1 else cgen.Block(body))])
-        stage = cgen.Block([
-            cgen.Statement(f"{ctype} polyc_stage[{STREAM_CHUNK}]"), inner,
-            cgen.Statement(f"polyc_stream(&{address}, polyc_stage, "
-                           f"({last} - {chunk} + 1) * sizeof(polyc_stage[0]))")])
-        outer = tuple(m for m in marks if m not in ("simd", "stream") and m not in private)
-        return self.emit_loop(chunk, init, cond.replace(it, chunk, 1), str(STREAM_CHUNK),
-                              stage, outer)

@@ -9,46 +9,17 @@ import math
 from typing import Callable, Mapping
 
 from ..kernel import Array
-from ..schedule_tree.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
+from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
 C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t"}
 
-# Helpers the generated C relies on, emitted once per translation unit.
+# Helpers every target's generated C relies on (ExprPrinter's calls, isl's AST helpers),
+# emitted once per translation unit after the target's own prelude.
 PRELUDE = r"""#include <math.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
-/* dst = src, bytes long, with non-temporal stores wherever dst is 16-byte aligned: the
-   lines written are not read into the cache first and evict nothing */
-static inline void polyc_stream(void *restrict dst, const void *restrict src, size_t bytes) {
-  char *d = dst; const char *s = src;
-#if defined(__SSE2__)
-  size_t head = -(uintptr_t)d & 15;
-  head = head < bytes ? head : bytes;
-  if (head) { memcpy(d, s, head); d += head; s += head; bytes -= head; }
-#if defined(__AVX__)
-  if (((uintptr_t)d & 31) && bytes >= 16) {
-    _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-    d += 16; s += 16; bytes -= 16;
-  }
-  for (; bytes >= 32; d += 32, s += 32, bytes -= 32)
-    _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
-#endif
-  for (; bytes >= 16; d += 16, s += 16, bytes -= 16)
-    _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-#endif
-  if (bytes) memcpy(d, s, bytes);
-}
-static inline void polyc_stream_fence(void) {
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
-}
 /* isl AST helpers */
 static inline long floord(long n, long d) { return n < 0 ? -((-n + d - 1) / d) : n / d; }
 static inline long min(long a, long b) { return a < b ? a : b; }

@@ -312,3 +312,17 @@ IMPLS: dict[str, Impl] = {
     "linear": _linear,
     "attention": _attention,
 }
+
+
+def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
+    small nonzero integers for int32 (div)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in graph.inputs:
+        if t.type.dtype == "int32":
+            v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
+        else:
+            v = rng.uniform(0.5, 2.0, size=t.type.shape)
+        out[t.name] = np.asarray(v, dtype=t.type.dtype)
+    return out

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from ..kernel import Kernel
-from ..schedule_tree.comprehension import (Aff, Call, Const, Expr, FloorDiv, Guarded, Load,
+from ..kernel.comprehension import (Aff, Call, Const, Expr, FloorDiv, Guarded, Load,
                                            Mod, Statement)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..target import Target
+from ..machine import Machine
 
 HERE = Path(__file__).resolve().parent
 
@@ -92,7 +92,7 @@ def by_name(name: str) -> Microkernel:
     return next(m for m in REGISTRY if m.name == name)
 
 
-def target_features(target: Target) -> frozenset[str]:
+def target_features(target: Machine) -> frozenset[str]:
     return target.features
 
 
@@ -104,21 +104,21 @@ def tile_efficiency(m: Microkernel, rows: int, cols: int) -> float:
 TIE = 0.03  # relative: rounds of the calibration differ by about this much
 
 
-def select(kind: str, dtype: str, target: Target, isa: str = "",
+def select(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
            rates: dict[str, float] | None = None) -> Microkernel | None:
     """The kernel `choose` picks (see there)."""
     return choose(kind, dtype, target, isa, shape, rates)[0]
 
 
-def choose(kind: str, dtype: str, target: Target, isa: str = "",
+def choose(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
            rates: dict[str, float] | None = None) -> tuple[Microkernel | None, str]:
     """The fastest kernel of `kind` for `dtype` whose features the target has, and why.
 
     `isa` ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if the target
     lacks it). Among several gemm kernels, each kernel's speed measured on this host
-    (`calibrate.rates`, or `rates` given) is weighed by the share of its multiply-adds
+    (`rates`, from the backend's calibration) is weighed by the share of its multiply-adds
     that land inside a C of `shape` (rows, cols): 64 rows waste a third of the 6 x 16
     kernel's last row tile and none of the 4 x 24's. Scores within TIE of the best are
     a tie (measurement noise must not flip the choice), won by rank (the kernel with
@@ -131,18 +131,14 @@ def choose(kind: str, dtype: str, target: Target, isa: str = "",
     if len(fits) <= 1 or kind != "gemm":
         best = max(fits, key=lambda m: m.rank, default=None)
         return best, (f"{best.name}: the only {kind} kernel for this target" if best else "")
-    if rates is None:
-        from . import calibrate
-        rates = calibrate.rates(target, tuple(m for m in REGISTRY if m.kind == "gemm"
-                                              and set(m.features) <= target_features(target)))
-
+    rates = rates or {}
     def efficiency(m: Microkernel) -> float:
         return round(tile_efficiency(m, *shape), 3) if shape else 1.0
 
     if not all(m.name in rates for m in fits):
         best = max(fits, key=lambda m: (m.rank, efficiency(m), m.mr))
-        return best, (f"{best.name}: by rank (the kernels were not measured: this host "
-                      f"cannot run -march={target.arch} code)")
+        return best, (f"{best.name}: by rank (the kernels were not measured on this host: "
+                      f"it cannot run -march={target.arch} code)")
     score = {m.name: rates[m.name] * efficiency(m) for m in fits}
     top = max(score.values())
     scored = sorted(fits, key=lambda m: (score[m.name] >= (1 - TIE) * top, m.rank,

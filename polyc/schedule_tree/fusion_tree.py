@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 import islpy as isl
 
-from .comprehension import Statement
+from ..kernel.comprehension import Statement
+from . import marks
 from .model import PolyModel
 
 
@@ -204,7 +205,8 @@ def _text(node: _Node) -> str:
             f"coincident: [ {coincident} ]")
     text += (f", child: {body}" if body else "") + " }"
     # the mark tells later passes that the bands below it work on one block
-    return f'{{ mark: "column_block {node.block}", child: {text} }}' if node.block else text
+    mark = marks.ColumnBlock(node.block)
+    return f'{{ mark: "{mark}", child: {text} }}' if node.block else text
 
 
 def _keeps_last(statements: list[Statement], deps: _Deps) -> bool:

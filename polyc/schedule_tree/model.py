@@ -19,7 +19,7 @@ from typing import Mapping
 
 import islpy as isl
 
-from .comprehension import Bound, Statement, isl_index, loads
+from ..kernel.comprehension import Bound, Statement, isl_index, loads
 from .tree import schedule_to_text
 
 

@@ -15,23 +15,29 @@ schedule the kernel will get, `fusion_tree`). It answers:
 Two answers come before the loops are looked at: a cheap elementwise producer of a
 contraction's operand is folded into it (`prologue.py`: no loop is shared, none is
 needed), and a merge that would leave a large contraction no microkernel can compute
-(a matmul with the softmax after it) is refused.
+(a matmul with the softmax after it) is refused. Which contraction a target's
+microkernels compute is the backend's to say: it hands the oracle a `Microkernels`
+question.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import islpy as isl
 
 from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..kernel import Kernel, build_kernels
-from ..microkernels.analysis import gemm_view
-from ..microkernels.match import gemm_microkernel
-from ..target import Target
+from ..machine import Machine
 from .dependences import compute_dependences
 from .fusion_tree import column_block, shared_depth
 from .model import PolyModel, build_model
+from .passes import element_bytes
+
+# (kernel, least flops worth one) -> the name of the microkernel that would compute the
+# kernel's contraction, or None: the backend's answer
+Microkernels = Callable[[Kernel, int], "str | None"]
 
 # below this a contraction's plain loops fused with their neighbours (a tiny attention
 # in one kernel) beat a microkernel call between separate kernels
@@ -60,15 +66,6 @@ def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
     return {s.name for s in kernel.statements if s.name.split("_")[0] in prefixes}
 
 
-def block_capacity(target: Target) -> int:
-    """Bytes a column block may touch (`fusion_tree.column_block`)."""
-    return target.last_cache.capacity // max(1, target.cores)
-
-
-def element_bytes(kernel: Kernel) -> dict[str, int]:
-    return {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
-
-
 def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> int:
     """Bytes of distinct elements touched by the first iteration of the outer `depth`
     loops (on box domains every iteration is alike); with `block`, the last of those
@@ -85,13 +82,14 @@ def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> i
     return model.bytes_touched(first, element_bytes(kernel))
 
 
-def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Target) -> FusionAnswer:
+def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
+               microkernels: Microkernels = lambda kernel, flops: None) -> FusionAnswer:
     """Can groups `a` and `b` (node names) share outer loops, and is it worth it?"""
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     merged = tuple(sorted(a + b, key=order.__getitem__))
     (kernel,) = build_kernels(graph, (merged,))
-    capacity = target.fusion_level.capacity
-    if lost := _microkernel_lost(graph, kernel, (a, b), target):
+    capacity = machine.fusion_level.capacity
+    if lost := _microkernel_lost(graph, kernel, (a, b), microkernels):
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
     if not (kept_a and kept_b):  # one side folded into the other's contraction
@@ -104,7 +102,7 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
                         isl.Context())
     model = compute_dependences(model)
     block = column_block(model, kernel.statements, element_bytes(kernel),
-                         block_capacity(target), target.cores)
+                         machine.block_bytes, machine.cores)
     depth, permutable, siblings, block = shared_depth(model, kernel.statements, kept_a, kept_b,
                                                       block)
     if depth == 0 and siblings:
@@ -119,10 +117,10 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     foot = footprint(model, kernel, depth, block)
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
-    level = target.fusion_level.name
+    level = machine.fusion_level.name
     if block:
-        # a block is read by several passes: it should stay in the last cache level
-        capacity, level = block_capacity(target), f"a core's share of {target.last_cache.name}"
+        # a block is read by several passes: it should stay where the block role says
+        capacity, level = machine.block_bytes, f"a core's share of {machine.role('block').name}"
         head += (f", the columns in blocks of {block} (every dependence keeps its column; "
                  "the reductions run down the rows inside a block)")
     if foot > capacity:
@@ -133,17 +131,17 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], target: Tar
     return FusionAnswer(True, depth, permutable, foot, capacity, saved, reason)
 
 
-def _microkernel_lost(graph: Graph, merged: Kernel, groups, target: Target) -> str:
+def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microkernels) -> str:
     """Why merging would take a contraction off its microkernel ('' if it would not): a
     matmul fused with the reduction after it (softmax's max) leaves a plain loop nest
     five times slower than the microkernel and a second pass."""
-    if gemm_microkernel(gemm_view(merged), target) is not None:
+    if microkernels(merged, 0) is not None:
         return ""
     for group in groups:
         (alone,) = build_kernels(graph, (group,))
-        mk = gemm_microkernel(gemm_view(alone), target, min_flops=KEEP_MICROKERNEL_FLOPS)
+        mk = microkernels(alone, KEEP_MICROKERNEL_FLOPS)
         if mk is not None:
-            return (f"{group_label(group)} computes its contraction with the {mk.name} "
+            return (f"{group_label(group)} computes its contraction with the {mk} "
                     "microkernel; merged, the kernel is no contraction with elementwise "
                     "epilogue, and would not")
     return ""

@@ -6,12 +6,11 @@ from __future__ import annotations
 import islpy as isl
 
 from ..errors import ScheduleTooComplex
-from .comprehension import Statement
+from ..kernel.comprehension import Statement
+from ..options import DEFAULT_MAX_OPERATIONS
 from .fusion_tree import fusion_schedule
 from .interchange import interchange_for_locality
 from .model import PolyModel
-
-DEFAULT_MAX_OPERATIONS = 20_000_000
 
 
 def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fused: bool,

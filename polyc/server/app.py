@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__
+from ..version import __version__
 from .cache import ResultCache, open_backend
 from .keys import Toolchain
 from .metrics import Metrics

@@ -2,12 +2,13 @@
 
 key = sha256 over, each part preceded by its length (so no two part lists collide):
   the key format version, the canonical graph JSON, the target, the canonical options
-  JSON, the polyc version, the islpy and isl versions, the C compiler command, its
-  version and its flags, and for the host target (`cpu`, built with -march=native) the
-  host's CPU features and the state of the tuning cache (`polyc tune` changes tiles).
-  The gemm kernels' speeds measured on the host (`calibrate`: they choose the default
-  kernel) are not in it: they are a function of the CPU, which is, and replicas on one
-  kind of CPU must share results although their measurements differ by noise.
+  JSON, the polyc version, the islpy and isl versions, the target's C compiler command,
+  its version and its flags, and what the target's backend says changes its code
+  (`Backend.key_parts`: for the cpu, built for -march=native, the host's CPU and the
+  state of the tuning cache, as `polyc tune` changes tiles). The gemm kernels' speeds
+  measured on the host (the cpu's calibration: they choose the default kernel) are not
+  in it: they are a function of the CPU, which is, and replicas on one kind of CPU must
+  share results although their measurements differ by noise.
 
 The canonical graph JSON is the loader's `Graph.to_json()` (nodes in its canonical
 topological order, defaults filled in, attrs normalised) with sorted keys, compact
@@ -17,15 +18,13 @@ order, whitespace and number spelling (`1`, `1.0`, `1e0`) never change the key.
 from __future__ import annotations
 
 import hashlib
-import platform
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import orjson
 
 from ..graph.ir import Graph
 
-KEY_FORMAT = "polyc-service-key/1"
-HOST_TARGETS = ("cpu",)  # targets whose code is built for the machine it is compiled on
+KEY_FORMAT = "polyc-service-key/2"
 
 
 def canonical_json(value) -> bytes:
@@ -40,63 +39,52 @@ def canonical_graph(graph: Graph) -> bytes:
     return canonical_json(doc)
 
 
-def cpu_features() -> str:
-    """The lines of /proc/cpuinfo that decide what -march=native generates."""
-    wanted = ("vendor_id", "cpu family", "model", "model name", "flags")
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            first_cpu = f.read().split("\n\n", 1)[0]
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    found = {}
-    for line in first_cpu.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name in wanted:
-            found[name] = " ".join(sorted(value.split())) if name == "flags" else value.strip()
-    return "; ".join(f"{k}={found[k]}" for k in wanted if k in found)
-
-
 @dataclass(frozen=True)
 class Toolchain:
-    """Everything besides the request that changes the generated code or object."""
+    """Everything besides the request that changes the generated code or object: the
+    versions of polyc, islpy and isl, and per target its compiler, that compiler's
+    version and its flags, plus what its backend prepared at start-up (shown, not keyed:
+    the cpu's measured kernel speeds)."""
 
     polyc: str
     islpy: str
     isl: str
-    cc: str
-    cc_version: str
-    cflags: str
-    cpu: str
-    calibration: str = ""  # the host's measured gemm kernel speeds (shown, not keyed)
+    targets: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # name -> (field, value)
 
     @classmethod
     def detect(cls) -> "Toolchain":
-        """Blocking (runs `cc --version` once): call at start-up, off the event loop."""
+        """Blocking (runs each compiler once, measures what backends prepare): call at
+        start-up, off the event loop, before any worker compiles."""
         import islpy
 
-        from .. import __version__
-        from ..codegen.build import CC, cflags, compiler_version
-        from ..microkernels import calibrate, registry
-        from ..target import cpu_target
-        # measured here, once, before any worker compiles: the workers read the file
-        target = cpu_target()
-        rates = calibrate.rates(target, tuple(m for m in registry.REGISTRY if m.kind == "gemm"
-                                              and set(m.features) <= target.features))
+        from .. import targets
+        from ..codegen.build import compiler_version
+        from ..version import __version__
+        described = []
+        for name in targets.names():
+            backend = targets.backend(name)
+            machine = backend.machine()
+            tc = backend.toolchain(machine)
+            fields = {"cc": tc.cc, "cc_version": compiler_version(tc.cc),
+                      "cflags": " ".join(tc.flags), **backend.prepare(machine)}
+            described.append((name, tuple(fields.items())))
         return cls(polyc=__version__, islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),
-                   cc=CC, cc_version=compiler_version(), cflags=" ".join(cflags()),
-                   cpu=cpu_features(), calibration=canonical_json(rates).decode())
+                   targets=tuple(described))
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def of(self, target: str) -> dict[str, str]:
+        return dict(dict(self.targets)[target])
 
-    def key(self, canonical: bytes, target: str, options: dict, tuning: str = "") -> str:
+    def to_json(self, target: str) -> dict[str, str]:
+        return {"polyc": self.polyc, "islpy": self.islpy, "isl": self.isl, **self.of(target)}
+
+    def key(self, canonical: bytes, target: str, options: dict,
+            host: tuple[str, ...] = ()) -> str:
+        """`host`: what the target's backend adds (`Backend.key_parts`)."""
         h = hashlib.sha256()
-        host = target in HOST_TARGETS
+        tc = self.of(target)
         parts = [KEY_FORMAT.encode(), canonical, target.encode(), canonical_json(options),
-                 self.polyc.encode(), self.islpy.encode(), self.isl.encode(), self.cc.encode(),
-                 self.cc_version.encode(), self.cflags.encode(),
-                 self.cpu.encode() if host else b"", tuning.encode() if host else b""]
+                 self.polyc.encode(), self.islpy.encode(), self.isl.encode(), tc["cc"].encode(),
+                 tc["cc_version"].encode(), tc["cflags"].encode(), *(p.encode() for p in host)]
         for part in parts:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)

@@ -3,8 +3,9 @@
 The graph itself is a free-form object here, checked by polyc's loader, so that a bad
 graph gets polyc's messages (naming node, op and field) rather than pydantic's; its JSON
 schema still describes the subgraph format so that clients and fuzzers see its shape.
-`CompileOptions` mirrors `polyc.compiler.Options` field by field, so an option added
-there is accepted here (and enters the cache key through `Options.to_json()`).
+`CompileOptions` is the union of every target's options type field by field, so an
+option added to a target is accepted here (and enters the cache key through
+`Options.to_json()`); the target's own type then refuses a field it lacks, naming it.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
-from ..compiler import MAX_THREADS, TARGETS, Options
+from .. import targets
 from ..graph.ir import DTYPES
 from ..graph.ops import OPS
 
@@ -72,7 +73,7 @@ _OPTION_FIELDS: dict[str, dict] = {
                        "description": "isl's operation budget per kernel; past it the "
                                       "answer is 422 'schedule too complex'"},
     "verify": {"description": "check every schedule against every dependence"},
-    "threads": {"ge": 0, "le": MAX_THREADS,
+    "threads": {"ge": 0, "le": 1024,
                 "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
 }
 
@@ -85,17 +86,19 @@ _OPTION_TYPES: dict[str, Any] = {
 
 
 def _options_model() -> type[BaseModel]:
-    hints = typing.get_type_hints(Options)
-    fields = {f.name: (_OPTION_TYPES.get(f.name, hints[f.name]),
-                       Field(list(f.default) if isinstance(f.default, tuple) else f.default,
-                             strict=f.name not in _OPTION_TYPES,
-                             **_OPTION_FIELDS.get(f.name, {})))
-              for f in dataclasses.fields(Options)}
+    fields = {}
+    for kind in targets.option_types():
+        hints = typing.get_type_hints(kind)
+        for f in dataclasses.fields(kind):
+            fields.setdefault(f.name, (
+                _OPTION_TYPES.get(f.name, hints[f.name]),
+                Field(list(f.default) if isinstance(f.default, tuple) else f.default,
+                      strict=f.name not in _OPTION_TYPES, **_OPTION_FIELDS.get(f.name, {}))))
     return create_model("CompileOptions", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 CompileOptions = _options_model()
-Target = Literal[TARGETS]  # type: ignore[valid-type]
+Target = Literal[targets.names()]  # type: ignore[valid-type]
 
 
 class CompileRequest(BaseModel):
@@ -142,7 +145,9 @@ class KernelDetail(KernelSummary):
     arrays: list[ArrayInfo]
     dependences: str
     schedule_text: str = Field(description="isl's block form of the final tree (readable back)")
-    initial_schedule_tree: dict[str, Any]
+    trees: dict[str, dict[str, Any]] = Field(
+        description="the tree after each pass that changed it, by that pass's name, in "
+                    "pipeline order (schedule, microkernels, tile, lower-cpu, ...)")
 
 
 class BundlePart(BaseModel):
@@ -169,7 +174,7 @@ class KernelRecord(BaseModel):
 class KernelSchedule(BaseModel):
     name: str
     schedule_tree: dict[str, Any]
-    initial_schedule_tree: dict[str, Any]
+    trees: dict[str, dict[str, Any]]
     schedule_text: str
 
 

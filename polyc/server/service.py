@@ -19,10 +19,9 @@ import orjson
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from ..compiler import Options
+from .. import targets
 from ..errors import GraphError, Problem
 from ..graph.load import load_graph
-from ..microkernels import tuning
 from . import worker_main as wm
 from .body import parse_body
 from .bundle import CorruptBundle, decode_bundle
@@ -74,6 +73,7 @@ class CompileService:
         self.cache = cache
         self.pool = pool
         self.toolchain = toolchain
+        self.machines = {name: targets.backend(name).machine() for name in targets.names()}
         self.metrics = metrics
         self._flights: SingleFlight = SingleFlight()
         # sha256 of a request body -> its content key: a repeated identical request skips
@@ -113,8 +113,9 @@ class CompileService:
         except ValidationError as e:
             raise _invalid_request(pydantic_errors(
                 e.errors(include_url=False, include_input=False))) from None
+        target = targets.backend(request.target)
         try:
-            options = Options.from_json(request.options.model_dump()).to_json()
+            options = target.options(request.options.model_dump(exclude_unset=True)).to_json()
         except GraphError as e:  # a value the schema's types allow but polyc does not
             raise _invalid_request([{"pointer": pointer(*p.field.split(".")),
                                      "message": p.message} for p in e.problems]) from None
@@ -129,7 +130,8 @@ class CompileService:
             raise ApiProblem(422, "invalid-graph", "Invalid Graph",
                              f"polyc could not validate this graph ({type(e).__name__}: {e}); "
                              "this is a polyc bug and was logged") from None
-        key = self.toolchain.key(canonical, request.target, options, tuning.fingerprint())
+        key = self.toolchain.key(canonical, request.target, options,
+                                 target.key_parts(self.machines[request.target]))
         return Prepared(key, canonical, request.target, options, request.graph, graph.notes)
 
     @staticmethod
@@ -171,7 +173,7 @@ class CompileService:
             raise self._crash_problem(p.key, "not compiled")
         job = {"key": p.key, "graph": p.canonical, "target": p.target, "options": p.options,
                "limits": self.settings.limits, "timeout_s": self.settings.compile_timeout_s,
-               "notes": list(p.notes), "toolchain": self.toolchain.to_json()}
+               "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target)}
         try:
             reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
         except QueueFull as e:
@@ -264,6 +266,5 @@ class CompileService:
     @staticmethod
     def schedule_body(entry: Entry) -> bytes:
         return orjson.dumps({"key": entry.key, "kernels": [
-            {"name": k["name"], "schedule_tree": k["schedule_tree"],
-             "initial_schedule_tree": k["initial_schedule_tree"],
+            {"name": k["name"], "schedule_tree": k["schedule_tree"], "trees": k["trees"],
              "schedule_text": k["schedule_text"]} for k in entry.record["kernels"]]})

@@ -18,7 +18,6 @@ import errno
 import os
 import resource
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -98,15 +97,16 @@ def run_job(job: dict) -> tuple:
 def _compile_bundle(job: dict) -> bytes:
     import orjson
 
-    from ..compiler import Options, compile
+    from .. import targets
+    from ..compiler import compile
     from ..graph.load import load_graph
-    from ..target import get_target
     from .bundle import OBJECT, RECORD, SOURCE, encode_bundle
 
     graph = load_graph(orjson.loads(job["graph"]), limits=job["limits"])
-    result = compile(graph, job["target"], options=Options.from_json(job["options"]), build=False)
+    result = compile(graph, job["target"], options=job["options"], build=False)
     start = time.perf_counter()
-    obj = build_object(result.c_source, get_target(job["target"]), timeout_s=job["timeout_s"])
+    toolchain = targets.backend(job["target"]).toolchain(result.machine)
+    obj = build_object(result.c_source, toolchain, timeout_s=job["timeout_s"])
     timings = {**result.trace.timings, "build": time.perf_counter() - start}
     record = {
         "target": job["target"],
@@ -130,38 +130,20 @@ def _limit_gcc(cpu_seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def build_object(source: str, target, *, timeout_s: float) -> bytes:
+def build_object(source: str, toolchain, *, timeout_s: float) -> bytes:
     """gcc `source` into a shared object and return its bytes.
 
-    Unlike polyc.codegen.build.build_shared_object, gcc stays in the worker's process
-    group (no new session), so killing the group on a time-out kills gcc and its cc1/as
-    too; and the object is built fresh, so the bundle never inherits a damaged file.
-    """
-    from ..codegen.build import CC, gcc_command
-    from ..errors import BuildError
+    Unlike the in-process build (`codegen.build.build_shared_object`), gcc stays in the
+    worker's process group (no new session), so killing the group on a time-out kills
+    gcc and its cc1/as too; and the object is built fresh, so the bundle never inherits
+    a damaged file."""
+    from ..codegen.build import compile_c
 
     with tempfile.TemporaryDirectory(prefix="polyc-build-") as tmp:
-        c_file = Path(tmp) / "kernels.c"
-        c_file.write_text(source, encoding="utf-8")
         so = Path(tmp) / "kernels.so"
         cpu = max(1, int(timeout_s) + 1)
-        proc = subprocess.Popen(gcc_command(c_file, so, target),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
-                                preexec_fn=lambda: _limit_gcc(cpu))
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            # only gcc's own process: its group is ours (the server kills it all anyway)
-            proc.kill()
-            proc.communicate()
-            raise BuildError(f"{CC} took longer than {timeout_s:g} s") from None
-        if proc.returncode != 0:
-            if "No space left on device" in stderr:
-                raise OSError(errno.ENOSPC, f"{CC}: no space left on device")
-            if "memory exhausted" in stderr or "out of memory" in stderr.lower():
-                raise MemoryError()
-            raise BuildError(f"{CC} failed on generated code (a polyc bug):\n{stderr[-4000:]}")
+        compile_c(source, toolchain, so, timeout_s=timeout_s, new_session=False,
+                  preexec_fn=lambda: _limit_gcc(cpu))
         return so.read_bytes()
 
 

@@ -19,9 +19,11 @@ from typing import Sequence
 import islpy as isl
 
 from ..kernel import Kernel
-from ..schedule_tree.comprehension import Statement
+from ..kernel.comprehension import Statement
+from ..machine import Machine
+from ..schedule_tree import marks
 from ..schedule_tree.model import PolyModel
-from ..target import Target
+from ..schedule_tree.state import KernelState, Pass
 
 _BAND = isl.schedule_node_type.band
 MIN_INNER_TILE = 64  # elements along the contiguous loop: whole vectors, whole lines
@@ -75,17 +77,17 @@ def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[in
     return sizes
 
 
-def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, target: Target, *,
+def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine: Machine, *,
                sizes: Sequence[int] | None = None) -> isl.Schedule:
     """Tile every permutable band of >= 2 members whose tile must shrink to fit the
     target's tile level (or with explicit `sizes`, the first entries per band)."""
     by_name = {s.name: s for s in kernel.statements}
     element = {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
-    capacity = target.tile_level.capacity
+    capacity = machine.tile_level.capacity
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if (node.get_type() == isl.schedule_node_type.mark
-                and node.mark_get_id().get_name().startswith("column_block ")):
+                and marks.word(node.mark_get_id().get_name()) == marks.ColumnBlock.word):
             return node  # the block was sized for the fusion level: its bands stay whole
         if (node.get_type() == _BAND and node.band_n_member() >= 2
                 and node.band_get_permutable()):
@@ -105,3 +107,13 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, target:
         return node
 
     return visit(schedule.get_root()).get_schedule()
+
+
+def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
+    if not options.tile:
+        return state
+    return state.with_schedule(tile_bands(state.model, state.schedule, state.kernel, machine,
+                                          sizes=options.tile_sizes))
+
+
+TILE = Pass("tile", tile_pass, changes_schedule=True)

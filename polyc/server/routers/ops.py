@@ -5,7 +5,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ... import __version__
+from ...version import __version__
 from ..models import Health
 
 router = APIRouter(tags=["operations"])

@@ -1,4 +1,4 @@
-"""The microkernel matcher: contraction and row-reduction tiles -> marked schedule trees.
+"""The microkernels pass: contraction and row-reduction tiles -> marked schedule trees.
 
 `map_microkernels` rewrites the schedule tree of a kernel that `analysis.gemm_view`
 recognises (a contraction with its init and elementwise epilogue) into BLIS's loop nest,
@@ -35,65 +35,27 @@ their innermost band: `mark "microkernel row_sum_f32 S0"`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import islpy as isl
 
-from ..errors import GraphError, Problem
-from ..kernel import Kernel
-from ..schedule_tree.comprehension import Statement
-from ..schedule_tree.model import PolyModel
-from ..target import Target, cpu_target
-from . import registry, tuning
-from .analysis import BRows, GemmView, b_rows, gemm_view, row_views
-from .tiles import Tiles, apply_overrides, model_tiles
+from ...kernel import Kernel
+from ...kernel.comprehension import Statement
+from ...machine import Machine
+from ...microkernels import registry
+from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, row_views
+from ...schedule_tree import marks
+from ...schedule_tree.model import PolyModel
+from ...schedule_tree.state import KernelState, Pass
+from .plan import choose_gemm_kernel, gemm_microkernel, plan_gemm
 
-# below this many multiply-adds the naive loops win: packing and the call cost more
-MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
-# threads are woken only when the contraction has this many multiply-adds
-MIN_PARALLEL_FLOPS = 1 << 21
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
 
 _ATOMIC = ', options: "{ atomic[x] }"'
 
 
-@dataclass(frozen=True)
-class GemmPlan:
-    """What the gemm mark records: everything codegen needs beyond `gemm_view`."""
-
-    stmt: str
-    kernel: str  # registry name
-    m: int
-    n: int
-    k: int
-    tiles: Tiles
-    par: str  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
-    threads: int  # 0: OMP_NUM_THREADS / all cores
-    loops: tuple[str, ...] = field(default=())  # tile loops present, outermost first
-    b: str = "packed"  # 'packed' | 'rows': read in place (`analysis.BRows`), no pack_b
-
-    def mark(self) -> str:
-        t = self.tiles
-        return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} mc={t.mc} "
-                f"nc={t.nc} kc={t.kc} par={self.par} threads={self.threads} "
-                f"loops={','.join(self.loops) or '-'} b={self.b}")
-
-    @staticmethod
-    def parse(mark: str) -> "GemmPlan":
-        words = mark.split()
-        kv = dict(w.split("=", 1) for w in words[3:])
-        loops = () if kv["loops"] == "-" else tuple(kv["loops"].split(","))
-        return GemmPlan(words[1], words[2], int(kv["m"]), int(kv["n"]), int(kv["k"]),
-                        Tiles(int(kv["mc"]), int(kv["nc"]), int(kv["kc"])), kv["par"],
-                        int(kv["threads"]), loops, kv["b"])
-
-
-def is_gemm_mark(name: str) -> bool:
-    return name.startswith("gemm ")
-
-
-def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Target | None = None,
+def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Machine,
                      report: list[str] | None = None) -> PolyModel:
     """Map the kernel's contraction (or its row reductions) onto microkernels.
 
@@ -103,16 +65,15 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
     `microkernel_tiles`, `parallel`, `threads`. Why a gemm kernel was chosen is appended
     to `report`.
     """
-    if not getattr(options, "microkernels", True):
+    if not options.microkernels:
         return model
-    target = target or cpu_target()
     view = gemm_view(kernel)
-    if gemm_microkernel(view, target, getattr(options, "microkernel_isa", "")) is not None:
-        mk, why = choose_gemm_kernel(view, kernel, target, options)
+    if gemm_microkernel(view, machine, options.microkernel_isa) is not None:
+        mk, why = choose_gemm_kernel(view, kernel, machine, options)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = b_rows(view, kernel) if mk.b_rows_variant else None
-        plan = plan_gemm(view, mk, kernel, target, options, rows)
+        plan = plan_gemm(view, mk, kernel, machine, options, rows)
         # codegen reads tile origins off the loop iterators: isl must not scale a
         # strided loop (16*i2) down to its quotient (i2)
         model.domain.get_ctx().set_ast_build_scale_strides(0)
@@ -125,79 +86,13 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, target: Targe
     return model.with_schedule(_mark_rows(model.schedule, kernel))
 
 
-def gemm_microkernel(view: GemmView | None, target: Target, isa: str = "",
-                     min_flops: int = MIN_GEMM_FLOPS) -> registry.Microkernel | None:
-    """The gemm microkernel for a contraction (`gemm_view`), if any and if it has at
-    least `min_flops`: what `map_microkernels` maps, and the fusion oracle keeps."""
-    if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
-        return None
-    return registry.select("gemm", "float32", target, isa, shape=(view.M, view.N))
-
-
-def choose_gemm_kernel(view: GemmView, kernel: Kernel, target: Target, options
-                       ) -> tuple[registry.Microkernel, str]:
-    """The gemm kernel for this contraction and why: the one `options.gemm_kernel`
-    names, else the one `polyc tune` measured fastest for this kernel, else the fastest
-    the calibration measured for the shape (`registry.choose`); within
-    `options.microkernel_isa` when it names one."""
-    isa = getattr(options, "microkernel_isa", "")
-    allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
-               and set(m.features) <= target.features
-               and (not isa or m.name in registry.ISAS[isa])]
-    asked = getattr(options, "gemm_kernel", "")
-    if asked:
-        mk = registry.by_name(asked)
-        if mk not in allowed:
-            raise GraphError(Problem(
-                f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
-                f"{target.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
-                f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
-                field="options.gemm_kernel"))
-        return mk, "asked for by options.gemm_kernel"
-    tuned = tuning.lookup(kernel, target, tuning.team(options, target)) or {}
-    name = tuned.get("microkernel")
-    if name and any(m.name == name for m in allowed):
-        return registry.by_name(name), (f"measured fastest by polyc tune "
-                                        f"({tuned['seconds'] * 1e3:.3f} ms)")
-    mk, why = registry.choose("gemm", "float32", target, isa, shape=(view.M, view.N))
-    return mk, why
-
-
-def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, target: Target,
-              options, rows: BRows | None = None) -> GemmPlan:
-    """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
-    jc loop, and the column tiles step through the virtual columns."""
-    M, N, K = view.M, view.N, view.K
-    tiles = model_tiles(M, N, K, mk, target)
-    team = tuning.team(options, target)
-    tuned = tuning.lookup(kernel, target, team) or {}
-    overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
-    overrides.update(dict(getattr(options, "microkernel_tiles", ()) or ()))
-    tiles = apply_overrides(tiles, overrides, M, N, K, mk)
-    par = "none"
-    if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
-        first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
-        par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
-    loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]
-    loops += ["jc"] if N > tiles.nc and rows is None else []
-    loops += ["pc"] if K > tiles.kc else []
-    loops += ["ic"] if M > tiles.mc else []
-    loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
-    loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
-    if par == "inner" and not {"jr", "ir"} & set(loops):
-        par = "none"  # one tile per block: nothing for a team to share
-    return GemmPlan(view.stmt.name, mk.name, M, N, K, tiles, par,
-                    int(getattr(options, "threads", 0) or 0), tuple(loops),
-                    "rows" if rows else "packed")
-
-
 # --- the gemm tree, as isl's schedule-tree text ----------------------------------------
 
 def _decl(s: Statement) -> str:
     return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
 
 
-def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
+def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
                   rows: BRows | None = None) -> isl.Schedule:
     """The tree of the module docstring for `view` with `plan`'s tiles. With `rows`, the
     column tiles cut the virtual columns (`analysis.BRows`), `mark "b_rows S0"` above
@@ -224,8 +119,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
         return (f'{{ schedule: "[{", ".join(members)}]", permutable: 0, coincident: [ {flags} ]'
                 + (_ATOMIC if options else "") + f", child: {child} }}")
 
-    def mark(name: str, child: str) -> str:
-        return f'{{ mark: "{name}", child: {child} }}'
+    def mark(m: marks.Mark, child: str) -> str:
+        return f'{{ mark: "{m}", child: {child} }}'
 
     # innermost first: the point loops and the statements' own order
     filters = [f'{{ filter: "{{ {_decl(view.init)} }}" }}',
@@ -236,7 +131,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
     tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
     point = [member(lambda s, d=d: out_name(s, d)) for d in view.rows + view.cols]
     tree = band(point, tree, options=False)
-    tree = mark(f"microkernel {plan.kernel} {s0.name}", tree)
+    tree = mark(marks.Microkernel(plan.kernel, s0.name), tree)
     tiled = {
         "ir": lambda s: f"{mk.mr}*floor(({flat(s, view.rows)})/{mk.mr})",
         "jr": lambda s: f"{mk.nr}*floor(({flat(s, view.cols)})/{mk.nr})",
@@ -250,12 +145,12 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
         if name in loops:
             tree = band([member(tiled[name])], tree)
     if plan.par == "inner":
-        tree = mark(f"team_for {s0.name}", tree)
-    tree = mark(f"pack_a {s0.name}", tree)
+        tree = mark(marks.TeamFor(s0.name), tree)
+    tree = mark(marks.PackA(s0.name), tree)
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
     if not rows:
-        tree = mark(f"pack_b {s0.name}", tree)
+        tree = mark(marks.PackB(s0.name), tree)
     for name in ("pc", "jc"):
         if name in loops:
             tree = band([member(tiled[name])], tree)
@@ -264,10 +159,10 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: GemmPlan,
         members = [member(lambda s, d=d: out_name(s, d)) for d in batch]
         tree = band(members, tree, coincident=plan.par == "batch")
         if plan.par == "batch":
-            tree = mark("parallel", tree)
+            tree = mark(marks.Parallel(plan.threads), tree)
     if rows:
-        tree = mark(f"b_rows {s0.name}", tree)
-    tree = mark(plan.mark(), tree)
+        tree = mark(marks.BRows(s0.name), tree)
+    tree = mark(plan, tree)
     text = f'{{ domain: "{model.domain}", child: {tree} }}'
     return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
 
@@ -292,7 +187,7 @@ def row_schedule(model: PolyModel, kernel: Kernel, row) -> isl.Schedule | None:
             or sorted(where) != kept or kernel.statements.index(init) != 0):
         return None
     kind = "row_sum" if s.reduce == "sum" else "row_max"
-    inner = (f'{{ mark: "microkernel {kind}_f32 {s.name}", child: {{ schedule: '
+    inner = (f'{{ mark: "{marks.Microkernel(f"{kind}_f32", s.name)}", child: {{ schedule: '
              f'"[{{ {_decl(s)} -> [({s.iter_name(row.axis)})] }}]" }} }}')
     seq = (f'{{ sequence: [ {{ filter: "{{ {_decl(init)} }}" }}, '
            f'{{ filter: "{{ {_decl(s)} }}", child: {inner} }} ] }}')
@@ -336,7 +231,7 @@ def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
                 if got.intersect_domain(node.get_domain()).is_equal(
                         want.intersect_domain(node.get_domain())):
                     kind = "row_sum" if r.stmt.reduce == "sum" else "row_max"
-                    name = isl.Id(f"microkernel {kind}_f32 {r.stmt.name}")
+                    name = isl.Id(str(marks.Microkernel(f"{kind}_f32", r.stmt.name)))
                     if n > 1:  # back to the outer half: the caller steps up from here
                         return node.band_split(n - 1).child(0).insert_mark(name).parent()
                     return node.insert_mark(name)
@@ -347,4 +242,13 @@ def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
     return visit(schedule.get_root()).get_schedule()
 
 
-__all__ = ["GemmPlan", "gemm_schedule", "is_gemm_mark", "map_microkernels", "plan_gemm"]
+
+
+def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
+    chosen: list[str] = []
+    model = map_microkernels(state.model, state.kernel, options=options, machine=machine,
+                             report=chosen)
+    return replace(state, model=model).note(*(f"microkernel {line}" for line in chosen))
+
+
+MICROKERNELS = Pass("microkernels", microkernels_pass, changes_schedule=True)

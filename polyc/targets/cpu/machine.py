@@ -1,60 +1,32 @@
-"""Targets as data: memory levels, vector width, cores, instruction set, compiler flags.
+"""The host CPU as a machine description: its caches by role, cores, and instruction set.
 
 The memory model is what tiling and the fusion oracle read: a tile's footprint (computed
-with isl) must fit the capacity of the level it is meant to live in.
+with isl) must fit the capacity of the level it is meant to live in. L1 is the tile
+level, L2 the fusion level, L3 (shared) holds blocks read by several passes.
 
 The instruction set is part of the description too: `arch` is the gcc `-march` value the
 code is built for and `features` the ISA extensions that enables (what gcc reports for
 it), so the microkernel registry chooses only kernels that build and run with those
 flags. The host default is `POLYC_CPU_ARCH` (inherited by the service's workers), else
-`native`; a test or a cross-build asks for `cpu_target("x86-64-v3")`.
+`native`; a test or a cross-build asks for `cpu_machine("x86-64-v3")`.
 """
 from __future__ import annotations
 
 import functools
 import os
+import platform
 import re
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...codegen.build import Toolchain, cc
+from ...machine import Machine, MemoryLevel
 
-@dataclass(frozen=True)
-class MemoryLevel:
-    name: str
-    capacity: int  # bytes
-    alignment: int = 64
-    shared: bool = False  # addressed by every core (else private to one core)
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    levels: tuple[MemoryLevel, ...]  # fastest first; the last is main memory
-    vector_bytes: int
-    cores: int
-    arch: str = "native"  # gcc's -march
-    features: frozenset[str] = field(default_factory=frozenset)  # ISA extensions it enables
-
-    def level(self, name: str) -> MemoryLevel:
-        return next(m for m in self.levels if m.name == name)
-
-    @property
-    def fusion_level(self) -> MemoryLevel:
-        """Where the working set of one iteration of a fused band should stay: the
-        largest private cache."""
-        private = [m for m in self.levels if not m.shared]
-        return private[-1]
-
-    @property
-    def last_cache(self) -> MemoryLevel:
-        """The level in front of main memory."""
-        return self.levels[-2]
-
-    @property
-    def tile_level(self) -> MemoryLevel:
-        """Where a tile's operands should stay: the fastest level."""
-        return self.levels[0]
+# reassociation lets gcc vectorise sums; infinities and NaN keep their IEEE meaning
+# (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf)
+CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
+          "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-Wall",
+          "-Werror=implicit-function-declaration")
 
 
 def _cache_size(level: int, default: int) -> int:
@@ -72,7 +44,6 @@ def _cache_size(level: int, default: int) -> int:
     return default
 
 
-CC = os.environ.get("POLYC_CC", "gcc")
 _ARCH = re.compile(r"[a-z0-9][a-z0-9.\-]*")
 
 
@@ -89,7 +60,7 @@ def arch_features(arch: str) -> frozenset[str]:
     if not _ARCH.fullmatch(arch):
         raise ValueError(f"POLYC_CPU_ARCH / arch {arch!r} is not a gcc -march value")
     try:
-        proc = subprocess.run([CC, f"-march={arch}", "-Q", "--help=target"],
+        proc = subprocess.run([cc(), f"-march={arch}", "-Q", "--help=target"],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         proc = None
@@ -115,16 +86,16 @@ def host_can_run(arch: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_target(arch: str | None = None) -> Target:
+def cpu_machine(arch: str | None = None) -> Machine:
     """The host CPU, with code built for `arch` (default: `default_arch()`)."""
     arch = arch or default_arch()
     features = arch_features(arch)
-    return Target(
+    return Machine(
         "cpu",
-        (MemoryLevel("L1", _cache_size(1, 32 << 10)),
-         MemoryLevel("L2", _cache_size(2, 512 << 10)),
-         MemoryLevel("L3", _cache_size(3, 16 << 20), shared=True),
-         MemoryLevel("DRAM", 1 << 40, shared=True)),
+        (MemoryLevel("L1", _cache_size(1, 32 << 10), roles=frozenset({"tile"})),
+         MemoryLevel("L2", _cache_size(2, 512 << 10), roles=frozenset({"fusion"})),
+         MemoryLevel("L3", _cache_size(3, 16 << 20), shared=True, roles=frozenset({"block"})),
+         MemoryLevel("DRAM", 1 << 40, shared=True, roles=frozenset({"main"}))),
         vector_bytes=64 if "avx512f" in features else 32 if "avx" in features else 16,
         cores=os.cpu_count() or 1,
         arch=arch,
@@ -132,7 +103,24 @@ def cpu_target(arch: str | None = None) -> Target:
     )
 
 
-def get_target(name: str) -> Target:
-    if name == "cpu":
-        return cpu_target()
-    raise KeyError(name)
+def cpu_toolchain(machine: Machine) -> Toolchain:
+    """gcc with the flags code for `machine` is built with: its -march and the rest."""
+    return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}"))
+
+
+@functools.lru_cache(maxsize=None)
+def host_cpu() -> str:
+    """The lines of /proc/cpuinfo that decide what -march=native generates."""
+    wanted = ("vendor_id", "cpu family", "model", "model name", "flags")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            first_cpu = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    found = {}
+    for line in first_cpu.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in wanted:
+            found[name] = " ".join(sorted(value.split())) if name == "flags" else value.strip()
+    return "; ".join(f"{k}={found[k]}" for k in wanted if k in found)

@@ -19,20 +19,10 @@ the blocks made equal (rounded up to the kernel's tile), so no block is a sliver
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from ..target import Target
-from .registry import Microkernel
-
-
-@dataclass(frozen=True)
-class Tiles:
-    mc: int
-    nc: int
-    kc: int
-
-    def to_json(self) -> dict:
-        return {"mc": self.mc, "nc": self.nc, "kc": self.kc}
+from ...machine import Machine
+from ...microkernels.registry import Microkernel
+from ...schedule_tree.marks import Tiles
 
 
 def _balanced(extent: int, size: int, unit: int) -> int:
@@ -41,13 +31,14 @@ def _balanced(extent: int, size: int, unit: int) -> int:
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
 
 
-def model_tiles(M: int, N: int, K: int, mk: Microkernel, target: Target) -> Tiles:
-    l1, l2, l3 = (target.levels[i].capacity for i in range(3))
+def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine) -> Tiles:
+    l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
+    l3 = machine.role("block").capacity
     elem = 4
     kc = l1 // (mk.nr * elem)
     kc = _balanced(K, kc, 4)
     mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr)
-    nc = _balanced(N, (l3 // 8 // max(1, target.cores)) // (kc * elem), mk.nr)
+    nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr)
     return Tiles(mc, nc, kc)
 
 

@@ -24,7 +24,11 @@ import platform
 import tempfile
 from pathlib import Path
 
-from ..target import Target, host_can_run
+from ...codegen.build import build_shared_object, compiler_version
+from ...machine import Machine
+from ...microkernels.registry import c_source
+from ...paths import cache_dir
+from .machine import cpu_toolchain, host_can_run
 
 KC = 256  # panel depth: the memory model's usual kc
 ROWS, COLS = 96, 192  # the block of C each round sweeps (rounded up to whole tiles)
@@ -74,9 +78,8 @@ def _up(n: int, unit: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _key(target: Target) -> str:
-    from .. import __version__
-    from ..codegen.build import compiler_version
+def _key(machine: Machine) -> str:
+    from ...version import __version__
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -85,8 +88,9 @@ def _key(target: Target) -> str:
                 break
     except OSError:
         pass
-    text = "\n".join([model, str(os.cpu_count()), target.arch, ",".join(sorted(target.features)),
-                      compiler_version(), __version__])
+    toolchain = cpu_toolchain(machine)
+    text = "\n".join([model, str(os.cpu_count()), machine.arch, ",".join(sorted(machine.features)),
+                      compiler_version(toolchain.cc), __version__])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -94,7 +98,6 @@ _seen: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}  # this process'
 
 
 def _path() -> Path:
-    from ..codegen.build import cache_dir
     return cache_dir() / "calibration.json"
 
 
@@ -105,18 +108,16 @@ def _load() -> dict:
         return {}
 
 
-def measure(target: Target, kernels) -> dict[str, float]:
+def measure(machine: Machine, kernels) -> dict[str, float]:
     """GFLOP/s of each of `kernels` (gemm registry entries) on this host, built with the
     target's flags; {} when the host cannot run the target's code."""
-    from ..codegen.build import build_shared_object
-    from .registry import c_source
-    if not kernels or not host_can_run(target.arch):
+    if not kernels or not host_can_run(machine.arch):
         return {}
     source = [_HARNESS, c_source(list(kernels))]
     for m in kernels:
         source.append(_ONE.format(name=m.name, kc=KC, mb=_up(ROWS, m.mr), nb=_up(COLS, m.nr),
                                   mr=m.mr, nr=m.nr, fn=m.c_function))
-    lib = ctypes.CDLL(str(build_shared_object("\n".join(source), target)))
+    lib = ctypes.CDLL(str(build_shared_object("\n".join(source), cpu_toolchain(machine))))
     rates = {}
     for m in kernels:
         fn = getattr(lib, f"polyc_calibrate_{m.name}")
@@ -125,10 +126,10 @@ def measure(target: Target, kernels) -> dict[str, float]:
     return rates
 
 
-def rates(target: Target, kernels) -> dict[str, float]:
+def rates(machine: Machine, kernels) -> dict[str, float]:
     """The measured GFLOP/s of `kernels` on this host for `target`: from the cache file,
     else measured now and stored (written atomically: compilers may race)."""
-    key = _key(target)
+    key = _key(machine)
     names = tuple(m.name for m in kernels)
     if (key, names) in _seen:
         return dict(_seen[key, names])
@@ -136,12 +137,12 @@ def rates(target: Target, kernels) -> dict[str, float]:
     if entry is not None and all(n in entry["rates"] for n in names):
         _seen[key, names] = entry["rates"]
         return dict(entry["rates"])
-    measured = measure(target, kernels)
+    measured = measure(machine, kernels)
     if not measured:
         return {}
     _seen[key, names] = measured
     data = _load()
-    data[key] = {"arch": target.arch, "rates": measured}
+    data[key] = {"arch": machine.arch, "rates": measured}
     path = _path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:

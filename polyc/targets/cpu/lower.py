@@ -32,11 +32,13 @@ import math
 
 import islpy as isl
 
-from ..kernel import Kernel
-from ..schedule_tree.comprehension import Statement, loads
-from ..schedule_tree.interchange import access_moves, step_pairs, unit_step
-from ..schedule_tree.model import PolyModel
-from ..target import Target
+from ...kernel import Kernel
+from ...kernel.comprehension import Statement, loads
+from ...machine import Machine
+from ...schedule_tree import marks
+from ...schedule_tree.interchange import access_moves, step_pairs, unit_step
+from ...schedule_tree.model import PolyModel
+from ...schedule_tree.state import KernelState, Pass
 
 MIN_PARALLEL_INSTANCES = 1 << 15
 
@@ -50,9 +52,9 @@ def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
     return sum(sizes[n] for n in names)
 
 
-def _below_mark(node: isl.ScheduleNode, *marks: str) -> bool:
+def _below_mark(node: isl.ScheduleNode, *kinds: type[marks.Mark]) -> bool:
     return (node.has_parent() and node.parent().get_type() == isl.schedule_node_type.mark
-            and node.parent().mark_get_id().get_name() in marks)
+            and marks.word(node.parent().mark_get_id().get_name()) in {k.word for k in kinds})
 
 
 def _only_statements(node: isl.ScheduleNode) -> bool:
@@ -78,21 +80,21 @@ def _carried(band: isl.ScheduleNode, member: isl.UnionMap, deps: isl.UnionMap) -
 
 
 def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
-                     by_name: dict[str, Statement]) -> str | None:
-    """'simd', 'reduce' or None for the last member of `band` (see the module doc)."""
+                     by_name: dict[str, Statement]) -> marks.Mark | None:
+    """Simd, Reduce or None for the last member of `band` (see the module doc)."""
     if not _only_statements(band.child(0)):
         return None
     n = band.band_n_member()
     last = band.band_split(n - 1).child(0) if n > 1 else band
     carried = _carried(last, last.band_get_partial_schedule_union_map(), deps)
     if carried.is_empty():
-        return "simd"
+        return marks.Simd()
     maps = carried.get_map_list()
     for m in (maps.get_at(i) for i in range(maps.n_map())):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
         if src != dst or by_name[src].reduce is None or by_name[src].dtype == "int32":
             return None
-    return "reduce"
+    return marks.Reduce()
 
 
 def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
@@ -169,26 +171,28 @@ def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kerne
     return targets
 
 
-def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, target: Target,
+def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, machine: Machine,
                    *, parallel: bool = True, threads: int = 0) -> isl.Schedule:
     """Insert `parallel`, `simd`, `reduce` and `stream` marks (see the module docstring);
     `threads` is the team the code will run with (0: OMP_NUM_THREADS, blocked for one
-    thread per core); a team asked for is fixed on every parallel loop (`num_threads(N)`)."""
-    team = [f"num_threads({threads})"] if threads else []
+    thread per core); a team asked for is fixed on every parallel loop
+    (`parallel threads=N`)."""
+    team = threads
     parallel = parallel and threads != 1  # a team of one: no team
-    threads = threads or target.cores
+    threads = threads or machine.cores
     statements, dependences = kernel.statements, model.dependences
     sizes = {s.name: math.prod(s.extents) for s in statements}
     by_name = {s.name: s for s in statements}
-    stream_bytes = target.last_cache.capacity // 2
+    stream_bytes = machine.role("block").capacity // 2
 
-    def loop_marks(loop: isl.ScheduleNode, kind: str) -> list[str]:
-        stream = kind == "simd" and _streams(loop, kernel, model.writes, stream_bytes)
-        return [kind] + ["stream"] * stream
+    def loop_marks(loop: isl.ScheduleNode, kind: marks.Mark) -> list[marks.Mark]:
+        stream = isinstance(kind, marks.Simd) and _streams(loop, kernel, model.writes,
+                                                          stream_bytes)
+        return [kind] + [marks.Stream()] * stream
 
-    def insert(node: isl.ScheduleNode, marks: list[str]) -> isl.ScheduleNode:
-        for mark in marks:
-            node = node.insert_mark(isl.Id(mark)).child(0)
+    def insert(node: isl.ScheduleNode, found: list[marks.Mark]) -> isl.ScheduleNode:
+        for mark in found:
+            node = node.insert_mark(isl.Id(str(mark))).child(0)
         return node
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
@@ -199,25 +203,26 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, tar
             blocks = _blocks_outside(node, dependences, threads)
             if blocks is not None:
                 node = node.insert_partial_schedule(blocks).band_member_set_coincident(0, True)
-        if node.get_type() == _BAND and not _below_mark(node, "simd", "reduce", "stream"):
+        if node.get_type() == _BAND and not _below_mark(node, marks.Simd, marks.Reduce,
+                                                        marks.Stream):
             n = node.band_n_member()
             inner = _inner_loop_kind(node, dependences, by_name)
             if inner and n > 1:
                 node = node.band_split(n - 1)
                 last = node.child(0)
-                marks = loop_marks(last, inner)
-                node = insert(last, marks)
-                for _ in range(len(marks) + 1):
+                found = loop_marks(last, inner)
+                node = insert(last, found)
+                for _ in range(len(found) + 1):
                     node = node.parent()
                 inner = None
-            marks = loop_marks(node, inner) if inner else []
+            found = loop_marks(node, inner) if inner else []
             if (parallel and not in_band and _instances(node, sizes) >= MIN_PARALLEL_INSTANCES):
                 if node.band_member_get_coincident(0):
-                    marks += ["parallel", *team]
+                    found += [marks.Parallel(team)]
                 elif threads > 1 and (partial := _reductions_across(node, dependences, kernel)):
-                    marks += ["parallel", *team, " ".join(["partials", *partial])]
-            node = insert(node, marks)
-            inserted = len(marks)
+                    found += [marks.Parallel(team), marks.Partials(tuple(partial))]
+            node = insert(node, found)
+            inserted = len(found)
             in_band = True
         for i in range(node.n_children()):
             node = visit(node.child(i), in_band).parent()
@@ -226,3 +231,11 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, tar
         return node
 
     return visit(schedule.get_root(), False).get_schedule()
+
+
+def lower_pass(state: KernelState, machine: Machine, options) -> KernelState:
+    return state.with_schedule(mark_cpu_loops(state.schedule, state.kernel, state.model, machine,
+                                              parallel=options.parallel, threads=options.threads))
+
+
+LOWER = Pass("lower-cpu", lower_pass, changes_schedule=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .graph.ir import Graph, TensorType
-from .graph.ranges import nonpositive_tensors
-from .schedule_tree.comprehension import Statement, lower_node
-from .schedule_tree.prologue import fold_prologues, recompute
+from ..graph.ir import Graph, TensorType
+from ..graph.ranges import nonpositive_tensors
+from .comprehension import Statement, lower_node
+from .prologue import fold_prologues, recompute
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 

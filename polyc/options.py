@@ -1,0 +1,80 @@
+"""Compile options every target reads; each target's options type extends `Options`.
+
+Every field changes the generated code, so every field is in the cache key (`to_json`).
+A value a target cannot use is a `GraphError` naming the option (`options.threads`),
+never a crash later. JSON has arrays where the options have tuples: `from_json` takes
+them back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import GraphError, Problem
+
+DEFAULT_MAX_OPERATIONS = 20_000_000  # isl's budget per kernel
+MAX_TILE = 1 << 30  # tile sizes stay C ints
+
+
+@dataclass(frozen=True)
+class Options:
+    parallel: bool = True  # threads or cores over outer parallel loops
+    max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
+    verify: bool = True  # check every schedule against every dependence
+    fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
+    tile: bool = True  # tile permutable bands to fit the target's tile level
+    tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
+    microkernels: bool = True  # contractions and reductions onto hand-written kernels
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        """(field, holds, message if not) for every constraint; subclasses add theirs."""
+        return [
+            ("max_operations", self.max_operations >= 1,
+             f"must be at least 1, got {self.max_operations}"),
+            ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
+             f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
+        ]
+
+    def __post_init__(self):
+        problems = [Problem(message, field=f"options.{name}")
+                    for name, ok, message in self.checks() if not ok]
+        if problems:
+            raise GraphError(problems)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], target: str = "") -> "Options":
+        """The options `to_json` wrote (arrays back to tuples); a name `cls` lacks is an
+        error naming it (and the target it does not apply to)."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = [k for k in doc if k not in known]
+        if unknown:
+            what = f"an option of target {target!r}" if target else f"an option of {cls.__name__}"
+            raise GraphError([Problem(f"is not {what}", field=f"options.{k}") for k in unknown])
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _tuples(v) if "tuple" in str(hints[k]) else v for k, v in doc.items()})
+
+    def to_json(self) -> dict:
+        return {f.name: _lists(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to(self, cls: type["Options"], target: str) -> "Options":
+        """These options as `cls` (another target's type): the fields both have are kept;
+        a field `cls` lacks must be at its default, else it is an error naming it."""
+        if type(self) is cls:
+            return self
+        mine = {f.name: f for f in dataclasses.fields(self)}
+        theirs = {f.name for f in dataclasses.fields(cls)}
+        foreign = [n for n, f in mine.items() if n not in theirs and getattr(self, n) != f.default]
+        if foreign:
+            raise GraphError([Problem(f"does not apply to target {target!r}", field=f"options.{n}")
+                              for n in foreign])
+        return cls(**{n: getattr(self, n) for n in mine if n in theirs})
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def _lists(v: Any) -> Any:
+    return [_lists(x) for x in v] if isinstance(v, tuple) else v

@@ -1,0 +1,199 @@
+"""Typed marks: every decision a pass records in a schedule tree, printed and parsed here.
+
+A mark is an isl id on a mark node; its text is `word` followed by the mark's fields,
+positional ones first, then `name=value` ones:
+
+    parallel                      threads share the loop below (`parallel threads=4`: a
+                                  fixed team)
+    partials t3_s                 each thread reduces into its own copy of these arrays
+    simd / reduce / stream        the loop below vectorises; only float reductions'
+                                  own dependences cross it; its output is streamed
+    column_block 2048             the band below runs over blocks of 2048 columns
+    microkernel sgemm_avx2_6x16 S0   the statements below become one kernel call
+    gemm S0 sgemm_avx2_6x16 m=1024 n=1024 k=1024 mc=350 nc=1024 kc=344 par=inner
+         threads=0 loops=pc,ic,jr,ir b=packed   a contraction's BLIS-shaped plan
+    pack_a S0 / pack_b S0         A's block, B's block copied into the kernel's panels
+    team_for S0                   the tile loop below is shared by the team
+    b_rows S0                     B is read in place by rows (conv2d's window rows)
+
+`parse(text)` gives the typed mark, `str(mark)` its text: no pass splits mark text by
+hand. Every printed tree (`--print-after-all`, the service, the browser view) shows
+these texts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+_KINDS: dict[str, type["Mark"]] = {}
+
+
+@dataclass(frozen=True)
+class Mark:
+    word: ClassVar[str] = ""
+    positional: ClassVar[tuple[str, ...]] = ()  # fields printed without their name
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.word:
+            _KINDS[cls.word] = cls
+
+    def __str__(self) -> str:
+        words = [self.word]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in self.positional:
+                words += list(value) if isinstance(value, tuple) else [str(value)]
+            elif value != f.default:
+                text = ",".join(map(str, value)) or "-" if isinstance(value, tuple) else value
+                words.append(f"{f.name}={text}")
+        return " ".join(words)
+
+    @classmethod
+    def _parse(cls, words: list[str]) -> "Mark":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict = {}
+        pos = [w for w in words if "=" not in w]
+        for name in cls.positional:
+            if fields[name].type in ("tuple[str, ...]",):
+                values[name], pos = tuple(pos), []
+            else:
+                values[name] = _typed(fields[name], pos.pop(0))
+        for w in words:
+            if "=" in w:
+                name, text = w.split("=", 1)
+                values[name] = _typed(fields[name], text)
+        return cls(**values)
+
+
+def _typed(f: dataclasses.Field, text: str):
+    if f.type == "int":
+        return int(text)
+    if f.type == "tuple[str, ...]":
+        return () if text == "-" else tuple(text.split(","))
+    return text
+
+
+def parse(text: str) -> Mark:
+    """The typed mark of a mark's text; a word no pass defines is a ValueError."""
+    words = text.split()
+    kind = _KINDS.get(words[0]) if words else None
+    if kind is None:
+        raise ValueError(f"unknown schedule-tree mark {text!r}")
+    return kind._parse(words[1:])
+
+
+def word(text: str) -> str:
+    """The kind of a mark's text, without parsing its fields."""
+    return text.split(" ", 1)[0]
+
+
+@dataclass(frozen=True)
+class Parallel(Mark):
+    word: ClassVar[str] = "parallel"
+    threads: int = 0  # a fixed team (0: the runtime's)
+
+
+@dataclass(frozen=True)
+class Partials(Mark):
+    word: ClassVar[str] = "partials"
+    positional: ClassVar[tuple[str, ...]] = ("arrays",)
+    arrays: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Simd(Mark):
+    word: ClassVar[str] = "simd"
+
+
+@dataclass(frozen=True)
+class Reduce(Mark):
+    word: ClassVar[str] = "reduce"
+
+
+@dataclass(frozen=True)
+class Stream(Mark):
+    word: ClassVar[str] = "stream"
+
+
+@dataclass(frozen=True)
+class ColumnBlock(Mark):
+    word: ClassVar[str] = "column_block"
+    positional: ClassVar[tuple[str, ...]] = ("size",)
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Microkernel(Mark):
+    word: ClassVar[str] = "microkernel"
+    positional: ClassVar[tuple[str, ...]] = ("kernel", "stmt")
+    kernel: str = ""
+    stmt: str = ""
+
+
+@dataclass(frozen=True)
+class Tiles:
+    mc: int
+    nc: int
+    kc: int
+
+    def to_json(self) -> dict:
+        return {"mc": self.mc, "nc": self.nc, "kc": self.kc}
+
+
+@dataclass(frozen=True)
+class Gemm(Mark):
+    """A contraction's plan: everything codegen needs beyond the kernel's statements."""
+
+    word: ClassVar[str] = "gemm"
+    positional: ClassVar[tuple[str, ...]] = ("stmt", "kernel")
+    stmt: str = ""
+    kernel: str = ""  # registry name of the microkernel
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    mc: int = 0
+    nc: int = 0
+    kc: int = 0
+    par: str = "none"  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
+    threads: int = 0  # 0: the runtime's team
+    loops: tuple[str, ...] = ()  # tile loops present, outermost first
+    b: str = "packed"  # 'packed' | 'rows': B read in place, no pack_b
+
+    @property
+    def tiles(self) -> Tiles:
+        return Tiles(self.mc, self.nc, self.kc)
+
+    def __str__(self) -> str:  # every field, always: the plan is read whole
+        return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} "
+                f"mc={self.mc} nc={self.nc} kc={self.kc} par={self.par} threads={self.threads} "
+                f"loops={','.join(self.loops) or '-'} b={self.b}")
+
+
+@dataclass(frozen=True)
+class PackA(Mark):
+    word: ClassVar[str] = "pack_a"
+    positional: ClassVar[tuple[str, ...]] = ("stmt",)
+    stmt: str = ""
+
+
+@dataclass(frozen=True)
+class PackB(Mark):
+    word: ClassVar[str] = "pack_b"
+    positional: ClassVar[tuple[str, ...]] = ("stmt",)
+    stmt: str = ""
+
+
+@dataclass(frozen=True)
+class TeamFor(Mark):
+    word: ClassVar[str] = "team_for"
+    positional: ClassVar[tuple[str, ...]] = ("stmt",)
+    stmt: str = ""
+
+
+@dataclass(frozen=True)
+class BRows(Mark):
+    word: ClassVar[str] = "b_rows"
+    positional: ClassVar[tuple[str, ...]] = ("stmt",)
+    stmt: str = ""

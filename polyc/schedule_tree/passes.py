@@ -1,0 +1,71 @@
+"""The target-neutral passes of a kernel, each `(state, machine, options) -> state`.
+
+    model        isl domain, access relations and the original order (`model.py`)
+    dependences  flow, anti and output dependences with isl's dataflow (`dependences.py`)
+    schedule     the loop structure: a fused kernel's from its fusion decisions, with
+                 column blocks sized from the machine's block role; one node's from isl's
+                 scheduler (`schedule.py`)
+    contract     intermediates into per-iteration buffers, proved with isl (`contract.py`)
+    recompute    a cheap intermediate no buffer could hold is computed again where it
+                 is read: the statements change, so the passes run again
+
+Every backend runs `NEUTRAL` first, then its own list, which reuses `CONTRACT`,
+`RECOMPUTE` and tiling's `TILE` where it wants them.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..kernel import recompute_locals
+from ..kernel.prologue import recomputable
+from .contract import contract_arrays
+from .dependences import compute_dependences
+from .fusion_tree import column_block
+from .model import build_model
+from .schedule import schedule_kernel
+from .state import KernelState, Pass
+
+
+def element_bytes(kernel) -> dict[str, int]:
+    """Bytes of one element of each array, by C name (what isl's counts are scaled by)."""
+    return {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+
+
+def model_pass(state: KernelState, machine, options) -> KernelState:
+    arrays = {a.tensor: a.c_name for a in state.kernel.arrays}
+    return replace(state, model=build_model(state.kernel.statements, arrays, state.ctx))
+
+
+def dependences_pass(state: KernelState, machine, options) -> KernelState:
+    return replace(state, model=compute_dependences(state.model))
+
+
+def schedule_pass(state: KernelState, machine, options) -> KernelState:
+    kernel = state.kernel
+    fused = len(kernel.nodes) > 1
+    block = (column_block(state.model, kernel.statements, element_bytes(kernel),
+                          machine.block_bytes, machine.cores) if fused else 0)
+    model = schedule_kernel(state.model, kernel.statements, fused=fused,
+                            max_operations=options.max_operations, block=block)
+    return replace(state, model=model)
+
+
+def contract_pass(state: KernelState, machine, options) -> KernelState:
+    return replace(state, kernel=contract_arrays(state.kernel, state.model, state.schedule))
+
+
+def recompute_pass(state: KernelState, machine, options) -> KernelState:
+    kernel = state.kernel
+    stored = tuple(a.tensor for a in kernel.arrays if a.role == "local" and a.kept is None
+                   and recomputable(kernel.statements, a.tensor))
+    if not stored:
+        return state
+    lines = tuple(f"{t} is computed again where it is read: no buffer of the loop structure "
+                  "could hold it, and storing it whole costs a pass over memory" for t in stored)
+    return state.rewritten(recompute_locals(kernel, stored), *lines)
+
+
+NEUTRAL = (Pass("model", model_pass), Pass("dependences", dependences_pass),
+           Pass("schedule", schedule_pass, changes_schedule=True))
+CONTRACT = Pass("contract", contract_pass)
+RECOMPUTE = Pass("recompute", recompute_pass)

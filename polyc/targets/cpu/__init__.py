@@ -1,0 +1,92 @@
+"""The cpu target: the host CPU, C with OpenMP and SIMD built by gcc, run through ctypes.
+
+Its passes after the neutral ones:
+
+    microkernels  contractions onto the BLIS-shaped nest of a gemm microkernel, row
+                  reductions onto row kernels (`trees.py`, planned by `plan.py`)
+    tile          permutable bands tiled to fit L1 (`tiling`)
+    contract      intermediates into per-thread buffers
+    recompute     what no buffer holds is recomputed where read
+    lower-cpu     parallel / simd / reduce / stream marks (`lower.py`)
+
+then `builder.py` turns the marked tree into C (`emit/` for the microkernel marks).
+"""
+from __future__ import annotations
+
+import json
+
+import islpy as isl
+
+from ...codegen.runtime import Program
+from ...schedule_tree.passes import CONTRACT, RECOMPUTE
+from ...tiling.tile import TILE
+from ..backend import Backend
+from . import tuning
+from .builder import CpuBuilder
+from .lower import LOWER
+from .machine import cpu_machine, cpu_toolchain, host_can_run, host_cpu
+from .options import CpuOptions
+from .plan import measured, microkernel_name
+from .prelude import PRELUDE
+from .trees import MICROKERNELS
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    options_type = CpuOptions
+    tunable = True
+
+    def machine(self):
+        return cpu_machine()
+
+    def microkernels(self, machine, options):
+        return lambda kernel, min_flops: microkernel_name(kernel, machine, min_flops)
+
+    def passes(self):
+        return (MICROKERNELS, TILE, CONTRACT, RECOMPUTE, LOWER)
+
+    def codegen(self, state, machine, options):
+        build = isl.AstBuild.from_context(isl.Set.read_from_str(state.ctx, "{ : }"))
+        builder = CpuBuilder(state.kernel)
+        code = str(builder.function(build.node_from_schedule(state.schedule)))
+        return code, buffer_report(builder)
+
+    def prelude(self, machine):
+        return PRELUDE
+
+    def toolchain(self, machine):
+        return cpu_toolchain(machine)
+
+    def program(self, graph, kernels, so_path, machine):
+        return Program(graph, kernels, so_path)
+
+    def key_parts(self, machine):
+        # -march=native code depends on the host; `polyc tune` changes tiles
+        return (host_cpu(), tuning.fingerprint())
+
+    def prepare(self, machine):
+        # the kernel calibration, measured once here: the workers read its file
+        return {"calibration": json.dumps(measured(machine), sort_keys=True)}
+
+
+def buffer_report(builder: CpuBuilder) -> tuple[str, ...]:
+    """Where each local of the kernel lives, as the builder made it."""
+    lines = []
+    for a in builder.kernel.arrays:
+        if a.kept is not None:
+            shape = "x".join(map(str, a.buffer_shape)) or "1"
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
+                         f"{shape} element(s) per thread holds it")
+        elif a in builder.unstored:
+            where = ("with the partial sums of its K blocks in scratch"
+                     if a.tensor in builder.microkernels.partial_sums
+                     else "in registers until its consumers are applied at the write-back")
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: the "
+                         f"microkernel computes it tile by tile, {where}")
+        elif a.role == "local":
+            lines.append(f"{a.tensor} ({a.type}) stays inside the kernel but could not be "
+                         "contracted: it is materialised whole in scratch memory")
+    return tuple(lines)
+
+
+__all__ = ["CpuBackend", "CpuOptions", "cpu_machine", "host_can_run"]

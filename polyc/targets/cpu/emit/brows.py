@@ -1,0 +1,119 @@
+"""B read in place by rows (`b_rows` mark, `analysis.BRows`): the padded copy, the K
+rows' offsets, edge panels, and the write-back over virtual columns."""
+from __future__ import annotations
+
+import math
+
+import cgen
+
+from ....codegen.cexpr import ExprPrinter
+from ....kernel.comprehension import Const
+from .common import decompose, stride, virtual
+
+
+class BRowsMixin:
+    def prepare_rows(self, child, outer) -> cgen.Generable:
+        """B read in place (`analysis.BRows`): its padded copy, once per call, and the
+        offset of each K row in it. The team shares both loops (par=inner; each `omp for`
+        ends in a barrier, so both are complete before any tile reads them)."""
+        rows, plan, view = self.rows, self.plan, self.view
+        arr = self.b.arrays[rows.tensor]
+        code: list[cgen.Generable] = [cgen.Comment(
+            f"B read in place, K row by K row, from {arr.c_name}"
+            + (f" padded to [{','.join(map(str, rows.shape))}]" if rows.copy else "")
+            + f"; {rows.width} virtual columns for {plan.n}")]
+        if plan.par != "inner":
+            code += self._buffers("b")
+        share = {"inner": "omp for schedule(static)",
+                 "batch": "omp parallel for schedule(static)"
+                          + (f" num_threads({plan.threads})" if plan.threads else "")}.get(plan.par)
+        if rows.copy:
+            code += self._pad_copy(share)
+        k_names = [f"mk_r{p}" for p in view.red]
+        weights = dict(rows.red_weights)
+        off = " + ".join([str(rows.const)] + [f"{weights[p]} * mk_r{p}" for p in view.red
+                                               if weights[p]])
+        loop = cgen.For("long mk_k = 0", f"mk_k < {plan.k}", "mk_k++", cgen.Block(
+            decompose(k_names, [view.stmt.extents[p] for p in view.red], "mk_k")
+            + [cgen.Assign("mk_off[mk_k]", off)]))
+        code += ([cgen.Pragma(share)] if plan.par == "inner" else []) + [loop]
+        code.append(self.b.node(child, outer))
+        return cgen.Block(code)
+
+    def _pad_copy(self, share: str | None) -> list[cgen.Generable]:
+        """P row by row (its last dim): the pad value where an outer index is out of the
+        valid range, else pad, a copy of the valid middle, pad."""
+        rows = self.rows
+        arr = self.b.arrays[rows.tensor]
+        shape, lo, valid = rows.shape, rows.lo, rows.valid
+        n, W = len(shape), shape[-1]
+        names = [f"mk_u{d}" for d in range(n - 1)]
+        outer = math.prod(shape[:-1])
+        src_strides = [stride(arr.type.shape, d) for d in range(n)]
+        inside = " && ".join(f"{valid[d][0]} <= {names[d]} + {lo[d]} && {names[d]} + {lo[d]} < {valid[d][1]}"
+                             for d in range(n - 1)
+                             if lo[d] < valid[d][0] or lo[d] + shape[d] > valid[d][1]) or "1"
+        src = " + ".join(f"({names[d]} + {lo[d]}) * {src_strides[d]}" for d in range(n - 1)) or "0"
+        pad = ExprPrinter(self.b.arrays, lambda pos: "0").value(Const(rows.pad, "float32"))
+        body = decompose(names, list(shape[:-1]), "mk_u") + [
+            cgen.Statement(f"float *restrict mk_d = mk_P + mk_u * {W}"),
+            cgen.Statement("long mk_lo = 0, mk_hi = 0"),
+            cgen.If(inside, cgen.Block([
+                cgen.Assign("mk_lo", f"max(0, {valid[-1][0] - lo[-1]})"),
+                cgen.Assign("mk_hi", f"max(mk_lo, min({W}, {valid[-1][1] - lo[-1]}))")])),
+            cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_t]", pad)),
+            cgen.If("mk_hi > mk_lo", cgen.Statement(
+                f"memcpy(mk_d + mk_lo, {arr.c_name} + {src} + mk_lo + {lo[-1]}, 4 * (mk_hi - mk_lo))")),
+            cgen.For("long mk_t = mk_hi", f"mk_t < {W} + (mk_u == {outer - 1} ? {self.mk.nr} : 0)",
+                     "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
+        loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))
+        return ([cgen.Pragma(share)] if share else []) + [loop]
+
+    # -- packing ---------------------------------------------------------------------------
+
+    def _edge_panel(self, call: str) -> cgen.Generable:
+        """The last virtual columns of a B read in place (not a copy with room past
+        its end), fewer than a tile: their rows packed into a panel (zero past them), so
+        nothing past B's end is read."""
+        NR = self.mk.nr
+        return cgen.Block([
+            cgen.Statement(f"float *restrict mk_panel = polyc_scratch(0, {4 * NR} * mk_kc)"),
+            cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block([
+                cgen.Statement(f"memcpy(mk_panel + mk_p * {NR}, mk_bp + mk_offk[mk_p], 4 * mk_nr)"),
+                cgen.For("long mk_c = mk_nr", f"mk_c < {NR}", "mk_c++",
+                         cgen.Assign(f"mk_panel[mk_p * {NR} + mk_c]", "0.0f"))])),
+            cgen.Statement(f"{call}(mk_kc, mk_ap, mk_panel, mk_tile, {NR}, 0)")])
+
+
+    def _virtual_rows_cols(self, rows_decl, col_loop, nest) -> cgen.Generable:
+        """The write-back over virtual columns (B read by rows): a tile inside one
+        output row as a plain full tile; any other by runs, each the columns up to the
+        next wrap of the innermost dim, of which those inside the output are written
+        (no division per element)."""
+        view, rows, MR = self.view, self.rows, self.mk.mr
+        names = [f"mk_o{d}" for d in view.cols]
+        W, ext = rows.col_weights, rows.col_extents
+        q = rows.inner
+        if q is None:  # a single column
+            cols = [cgen.Statement(f"const long {n} = 0") for n in names]
+            return nest("mk_mr", cols, "0", "mk_nr")
+        after = [cgen.Statement(f"const long {names[k]} = 0") for k in range(q + 1, len(names))]
+        fixed = [cgen.Statement(f"const long {names[k]} = mk_j{view.cols[k]}") for k in range(q)]
+        straight = nest(str(MR), fixed + after + [
+            cgen.Statement(f"const long {names[q]} = mk_j{view.cols[q]} + mk_c")], "0", str(self.mk.nr))
+        radix = next((W[k] for k in reversed(range(q)) if W[k]), None)
+        outer = virtual(names[:q], W[:q], "mk_jt + mk_c0")
+        valid = " && ".join(f"{names[k]} < {ext[k]}" for k in range(q) if W[k]) or "1"
+        at = "mk_jt + mk_c0"
+        run = col_loop(after + [cgen.Statement(f"const long {names[q]} = mk_q + mk_c - mk_c0")],
+                       "mk_c0", "mk_end")
+        by_runs = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(
+            rows_decl + [cgen.For("long mk_c0 = 0, mk_run", "mk_c0 < mk_nr", "mk_c0 += mk_run", cgen.Block(
+                outer + [
+                    cgen.Statement(f"const long mk_q = {f'({at}) % {radix}' if radix else at}"),
+                    cgen.Assign("mk_run", f"min(mk_nr - mk_c0, {radix} - mk_q)"
+                                if radix else "mk_nr - mk_c0"),
+                    cgen.Statement(f"const long mk_end = mk_c0 + min(mk_run, {ext[q]} - mk_q)"),
+                    cgen.If(valid, run)]))]))
+        return cgen.If(f"mk_straight && mk_mr == {MR}", cgen.Block([straight]), cgen.Block([by_runs]))
+

@@ -1,0 +1,66 @@
+"""What the microkernel emitters share: C for flattened indices, scalars for tensors the
+write-back keeps in registers, rounding."""
+from __future__ import annotations
+
+import cgen
+
+from ....codegen.cexpr import ExprPrinter
+from ....kernel.comprehension import Expr, Load
+
+# K rows packed per pass of the run packer (pack.py's _run_nest)
+ROWS = 8
+
+
+class Scalars(ExprPrinter):
+    """Prints loads of tensors the write-back holds in C scalars as those scalars."""
+
+    def __init__(self, arrays, iters, scalars: dict[str, str]):
+        super().__init__(arrays, iters)
+        self.scalars = scalars
+
+    def value(self, e: Expr) -> str:
+        if isinstance(e, Load) and e.tensor in self.scalars:
+            return self.scalars[e.tensor]
+        return super().value(e)
+
+
+def decompose(names: list[str], extents: list[int], flat: str) -> list[cgen.Generable]:
+    """`const long name = ...` for each dim of a row-major flattened index."""
+    out, w = [], 1
+    weights = []
+    for n in reversed(extents):
+        weights.append(w)
+        w *= n
+    weights.reverse()
+    for k, (name, n, w) in enumerate(zip(names, extents, weights)):
+        e = flat if w == 1 else f"({flat}) / {w}"
+        if k > 0:
+            e = f"({e}) % {n}"
+        out.append(cgen.Statement(f"const long {name} = {e}"))
+    return out
+
+
+def virtual(names: list[str], weights: tuple[int, ...], flat: str) -> list[cgen.Generable]:
+    """`const long name = ...` for each column dim of a virtual column (`BRows`): the
+    dims are its digits in the mixed radix of the weights (weight 0: extent 1)."""
+    out, outer = [], None
+    for name, w in zip(names, weights):
+        if w == 0:
+            out.append(cgen.Statement(f"const long {name} = 0"))
+            continue
+        e = flat if outer is None else f"({flat}) % {outer}"
+        out.append(cgen.Statement(f"const long {name} = {e if w == 1 else f'({e}) / {w}'}"))
+        outer = w
+    return out
+
+
+
+def up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def stride(shape: tuple[int, ...], d: int) -> int:
+    w = 1
+    for n in shape[d + 1:]:
+        w *= n
+    return w

@@ -1,0 +1,186 @@
+"""Codegen of the microkernel marks (`trees.py`) for the cpu builder.
+
+`CpuBuilder.emit_mark` hands every mark this module knows to `MicrokernelEmitter`:
+
+- `gemm ...`: declares the packing buffers and, for par=inner, opens one OpenMP
+  parallel region around the whole tiled nest (its loops run in every thread; the
+  `omp for` loops below split the work, their implicit barriers order packing and use);
+- `b_rows`: B read in place (`analysis.BRows`): its padded copy and the offset of each
+  K row, once per call; tiles then call the kernel's b_rows variant, and write back
+  only the virtual columns inside the output;
+- `pack_b` / `pack_a`: packs the current B block / A block into the kernel's panels,
+  then emits the subtree below; a gathered operand (conv2d's padded window) is packed by
+  runs, K row by K row (`_run_nest`), whole panels by fixed-length copies;
+- `team_for`: the loop right below is shared by the team (`omp for schedule(static)`);
+- `microkernel <gemm kernel>`: replaces the statements below by the kernel call on the
+  packed panels and the write-back: partial sums go to memory, the last block applies
+  the init and the epilogue statements on the tile, in registers, and stores the
+  kernel's outputs (never the intermediates); edge tiles go straight into C through
+  the kernel's rows x cols variant where it has one (masked stores);
+- `microkernel row_*`: replaces a row loop by one call of the row kernel.
+
+Tile origins come from the isl AST: the loops opened since the `gemm` mark are the tile
+loops the plan lists, in order. Anything unexpected falls back to the plain loops below
+the mark, which compute the same values.
+"""
+from __future__ import annotations
+
+import math
+
+import cgen
+import islpy as isl
+
+from ....codegen.cexpr import ExprPrinter
+from ....errors import InternalError
+from ....microkernels import registry
+from ....microkernels.analysis import BRows, GemmView, b_rows, gemm_view
+from ....schedule_tree import marks
+from .brows import BRowsMixin
+from .common import up
+from .pack import PackMixin
+from .writeback import WriteBackMixin
+
+_T = isl.ast_node_type
+_KINDS = (marks.Gemm, marks.BRows, marks.PackB, marks.PackA, marks.TeamFor, marks.Microkernel)
+
+
+def handles(mark: marks.Mark) -> bool:
+    return isinstance(mark, _KINDS)
+
+
+class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
+    def __init__(self, builder):
+        self.b = builder  # the CpuBuilder: node(), loops, arrays, kernel
+        self.used: list[registry.Microkernel] = []
+        self.plan: marks.Gemm | None = None
+        self.view: GemmView | None = None
+        self.rows: BRows | None = None
+        self.base = 0
+        self.partial_sums: set[str] = set()  # local results whose K blocks meet in scratch
+
+    # -- dispatch ----------------------------------------------------------------------
+    def emit(self, mark: marks.Mark, child: isl.AstNode, outer: tuple) -> cgen.Generable:
+        if isinstance(mark, marks.Gemm):
+            return self.gemm(mark, child, outer)
+        if isinstance(mark, marks.Microkernel) and mark.kernel.startswith("row_"):
+            return self.row(mark, child, outer)
+        if self.plan is None:  # a mark outside its gemm: plain loops
+            return self.b.node(child, outer)
+        if isinstance(mark, marks.TeamFor):
+            # tiles over virtual columns cost unevenly (those across a row wrap take the
+            # write-back by runs): handed out a few at a time
+            share = "schedule(static)" if self.rows is None else "schedule(dynamic, 4)"
+            return self.b.node(child, outer + (f"omp for {share}",))
+        if isinstance(mark, marks.BRows):
+            return self.prepare_rows(child, outer)
+        if isinstance(mark, marks.PackB):
+            return self.pack(child, outer, "b")
+        if isinstance(mark, marks.PackA):
+            return self.pack(child, outer, "a")
+        return self.tile(child)
+
+    def _tile_loops(self, allowed: set[str]) -> dict[str, str]:
+        """Tile loop role -> its C iterator, checked against the plan."""
+        opened = self.b.loops[self.base:]
+        roles = self.plan.loops[:len(opened)]
+        if len(opened) > len(self.plan.loops) or not set(roles) <= allowed:
+            raise InternalError("codegen", f"microkernel tile loops {opened} do not match "
+                                           f"the plan's {self.plan.loops}")
+        return dict(zip(roles, opened))
+
+    # -- gemm ----------------------------------------------------------------------------
+    def gemm(self, plan: marks.Gemm, child, outer) -> cgen.Generable:
+        view = gemm_view(self.b.kernel)
+        if view is None or view.stmt.name != plan.stmt:
+            raise InternalError("codegen", f"mark {str(plan)!r} does not fit kernel "
+                                           f"{self.b.kernel.name}")
+        mk = registry.by_name(plan.kernel)
+        if mk not in self.used:
+            self.used.append(mk)
+        self.rows = b_rows(view, self.b.kernel) if plan.b == "rows" else None
+        if plan.b == "rows" and (self.rows is None or not mk.b_rows_variant):
+            raise InternalError("codegen", f"mark {str(plan)!r}: B cannot be read by rows")
+        self.plan, self.view, self.base, self.mk = plan, view, len(self.b.loops), mk
+        t = plan.tiles
+        body: list[cgen.Generable] = [cgen.Comment(
+            f"{plan.kernel}: C[{view.batches}x {plan.m}x{plan.n}] += A[{plan.m}x{plan.k}] "
+            f"B[{plan.k}x{plan.n}]; tiles mc={t.mc} nc={t.nc} kc={t.kc}, {plan.par} threads")]
+        if self._acc_local():
+            self.partial_sums.add(view.stmt.target)
+            body.append(cgen.Statement(
+                f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
+        inner = self.b.node(child, outer)
+        if plan.par == "inner":
+            body += self._buffers()
+            threads = f" num_threads({plan.threads})" if plan.threads else ""
+            body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block([inner])]
+        else:
+            body.append(inner)
+        self.plan = self.view = self.rows = None
+        return cgen.Block(body)
+
+    def _acc_local(self) -> bool:
+        """Partial sums of a result no one outside reads go to a scratch buffer."""
+        role = self.b.arrays[self.view.stmt.target].role
+        return role != "out" and "pc" in self.plan.loops
+
+    def _buffers(self, side: str = "ab") -> list[cgen.Generable]:
+        """The packing buffers of `side` ('a', 'b' or both); with B read by rows, B's
+        padded copy and row offsets instead of its panels."""
+        t, mk, rows = self.plan.tiles, self.mk, self.rows
+        kc, nc, mc = min(t.kc, self.plan.k), min(t.nc, up(self.plan.n, mk.nr)), min(t.mc, up(self.plan.m, mk.mr))
+        out = []
+        if "b" in side and rows is None:
+            out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * up(nc, mk.nr)})"))
+        elif "b" in side:
+            # the copy runs `nr` floats past P: the last tile reads its rows whole
+            src = (f"polyc_scratch(4, {4 * (math.prod(rows.shape) + mk.nr)})" if rows.copy
+                   else self.b.arrays[rows.tensor].c_name)
+            out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
+                    cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
+        if "a" in side:
+            out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, {4 * kc * up(mc, mk.mr)})"))
+        return out
+
+    def _batch_values(self, loops: dict[str, str]) -> dict[int, str]:
+        return {d: loops.get(f"b{d}", "0") for d in self.view.batch}
+
+    # -- B read by rows ----------------------------------------------------------------------
+
+    def row(self, mark: marks.Microkernel, child, outer) -> cgen.Generable:
+        kind, stmt_name = mark.kernel, mark.stmt
+        node = child
+        while node.get_type() == _T.mark:
+            node = node.mark_get_node()
+        s = self.b.statements.get(stmt_name)
+        if s is None or node.get_type() != _T.for_ or node.for_get_body().get_type() != _T.user:
+            return self.b.node(child, outer)
+        it = node.for_get_iterator().get_id().get_name()
+        got, iters = self.b._call(node.for_get_body().user_get_expr())
+        cond = node.for_get_cond()
+        axis = len(s.extents) - 1
+        load = s.expr
+        arr = self.b.arrays[load.tensor]
+        if (got.name != s.name or iters[axis] != it or node.for_get_inc().to_C_str() != "1"
+                or cond.get_op_type() not in (isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt)
+                or cond.get_op_arg(0).to_C_str() != it
+                or (arr.kept is not None and arr.type.ndim - 1 not in arr.kept)):
+            return self.b.node(child, outer)
+        mk = registry.by_name(kind)
+        if mk not in self.used:
+            self.used.append(mk)
+        lo = f"({node.for_get_init().to_C_str()})"
+        hi = f"({cond.get_op_arg(1).to_C_str()})"
+        count = f"{hi} - {lo}" + (" + 1" if cond.get_op_type() == isl.ast_expr_op_type.le else "")
+        at = list(iters)
+        at[axis] = lo
+        p = ExprPrinter(self.b.arrays, lambda pos: at[pos])
+        target = p.access(s.target, s.index)
+        value = f"{mk.c_function}(&{p.access(load.tensor, load.index)}, {count})"
+        return cgen.Block([cgen.Comment(f"{mk.name}: {s.name} over a row of {s.extents[axis]}"),
+                           cgen.Statement(p.update(target, s.reduce, value, s.dtype).rstrip(";"))])
+
+    def sources(self) -> str:
+        return registry.c_source(self.used) if self.used else ""
+
+

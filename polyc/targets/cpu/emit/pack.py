@@ -1,0 +1,274 @@
+"""Packing a block of a contraction's operand into the microkernel's panels (`pack_a`,
+`pack_b` marks): whole panels by fixed-length copies, a row-major A by register
+transposes (support.c), a gathered operand (conv2d's padded window) by runs."""
+from __future__ import annotations
+
+
+import cgen
+
+from ....codegen.cexpr import ExprPrinter
+from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
+from ....microkernels.analysis import iterators, loads_of
+from .common import ROWS, decompose, stride, up
+
+
+class PackMixin:
+    def pack(self, child, outer, side: str) -> cgen.Generable:
+        plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
+        s0 = view.stmt
+        if side == "b":
+            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc"})
+            head = [cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
+                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
+                    cgen.Statement(f"const long mk_j0 = {loops.get('jc', '0')}"),
+                    cgen.Statement(f"const long mk_nc = min({t.nc}, {plan.n} - mk_j0)")]
+            tile, total, own = mk.nr, plan.n, view.cols
+            expr, start, size, buf = view.b_expr, "mk_j0", "mk_nc", "mk_pb"
+        else:
+            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
+            head = [] if self.rows is None else [  # no pack_b above to set the K block
+                cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
+                cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)")]
+            head += [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
+                    cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
+            tile, total, own = mk.mr, plan.m, view.rows
+            expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
+        if plan.par != "inner":
+            head += self._buffers(side)
+        # iterator values: batch dims from their loops, own dims and K from the element
+        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
+        batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
+                 for d, v in self._batch_values(loops).items()
+                 if view.out_iter[d] in iterators(expr)]
+        own_names = [f"mk_s{view.out_iter[d]}" for d in own]
+        own_ext = [view.shape[d] for d in own]
+        red_names = [f"mk_s{q}" for q in view.red]
+        red_ext = [s0.extents[q] for q in view.red]
+        value = p.value(expr)
+        inner_is_own = self._contiguous_along(expr, {view.out_iter[d] for d in own})
+        dst = f"mk_dst[mk_p * {tile} + mk_x]"
+        k_vars = decompose(red_names, red_ext, "mk_k0 + mk_p")
+        x_vars = decompose(own_names, own_ext, f"{start} + mk_xp + mk_x")
+        valid = "mk_nv"
+        runs = self._run_nest(expr, own_names, own_ext, [view.out_iter[d] for d in own], tile,
+                              start, size, buf, k_vars,
+                              up(min(t.nc if side == "b" else t.mc, total), tile)
+                              ) if inner_is_own else None
+        if runs is not None:
+            code: list[cgen.Generable] = head + batch
+            if plan.par == "inner":
+                code.append(cgen.Pragma("omp for schedule(static)"))
+            code += [runs, self.b.node(child, outer)]
+            return cgen.Block(code)
+        if inner_is_own and len(own) > 1:
+            # several dims flattened (conv2d's output pixels): decompose the panel's start
+            # once, then step the dims with carries, no division per element
+            base = decompose([f"mk_b{n}" for n in own_names], own_ext, f"{start} + mk_xp")
+            def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
+                if k == 0:
+                    return cgen.Statement(f"++{own_names[0]}")
+                return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+                               cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+            step = carry(len(own_names) - 1)
+            nest = cgen.Block(base + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
+                k_vars + [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names] + [
+                    cgen.Statement("long mk_x = 0"),
+                    cgen.For("", f"mk_x < {valid}", "mk_x++",
+                             cgen.Block([cgen.Assign(dst, value), step])),
+                    cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))])
+        elif inner_is_own:
+            # a whole panel copies `tile` elements per K row: a fixed trip count, two 8-wide
+            # moves for a plain load. `omp simd`: left to itself gcc sometimes unrolls it
+            # into scalar moves, unsure the panel does not alias the operand (batched
+            # 16x(256x64 @ 64x256): the pack took as long as the multiplies)
+            row = cgen.For("long mk_x = 0", f"mk_x < {tile}", "mk_x++",
+                           cgen.Block(x_vars + [cgen.Assign(dst, value)]))
+            full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
+                k_vars + [cgen.Pragma("omp simd"), row]))
+            edge = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
+                cgen.Statement("long mk_x = 0"),
+                cgen.For("", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [cgen.Assign(dst, value)])),
+                cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))
+            nest = cgen.If(f"{valid} == {tile}", full, edge)
+        else:
+            if len(red_names) > 1:
+                # K flattens several dims (conv2d's channels x window): decompose the
+                # block's start once per element row, then step them with carries
+                def kcarry(k: int) -> cgen.Generable:
+                    if k == 0:
+                        return cgen.Statement(f"++{red_names[0]}")
+                    return cgen.If(f"++{red_names[k]} == {red_ext[k]}",
+                                   cgen.Block([cgen.Assign(red_names[k], "0"), kcarry(k - 1)]))
+                k_head = decompose([f"mk_b{n}" for n in red_names], red_ext, "mk_k0")
+                k_head += [cgen.Statement(f"long {n} = mk_b{n}") for n in red_names]
+                p_body = [cgen.Assign(dst, value), kcarry(len(red_names) - 1)]
+            else:
+                k_head, p_body = [], k_vars + [cgen.Assign(dst, value)]
+            nest = cgen.Block([
+                cgen.For("long mk_x = 0", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + k_head + [
+                    cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(p_body))])),
+                cgen.For(f"long mk_x = {valid}", f"mk_x < {tile}", "mk_x++", cgen.For(
+                    "long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Assign(dst, "0.0f")))])
+            if len(own_names) == 1:
+                # a whole panel K row by K row: `tile` streams read side by side, the
+                # panel written in order
+                row = cgen.For("long mk_x = 0", f"mk_x < {tile}", "mk_x++",
+                               cgen.Block(x_vars + [cgen.Assign(dst, value)]))
+                if len(red_names) > 1:
+                    full = cgen.Block(k_head + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++",
+                                                         cgen.Block([row, kcarry(len(red_names) - 1)]))])
+                else:
+                    full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [row]))
+                nest = cgen.If(f"{valid} == {tile}", full, nest)
+                if len(red_names) == 1:
+                    nest = self._transposed_rows(expr, view.out_iter[own[0]], view.red[0], tile,
+                                                 start, valid) or nest
+        panel = cgen.Block([
+            cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
+            cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
+            nest])
+        loop = cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)
+        code: list[cgen.Generable] = head + batch
+        if plan.par == "inner":
+            code.append(cgen.Pragma("omp for schedule(static)"))
+        code.append(loop)
+        code.append(self.b.node(child, outer))
+        return cgen.Block(code)
+
+    def _run_nest(self, expr: Expr, own_names: list[str], own_ext: list[int],
+                  own_pos: list[int], tile: int, start: str, size: str, buf: str, k_vars,
+                  cap: int) -> cgen.Generable | None:
+        """Packing by runs, one K row at a time (the loop over K rows is what the team
+        shares): the row's elements over the block's own range are gathered into a
+        thread-private row, split where the innermost own dim wraps; within a run every
+        guard is an interval of that dim and the load walks memory with a fixed stride,
+        so each run is a zero fill, a bounds-free (unit stride: vectorised) copy and a zero
+        fill. The row is then copied into the panels `tile` floats at a time. conv2d's
+        padded gather takes this path. None when the operand is not a (guarded) load
+        affine in the iterators, or is a plain load along one dim (already vectorised)."""
+        if isinstance(expr, Guarded):
+            bounds, load, other = expr.bounds, expr.then, expr.otherwise
+            if not isinstance(other, Const):
+                return None
+        else:
+            bounds, load, other = (), expr, None
+        if not isinstance(load, Load) or not load.index or not all(
+                isinstance(e, Aff) for e in load.index):
+            return None
+        arr = self.b.arrays[load.tensor]
+        if arr.kept == () or load.dtype != "float32":
+            return None
+        if not bounds and len(own_names) == 1:
+            return None  # a plain contiguous load: the element loop vectorises as it is
+        q, qname, E = own_pos[-1], own_names[-1], own_ext[-1]
+        # the load's address stride along q
+        dims = range(arr.type.ndim) if arr.kept is None else arr.kept
+        cq, stride = 0, 1
+        for d in reversed(dims):
+            cq += dict(load.index[d].terms).get(q, 0) * stride
+            stride *= arr.type.shape[d]
+        if cq < 0:
+            return None
+        names = lambda pos: f"mk_s{pos}"
+        outer, lo_terms, hi_terms = [], [], []
+        for b in bounds:
+            a = dict(b.aff.terms).get(q, 0)
+            if a == 0:
+                r = b.aff.render(names)
+                outer.append(f"{b.lo} <= ({r}) && ({r}) < {b.hi}")
+            elif a == 1:
+                rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
+                r = rest.render(names)
+                lo_terms.append(f"{b.lo} - ({r}) - {qname}")
+                hi_terms.append(f"{b.hi} - ({r}) - {qname}")
+            else:
+                return None
+        zero = ExprPrinter(self.b.arrays, names).value(other) if other is not None else "0.0f"
+        src = ExprPrinter(self.b.arrays, lambda pos: "mk_q" if pos == q else f"mk_s{pos}"
+                          ).access(load.tensor, load.index)
+
+        def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
+            if k == 0:
+                return cgen.Statement(f"++{own_names[0]}")
+            return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+                           cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+
+        step: list[cgen.Generable] = [cgen.Statement(f"{qname} += mk_run")]
+        if len(own_names) > 1:
+            step.append(cgen.If(f"{qname} == {E}",
+                                cgen.Block([cgen.Assign(qname, "0"), carry(len(own_names) - 2)])))
+        limits = [cgen.Statement(f"mk_lo = max(mk_lo, {t})") for t in lo_terms]
+        limits += [cgen.Statement(f"mk_hi = min(mk_hi, {t})") for t in hi_terms]
+        limits += [cgen.Statement("mk_lo = min(mk_lo, mk_run)"),
+                   cgen.Statement("mk_hi = max(mk_hi, mk_lo)")]
+        if outer:
+            limits = [cgen.If(" && ".join(outer), cgen.Block(limits),
+                              cgen.Block([cgen.Statement("mk_hi = 0")]))]
+        load_at = "mk_src[mk_t]" if cq == 1 else f"mk_src[mk_t * {cq}]"
+        copy: cgen.Generable = cgen.For("long mk_t = 0", "mk_t < mk_hi - mk_lo", "mk_t++",
+                                        cgen.Assign("mk_o[mk_t]", load_at))
+        run = cgen.Block([
+            cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),
+            cgen.Statement("long mk_lo = 0, mk_hi = mk_run"),
+            *limits,
+            cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_x + mk_t]", zero)),
+            cgen.If("mk_lo < mk_hi", cgen.Block([
+                cgen.Statement(f"const long mk_q = {qname} + mk_lo"),
+                cgen.Statement(f"const float *restrict mk_src = &{src}"),
+                cgen.Statement("float *restrict mk_o = mk_d + mk_x + mk_lo"),
+                copy])),
+            cgen.For("long mk_t = mk_hi", "mk_t < mk_run", "mk_t++",
+                     cgen.Assign("mk_d[mk_x + mk_t]", zero)),
+            cgen.Statement("mk_x += mk_run"),
+            *step])
+        base = decompose([f"mk_b{n}" for n in own_names], own_ext, start)
+        base += [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names]
+        G, row = ROWS, cap + tile  # rows gathered per pass; each panel then gets G rows at once
+        return cgen.For("long mk_pg = 0", "mk_pg < mk_kc", f"mk_pg += {G}", cgen.Block([
+            cgen.Statement(f"float *restrict mk_rows = polyc_scratch(3, {4 * G * row})"),
+            cgen.Statement(f"const long mk_g = min({G}, mk_kc - mk_pg)"),
+            cgen.For("long mk_p = mk_pg", "mk_p < mk_pg + mk_g", "mk_p++", cgen.Block(
+                k_vars + base + [
+                    cgen.Statement(f"float *restrict mk_d = mk_rows + (mk_p - mk_pg) * {row}"),
+                    cgen.Statement("long mk_x = 0"),
+                    cgen.While(f"mk_x < {size}", run),
+                    cgen.For("", f"mk_x % {tile}", "mk_x++", cgen.Assign("mk_d[mk_x]", "0.0f"))])),
+            cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", cgen.Block([
+                cgen.Statement(f"float *restrict mk_o = {buf} + mk_xp * mk_kc + mk_pg * {tile}"),
+                cgen.If(f"mk_g == {G}", cgen.Block([cgen.Statement(
+                    f"memcpy(mk_o + {g * tile}, mk_rows + {g * row} + mk_xp, {4 * tile})")
+                    for g in range(G)]),
+                    cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(
+                        f"memcpy(mk_o + mk_p * {tile}, mk_rows + mk_p * {row} + mk_xp, {4 * tile})")))]))]))
+
+    def _transposed_rows(self, expr: Expr, own: int, red: int, tile: int, start: str,
+                         valid: str) -> cgen.Generable | None:
+        """A panel of a plain load contiguous along K (a row-major A): one call of
+        support.c's transposing packer, or None when the operand is anything else."""
+        batch = {self.view.out_iter[d] for d in self.view.batch}
+        if (tile > 16 or not isinstance(expr, Load) or expr.dtype != "float32"
+                or not all(isinstance(e, Aff) for e in expr.index)
+                or self.b.arrays[expr.tensor].kept is not None
+                or not iterators(expr) <= {own, red} | batch):
+            return None
+        shape = self.b.arrays[expr.tensor].type.shape
+        coef = {own: 0, red: 0}
+        for d, e in enumerate(expr.index):
+            for pos, c in e.terms:
+                if pos in coef:
+                    coef[pos] += c * stride(shape, d)
+        if coef[red] != 1 or coef[own] <= 0:
+            return None
+        at = ExprPrinter(self.b.arrays, lambda pos: f"({start} + mk_xp)" if pos == own
+                         else "mk_k0" if pos == red else f"mk_s{pos}").access(expr.tensor, expr.index)
+        return cgen.Statement(f"polyc_pack_rows_t(&{at}, {coef[own]}, {valid}, {tile}, mk_kc, mk_dst)")
+
+    @staticmethod
+    def _contiguous_along(expr: Expr, own: set[int]) -> bool:
+        """Does the operand's first load walk memory along the tile's own dims (then
+        the packing loop runs over them innermost), rather than along K?"""
+        for load in loads_of(expr):
+            if load.index:
+                return bool(iterators(load.index[-1]) & own)
+        return True
+

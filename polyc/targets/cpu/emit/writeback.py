@@ -1,0 +1,154 @@
+"""A contraction tile (`microkernel` mark under a `gemm` one): the kernel call on the
+packed panels and the write-back that applies the init and the epilogue in registers."""
+from __future__ import annotations
+
+
+import cgen
+
+from ....codegen.cexpr import C_TYPE, ExprPrinter
+from ....kernel.comprehension import Const
+from .common import Scalars, decompose, stride, virtual
+
+
+class WriteBackMixin:
+    def tile(self, child) -> cgen.Generable:
+        plan, view, mk, rows = self.plan, self.view, self.mk, self.rows
+        loops = self._tile_loops(set(plan.loops))
+        s0 = view.stmt
+        MR, NR = mk.mr, mk.nr
+        it = loops.get("ir", loops.get("ic", "0"))
+        jt = loops.get("jr", loops.get("jc", "0"))
+        has_pc = "pc" in plan.loops
+        h = self.b.arrays[s0.target]
+        acc_name = "mk_acc" if self._acc_local() else h.c_name
+        out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
+               cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
+               cgen.Statement(f"const long mk_nr = min({NR}, {rows.width if rows else plan.n} - mk_jt)"),
+               cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc")]
+        batch_vals = self._batch_values(loops)
+        if rows is None:
+            out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
+        else:
+            bw = dict(rows.batch_weights)
+            bbase = " + ".join(f"{v} * {bw[d]}" for d, v in batch_vals.items() if v != "0" and bw[d])
+            out += [cgen.Statement(f"const float *restrict mk_bp = mk_P + {bbase or '0'} + mk_jt"),
+                    cgen.Statement("const long *restrict mk_offk = mk_off + mk_k0")]
+            # the tile's first column, and whether all its columns are real and consecutive
+            names = [f"mk_j{d}" for d in view.cols]
+            out += virtual(names, rows.col_weights, "mk_jt")
+            real = view.strides(view.cols)
+            out.append(cgen.Statement("const long mk_jreal = " + " + ".join(
+                f"{n} * {real[d]}" for n, d in zip(names, view.cols))))
+            q = rows.inner
+            straight = f"{names[q]} + {NR} <= {rows.col_extents[q]}" if q is not None else "0"
+            out.append(cgen.Statement(f"const int mk_straight = {straight}"))
+        boff = " + ".join(f"{v} * {stride(view.shape, d)}" for d, v in batch_vals.items()
+                          if v != "0") or "0"
+        out.append(cgen.Statement(f"const long mk_boff = {boff}"))
+        for d, v in batch_vals.items():
+            out.append(cgen.Statement(f"const long mk_o{d} = {v}"))
+        call = mk.c_function
+        first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")
+        # the direct path: a full tile accumulated in memory (C += A B), nothing to apply;
+        # it needs a pc loop (else the only block is first and last) unless the result
+        # is a plain zero-initialised output
+        zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
+        applies = bool(view.epilogue) or h.role != "out"
+        direct = [f"mk_mr == {MR}", "mk_straight" if rows else f"mk_nr == {NR}"]
+        direct += [] if zero_init else [f"!{first}"]
+        direct += [f"!{last}"] if applies else []
+        cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
+        if rows is None:
+            variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    cgen.Statement(f"{variant}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
+                                   if variant else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+            kernel = f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
+        else:
+            variant = ""
+            whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    whole if rows.copy else cgen.If(f"mk_nr == {NR}", whole, self._edge_panel(call))]
+            kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
+        if has_pc:
+            slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
+                                self._final(first, acc_name)))
+        else:
+            slow.append(self._final("1", acc_name))
+        if has_pc or (zero_init and not applies):
+            otherwise: cgen.Generable = cgen.Block(slow)
+            if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
+                edge = cgen.Statement(
+                    f"{variant}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
+                otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
+            out.append(cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise))
+        else:
+            out += slow
+        return cgen.Block(out)
+
+
+    def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
+        view, MR, NR = self.view, self.mk.mr, self.mk.nr
+        rows = decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
+                          "mk_it + mk_r")
+        def col_loop(cols: list[cgen.Generable], lo: str, nr: str) -> cgen.Generable:
+            inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++", cgen.Block(cols + body))
+            return cgen.Module([cgen.Pragma("omp simd"), inner]) if simd else inner
+
+        def nest(mr: str, cols: list[cgen.Generable], lo: str, nr: str) -> cgen.Generable:
+            return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++",
+                            cgen.Block(rows + [col_loop(cols, lo, nr)]))
+        if self.rows is not None:
+            return self._virtual_rows_cols(rows, col_loop, nest)
+        cols = decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
+                          "mk_jt + mk_c")
+        if not simd:
+            return nest("mk_mr", cols, "0", "mk_nr")
+        # a full tile with constant bounds: gcc unrolls it into independent vectors, so
+        # a long epilogue (gelu's exp and division) is not bound by one vector's latency
+        return cgen.If(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
+                       cgen.Block([nest("mk_mr", cols, "0", "mk_nr")]))
+
+
+    def _col(self) -> str:
+        """The flat output column of the write-back's element (mk_c of the tile)."""
+        if self.rows is None:
+            return "mk_jt + mk_c"
+        real = self.view.strides(self.view.cols)
+        return " + ".join(f"mk_o{d} * {real[d]}" for d in self.view.cols)
+
+    def _init_value(self, first: str, acc_name: str) -> str:
+        view = self.view
+        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        init = p.value(view.init.expr)
+        if first == "1":
+            return init
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
+        return f"({first} ? {init} : {mem})"
+
+    def _partial(self, first: str, acc_name: str) -> cgen.Generable:
+        NR = self.mk.nr
+        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
+        body = [cgen.Assign(mem, f"mk_tile[mk_r * {NR} + mk_c] + {self._init_value(first, acc_name)}")]
+        return cgen.Block([self._rows_cols(body, simd=False)])
+
+    def _final(self, first: str, acc_name: str) -> cgen.Generable:
+        view, NR = self.view, self.mk.nr
+        s0 = view.stmt
+        ctype = C_TYPE[s0.dtype]
+        body = [cgen.Statement(f"const {ctype} mk_v = mk_tile[mk_r * {NR} + mk_c] + "
+                               f"{self._init_value(first, acc_name)}")]
+        scalars = {s0.target: "mk_v"}
+        plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        if self.b.arrays[s0.target].role == "out":
+            body.append(cgen.Assign(plain.access(s0.target, view.init.index), "mk_v"))
+        for k, e in enumerate(view.epilogue):
+            p = Scalars(self.b.arrays, lambda pos: f"mk_o{pos}", scalars)
+            name = f"mk_e{k}"
+            body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name} = {p.value(e.expr)}"))
+            scalars[e.target] = name
+            if self.b.arrays[e.target].role == "out":
+                body.append(cgen.Assign(plain.access(e.target, e.index), name))
+        return cgen.Block([self._rows_cols(body, simd=True)])
+
+    # -- row kernels -------------------------------------------------------------------

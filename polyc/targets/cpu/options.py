@@ -1,0 +1,35 @@
+"""The cpu target's options: the common ones, the OpenMP team, and the microkernel choice."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...microkernels import registry
+from ...options import MAX_TILE, Options
+
+MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
+ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the fastest measured on the host
+GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm"))
+
+
+@dataclass(frozen=True)
+class CpuOptions(Options):
+    microkernel_isa: str = ""  # '' the fastest measured, else 'avx512' | 'avx2' | 'portable'
+    gemm_kernel: str = ""  # '' the fastest measured for the shape, else a registry name
+    microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
+    # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
+    # blocked for one thread per core)
+    threads: int = 0
+
+    def checks(self) -> list[tuple[str, bool, str]]:
+        tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE
+                       for t in self.microkernel_tiles)
+        return super().checks() + [
+            ("threads", 0 <= self.threads <= MAX_THREADS,
+             f"must be 0 (OMP_NUM_THREADS) to {MAX_THREADS}, got {self.threads}"),
+            ("microkernel_isa", self.microkernel_isa in ISAS,
+             f"must be one of {', '.join(map(repr, ISAS))}, got {self.microkernel_isa!r}"),
+            ("gemm_kernel", self.gemm_kernel in GEMM_KERNELS,
+             f"must be one of {', '.join(map(repr, GEMM_KERNELS))}, got {self.gemm_kernel!r}"),
+            ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
+             f"1 to {MAX_TILE}, got {[list(t) for t in self.microkernel_tiles]}"),
+        ]

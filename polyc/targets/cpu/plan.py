@@ -1,0 +1,105 @@
+"""The cpu backend's plan for a contraction: which microkernel, which tiles, which threads.
+
+The kernel is the one `options.gemm_kernel` names, else the one `polyc tune` measured
+fastest for this contraction, else the fastest the host's calibration measured for C's
+shape (`registry.choose` on `calibrate.rates`); tiles come from the memory model
+(`tiles.py`), then the tuning cache, then `options.microkernel_tiles`. The plan is the
+`gemm` mark (`schedule_tree.marks.Gemm`): everything codegen needs beyond the kernel's
+statements.
+"""
+from __future__ import annotations
+
+from ...errors import GraphError, Problem
+from ...kernel import Kernel
+from ...machine import Machine
+from ...microkernels import registry
+from ...microkernels.analysis import BRows, GemmView, gemm_view
+from ...schedule_tree.marks import Gemm
+from . import calibrate, tuning
+from .tiles import apply_overrides, model_tiles
+
+# below this many multiply-adds the naive loops win: packing and the call cost more
+MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
+# threads are woken only when the contraction has this many multiply-adds
+MIN_PARALLEL_FLOPS = 1 << 21
+
+
+def measured(machine: Machine) -> dict[str, float]:
+    """The host's calibrated GFLOP/s of every gemm kernel `machine` can build."""
+    return calibrate.rates(machine, tuple(m for m in registry.REGISTRY if m.kind == "gemm"
+                                          and set(m.features) <= machine.features))
+
+
+def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> str | None:
+    """The fusion oracle's question: the microkernel that computes `kernel`'s contraction
+    (at least `min_flops` of it), or None."""
+    mk = gemm_microkernel(gemm_view(kernel), machine, min_flops=min_flops)
+    return mk.name if mk else None
+
+
+def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
+                     min_flops: int = MIN_GEMM_FLOPS) -> registry.Microkernel | None:
+    """The gemm microkernel for a contraction (`gemm_view`), if any and if it has at
+    least `min_flops`: what the microkernels pass maps, and the fusion oracle keeps."""
+    if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
+        return None
+    return registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
+                           rates=measured(machine))
+
+
+def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
+                       ) -> tuple[registry.Microkernel, str]:
+    """The gemm kernel for this contraction and why: the one `options.gemm_kernel`
+    names, else the one `polyc tune` measured fastest for this kernel, else the fastest
+    the calibration measured for the shape (`registry.choose`); within
+    `options.microkernel_isa` when it names one."""
+    isa = options.microkernel_isa
+    allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
+               and set(m.features) <= machine.features
+               and (not isa or m.name in registry.ISAS[isa])]
+    asked = options.gemm_kernel
+    if asked:
+        mk = registry.by_name(asked)
+        if mk not in allowed:
+            raise GraphError(Problem(
+                f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
+                f"{machine.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
+                f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
+                field="options.gemm_kernel"))
+        return mk, "asked for by options.gemm_kernel"
+    tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
+    name = tuned.get("microkernel")
+    if name and any(m.name == name for m in allowed):
+        return registry.by_name(name), (f"measured fastest by polyc tune "
+                                        f"({tuned['seconds'] * 1e3:.3f} ms)")
+    return registry.choose("gemm", "float32", machine, isa, shape=(view.M, view.N),
+                           rates=measured(machine))
+
+
+def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine: Machine,
+              options, rows: BRows | None = None) -> Gemm:
+    """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
+    jc loop, and the column tiles step through the virtual columns."""
+    M, N, K = view.M, view.N, view.K
+    tiles = model_tiles(M, N, K, mk, machine)
+    team = tuning.team(options, machine)
+    tuned = tuning.lookup(kernel, machine, team) or {}
+    overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
+    overrides.update(dict(options.microkernel_tiles))
+    tiles = apply_overrides(tiles, overrides, M, N, K, mk)
+    par = "none"
+    if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
+        first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
+        par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
+    loops = [f"b{d}" for d in view.batch if view.shape[d] > 1]
+    loops += ["jc"] if N > tiles.nc and rows is None else []
+    loops += ["pc"] if K > tiles.kc else []
+    loops += ["ic"] if M > tiles.mc else []
+    loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
+    loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
+    if par == "inner" and not {"jr", "ir"} & set(loops):
+        par = "none"  # one tile per block: nothing for a team to share
+    return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
+                options.threads, tuple(loops), "rows" if rows else "packed")
+
+

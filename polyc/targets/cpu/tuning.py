@@ -1,0 +1,95 @@
+"""The tuning cache: the fastest microkernel and tile sizes `polyc tune` measured, per
+(kernel, target, machine, team size), in one JSON file under the cache directory.
+Compiles look a kernel up here before falling back to the calibration's kernel and the
+memory model's tiles. The team is part of the key because the best blocks differ: two
+threads share one L3 and split each block. (`polyc/tune.py` is the measuring driver.)
+
+The kernel's key hashes its printed statements (shapes, accesses, epilogue), so any
+graph that produces the same kernel reuses the measurement.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from ...kernel import Kernel
+from ...machine import Machine
+from ...paths import cache_dir
+
+
+def machine_id(machine: Machine) -> str:
+    """The CPU model, core count, and the arch and features the code is built for: where
+    a measurement holds."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    feats = ",".join(sorted(f for f in machine.features if f.startswith(("avx", "fma", "sse"))))
+    return (f"{model}|{os.cpu_count()}|{machine.arch}|"
+            f"{hashlib.sha256(feats.encode()).hexdigest()[:12]}")
+
+
+def team(options, machine: Machine) -> int:
+    """The threads a compile with `options` plans its parallel loops for: `threads`,
+    else one per core (what OpenMP starts when OMP_NUM_THREADS is unset); 1 when
+    parallel loops are off."""
+    if not getattr(options, "parallel", True):
+        return 1
+    return int(getattr(options, "threads", 0) or 0) or max(1, machine.cores)
+
+
+def kernel_key(kernel: Kernel, machine: Machine, threads: int) -> str:
+    text = "\n".join(str(s).split("  #")[0] for s in kernel.statements)
+    where = f"{machine.name}\n{machine_id(machine)}\n{threads} threads"
+    return hashlib.sha256(f"{text}\n{where}".encode()).hexdigest()
+
+
+def _path() -> Path:
+    return cache_dir() / "tuning.json"
+
+
+def _load() -> dict:
+    try:
+        return json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def fingerprint() -> str:
+    """Changes whenever `polyc tune` stores a result: compile keys that cover it are
+    never served code built with older tiles. A stat, not a read: it is on the path of
+    every cache hit."""
+    try:
+        st = _path().stat()
+    except OSError:
+        return ""
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
+def lookup(kernel: Kernel, machine: Machine, threads: int) -> dict | None:
+    """The stored measurement of `kernel`: {"microkernel": name, "tiles": {...},
+    "seconds": ...}, or None."""
+    return _load().get(kernel_key(kernel, machine, threads))
+
+
+def store(kernel: Kernel, machine: Machine, threads: int, microkernel: str,
+          tiles: dict[str, int], seconds: float) -> None:
+    """Record the fastest microkernel and tiles for `kernel` run by `threads` threads
+    (written atomically: tuners may race)."""
+    data = _load()
+    data[kernel_key(kernel, machine, threads)] = {
+        "kernel": kernel.name, "microkernel": microkernel, "tiles": tiles, "seconds": seconds,
+        "machine": machine_id(machine), "threads": threads}
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(f.name, path)

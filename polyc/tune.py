@@ -1,0 +1,129 @@
+"""`polyc tune`: measure each contraction's microkernel and tile sizes, keep the fastest.
+
+The driver of the cpu target's tuning (the targets `targets.tunable()` lists). For each
+contraction of a graph (its kernel timed alone, after the kernels before it
+have written its inputs), every gemm microkernel the host can run is measured with tile
+sizes around the memory model's choice for it; the fastest goes to the cpu target's
+tuning cache (`polyc/targets/cpu/tuning.py`), which later compiles read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from .compiler import compile
+from .graph.reference import random_inputs
+from .machine import Machine
+from .microkernels.registry import ISAS, REGISTRY
+from .schedule_tree.marks import Gemm
+from .targets import backend
+from .targets.cpu import host_can_run
+from .targets.cpu.tiles import model_tiles
+from .targets.cpu.tuning import machine_id, store, team
+
+
+def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: int,
+               budget: int, vary_nc: bool = True) -> list[dict[str, int]]:
+    """Tile sizes around the memory model's choice: kc and mc halved and doubled, nc
+    halved (unless B is read in place, with no block for nc to size), the model's own
+    first; each clipped to the extents and made legal."""
+    kc0, mc0, nc0 = plan_tiles["kc"], plan_tiles["mc"], plan_tiles["nc"]
+    out: list[dict[str, int]] = []
+    for kc in (kc0, kc0 // 2, kc0 * 2):
+        for mc in (mc0, mc0 // 2, mc0 * 2):
+            for nc in (nc0, nc0 // 2) if vary_nc else (nc0,):
+                t = {"kc": max(8, min(kc, k)), "mc": max(mr, min(mc - mc % mr, m + mr - 1)),
+                     "nc": max(nr, min(nc - nc % nr, n + nr - 1))}
+                t["mc"] -= t["mc"] % mr
+                t["nc"] -= t["nc"] % nr
+                if t not in out:
+                    out.append(t)
+    return out[:max(1, budget)]
+
+
+def kernel_candidates(plan, kernels, machine: Machine, budget: int, vary_nc: bool
+                      ) -> list[tuple[str, dict[str, int]]]:
+    """(microkernel, tiles) pairs to measure for a contraction `plan`: for each gemm
+    kernel in `kernels`, tiles around the memory model's choice for that kernel, taken
+    in turns (every kernel's own model tiles first) up to `budget`."""
+    per_kernel = []
+    for mk in kernels:
+        model = model_tiles(plan.m, plan.n, plan.k, mk, machine).to_json()
+        per_kernel.append([(mk.name, t) for t in candidates(
+            model, plan.m, plan.n, plan.k, mk.mr, mk.nr, budget, vary_nc)])
+    out = []
+    for turn in range(max(map(len, per_kernel), default=0)):
+        out += [cands[turn] for cands in per_kernel if turn < len(cands)]
+    return out[:max(1, budget)]
+
+
+def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat: int = 5,
+               progress=None) -> list[str]:
+    """Measure (microkernel, tile sizes) candidates for each microkernel contraction of
+    `graph`, each kernel timed alone, and keep each one's fastest in the tuning cache;
+    returns report lines. The candidates cover every gemm kernel the target can run
+    (within `options.microkernel_isa`, or only `options.gemm_kernel` when set).
+    `progress(done, total, text)` is called after each measurement."""
+    machine = backend(target).machine()
+    threads = team(options, machine)
+    # measured with exactly the team the key names, whatever OMP_NUM_THREADS says
+    options = dataclasses.replace(options, threads=threads)
+    base = compile(graph, target, options=options, build=False)
+    kernels = [m for m in REGISTRY if m.kind == "gemm" and set(m.features) <= machine.features
+               and (not options.microkernel_isa or m.name in ISAS[options.microkernel_isa])
+               and (not options.gemm_kernel or m.name == options.gemm_kernel)]
+    if not host_can_run(machine.arch):
+        return [f"this host cannot run -march={machine.arch} code: nothing to measure"]
+    todo = []
+    for index, kr in enumerate(base.kernels):
+        for plan in kr.marks(Gemm):
+            usable = [m for m in kernels if plan.b != "rows" or m.b_rows_variant]
+            todo.append((index, kr.kernel, kernel_candidates(plan, usable, machine, budget,
+                                                             vary_nc=plan.b == "packed")))
+    if not todo:
+        return ["no microkernel contraction in this graph: nothing to tune"]
+    total = sum(len(cands) for *_, cands in todo)
+    inputs = random_inputs(base.graph)
+    lines: list[str] = []
+    done = 0
+    for index, kernel, cands in todo:
+        best: tuple[float, str, dict] | None = None
+        for name, tiles in cands:
+            # the choice applies to every contraction of the graph; only this one is timed
+            opts = dataclasses.replace(options, gemm_kernel=name,
+                                       microkernel_tiles=tuple(sorted(tiles.items())))
+            seconds = _time_kernel(compile(graph, target, options=opts), index, inputs, repeat)
+            text = f"{kernel.name} {name} {_tiles_text(tiles)}: {seconds * 1e3:.3f} ms"
+            lines.append(text)
+            if best is None or seconds < best[0]:
+                best = (seconds, name, tiles)
+            done += 1
+            if progress:
+                progress(done, total, text)
+        seconds, name, tiles = best
+        store(kernel, machine, threads, name, tiles, seconds)
+        lines.append(f"{kernel.name}: best: {name} {_tiles_text(tiles)} ({seconds * 1e3:.3f} ms)")
+    lines.append(f"kept for {len(todo)} kernel(s) on {machine_id(machine)} with {threads} thread(s)")
+    return lines
+
+
+def _tiles_text(tiles: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in tiles.items())
+
+
+def _time_kernel(compiled, index: int, inputs, repeat: int) -> float:
+    """Seconds of the fastest of `repeat` calls of kernel `index` alone, its inputs
+    written by one run of the whole graph first."""
+    out = {o: np.empty(compiled.graph.types[o].shape, compiled.graph.types[o].dtype)
+           for o in compiled.graph.outputs}
+    _, calls = compiled.program.bind(inputs, out)
+    for call in calls:
+        call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        calls[index]()
+        times.append(time.perf_counter() - start)
+    return min(times)

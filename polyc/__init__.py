@@ -6,7 +6,7 @@
 """
 from .errors import GraphError, PolycError
 from .graph import GraphBuilder, Limits, load_graph
-from .version import __version__
+from .version import __version__  # noqa: F401 (re-exported)
 
 __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
            "load_graph"]

@@ -47,7 +47,7 @@ class CpuBackend(Backend):
 
     def codegen(self, state, machine, options):
         build = isl.AstBuild.from_context(isl.Set.read_from_str(state.ctx, "{ : }"))
-        builder = CpuBuilder(state.kernel)
+        builder = CpuBuilder(state.kernel, state.promotions)
         code = str(builder.function(build.node_from_schedule(state.schedule)))
         return code, buffer_report(builder)
 

@@ -20,6 +20,7 @@ from ...codegen.cexpr import C_TYPE, ExprPrinter, c_literal
 from ...kernel import Kernel
 from ...kernel.comprehension import loads
 from ...schedule_tree import marks as mk
+from ...schedule_tree.promotion import Promotion
 from .emit import MicrokernelEmitter, handles as is_microkernel_mark
 
 _T = isl.ast_node_type
@@ -42,8 +43,9 @@ class CpuBuilder(CBuilder):
     (`emit/`), the kernels' C pasted before the function. `marks` passed down hold typed
     marks and the pragma strings a microkernel mark asked for (`omp for ...`)."""
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, promotions: tuple[Promotion, ...] = ()):
         super().__init__(kernel)
+        self.promotions = {p.buffer: p for p in promotions}  # the packed blocks
         self.loops: list[str] = []  # iterators of the loops around the node being built
         self.parallel: list[str] = []  # those of them that threads share out
         self.microkernels = MicrokernelEmitter(self)
@@ -102,6 +104,9 @@ class CpuBuilder(CBuilder):
             scalars.append(a.c_name)
         return sorted(set(scalars))
 
+
+    def promotion(self, buffer: str) -> Promotion:
+        return self.promotions[buffer]
 
     def emit_mark(self, mark, child, marks):
         if is_microkernel_mark(mark):

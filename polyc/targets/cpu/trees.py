@@ -46,6 +46,7 @@ from ...microkernels import registry
 from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, row_views
 from ...schedule_tree import marks
 from ...schedule_tree.model import PolyModel
+from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
 from .plan import choose_gemm_kernel, gemm_microkernel, plan_gemm
 
@@ -244,11 +245,54 @@ def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
 
 
 
+def operand_access(view: GemmView, side: str, ctx: isl.Context) -> isl.UnionMap:
+    """The contraction's operand `side` ('a' or 'b') as an array: S0[...] -> S0.a[batch..,
+    rows, k] (or S0.b[batch.., k, cols]), its dims the view's flattened row, column and
+    reduction indices."""
+    s0 = view.stmt
+
+    def flat(dims, weights) -> str:
+        return " + ".join(f"{weights[d]}*{s0.iter_name(view.out_iter[d])}" for d in dims) or "0"
+
+    kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
+    batch = [s0.iter_name(view.out_iter[d]) for d in view.batch]
+    own = (flat(view.rows, view.strides(view.rows)) if side == "a"
+           else flat(view.cols, view.strides(view.cols)))
+    index = batch + ([own, kflat] if side == "a" else [kflat, own])
+    return isl.UnionMap.read_from_str(
+        ctx, f"{{ {_decl(s0)} -> {s0.name}_{side}[{', '.join(index)}] }}")
+
+
+def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
+                     machine: Machine) -> tuple[Promotion, ...]:
+    """The packed blocks of A (under `pack_a`) and B (under `pack_b`) as promotions of the
+    operands' footprints, in panels of the kernel's tile width: the buffers' sizes the
+    packing code allocates."""
+    mk = registry.by_name(plan.kernel)
+    ctx = schedule.get_ctx()
+    out = []
+    sides = [("a", marks.PackA, mk.mr, machine.fusion_level.name, "mk_pa")]
+    if plan.b == "packed":
+        sides.append(("b", marks.PackB, mk.nr, machine.role("block").name, "mk_pb"))
+    for side, kind, width, level, buffer in sides:
+        node = find(schedule, str(kind(view.stmt.name)))
+        dim = len(view.batch) + (0 if side == "a" else 1)
+        out.append(promote(node, operand_access(view, side, ctx), buffer=buffer,
+                           array=f"{view.stmt.name}.{side}", level=level, direction="in",
+                           layout=f"panels {width} {dim}"))
+    return tuple(out)
+
+
 def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
     chosen: list[str] = []
     model = map_microkernels(state.model, state.kernel, options=options, machine=machine,
                              report=chosen)
-    return replace(state, model=model).note(*(f"microkernel {line}" for line in chosen))
+    state = replace(state, model=model).note(*(f"microkernel {line}" for line in chosen))
+    plans = state.marks(marks.Gemm)
+    if not plans:
+        return state
+    promotions = panel_promotions(state.schedule, gemm_view(state.kernel), plans[0], machine)
+    return replace(state, promotions=promotions).note(*map(str, promotions))
 
 
 MICROKERNELS = Pass("microkernels", microkernels_pass, changes_schedule=True)

@@ -36,7 +36,6 @@ from ....microkernels import registry
 from ....microkernels.analysis import BRows, GemmView, b_rows, gemm_view
 from ....schedule_tree import marks
 from .brows import BRowsMixin
-from .common import up
 from .pack import PackMixin
 from .writeback import WriteBackMixin
 
@@ -127,11 +126,11 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
     def _buffers(self, side: str = "ab") -> list[cgen.Generable]:
         """The packing buffers of `side` ('a', 'b' or both); with B read by rows, B's
         padded copy and row offsets instead of its panels."""
-        t, mk, rows = self.plan.tiles, self.mk, self.rows
-        kc, nc, mc = min(t.kc, self.plan.k), min(t.nc, up(self.plan.n, mk.nr)), min(t.mc, up(self.plan.m, mk.mr))
+        mk, rows = self.mk, self.rows
         out = []
         if "b" in side and rows is None:
-            out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, {4 * kc * up(nc, mk.nr)})"))
+            out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, "
+                                      f"{self.b.promotion('mk_pb').bytes})"))
         elif "b" in side:
             # the copy runs `nr` floats past P: the last tile reads its rows whole
             src = (f"polyc_scratch(4, {4 * (math.prod(rows.shape) + mk.nr)})" if rows.copy
@@ -139,7 +138,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
         if "a" in side:
-            out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, {4 * kc * up(mc, mk.mr)})"))
+            out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, "
+                                      f"{self.b.promotion('mk_pa').bytes})"))
         return out
 
     def _batch_values(self, loops: dict[str, str]) -> dict[int, str]:

@@ -1,0 +1,123 @@
+"""Promotion: what one tile touches of an array, copied into a buffer of a faster level.
+
+At a node of a schedule tree, the loops above it fix a tile; the tile's footprint in an
+array is the image of the tile's statement instances under the access relation, a map
+from the outer loop values to array elements, computed exactly with isl:
+
+    footprint = (prefix schedule)^-1 . access     { [o0, o1] -> x[i, k] : o0 <= i < o0 + 64 ... }
+
+A promotion copies that footprint into a buffer laid out by a layout map before the tile
+runs (what it reads) and back after it (what it writes). The box layout (DMA on the
+many-core chip, the NPU's buffer copies) keeps each dimension: element e of the tile at
+o sits at e - lo(o), where lo(o) is the footprint's smallest index per dimension (an isl
+piecewise affine function of the outer values); the buffer's extents are the largest
+box over every tile (isl's maximum of hi - lo + 1). The cpu's packed panels lay the box
+out in strips of the microkernel's width (`panels`): a column panel of A is [rows / mr]
+[k][mr].
+
+`Promotion` is the record: printable (`--print-after-all`, the report, the browser view)
+and what codegen reads for sizes and offsets, whatever the copy becomes (a packing loop,
+a DMA transfer, a fractal copy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+
+@dataclass(frozen=True)
+class Promotion:
+    buffer: str  # the buffer's C name
+    array: str  # what is copied: an array's C name, or an operand ("S0.a")
+    level: str  # the memory level the buffer lives in
+    direction: str  # "in" (read by the tile) | "out" (written by it) | "inout"
+    footprint: isl.Map  # [outer loop values] -> the elements one tile touches
+    lo: tuple[isl.PwAff, ...]  # per dimension, the tile's first element (of the outer values)
+    box: tuple[int, ...]  # the largest footprint box over every tile
+    layout: str = "box"  # "box" | "panels <width> <dim>": strips of `width` along `dim`
+    element_bytes: int = 4
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        """The buffer's shape: the box, or [strips][the other dims][width] for panels."""
+        if self.layout == "box":
+            return self.box
+        _, width, dim = self.layout.split()
+        width, dim = int(width), int(dim)
+        strips = -(-self.box[dim] // width)
+        return (strips,) + tuple(n for d, n in enumerate(self.box) if d != dim) + (width,)
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for e in self.extents:
+            n *= e
+        return n
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.element_bytes
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.extents))
+        lo = ", ".join(" | ".join(_pieces(p)) for p in self.lo)
+        return (f"promote {self.array} -> {self.buffer} [{self.level}, {self.direction}, "
+                f"{self.layout}] {shape} ({self.bytes} B) at ({lo})")
+
+
+def _pieces(pa: isl.PwAff) -> list[str]:
+    """The affine expressions of a piecewise one, as text (their domains left out)."""
+    out: list[str] = []
+    pa.foreach_piece(lambda _, aff: out.append(str(aff).split("->", 1)[-1].strip(" }[]()")))
+    return out
+
+
+def footprint(node: isl.ScheduleNode, access: isl.UnionMap) -> isl.Map:
+    """The elements one tile of the loops above `node` touches through `access` (one
+    array's accesses of the statements below `node`), by the outer loop values."""
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+    touched = prefix.reverse().apply_range(access.intersect_domain(node.get_domain()))
+    maps: list[isl.Map] = []
+    touched.foreach_map(maps.append)
+    if len(maps) != 1:
+        raise ValueError(f"a footprint of one array, not {len(maps)}")
+    return maps[0].coalesce()
+
+
+def box(fp: isl.Map) -> tuple[tuple[isl.PwAff, ...], tuple[int, ...]]:
+    """Per dimension, the first element of each tile's footprint (of the outer values)
+    and the largest extent over every tile."""
+    n = fp.dim(isl.dim_type.out)
+    lo = tuple(fp.dim_min(d).coalesce() for d in range(n))
+    extents = []
+    for d in range(n):
+        span = fp.dim_max(d).sub(lo[d]).max_val()
+        if not span.is_int():
+            raise ValueError(f"the footprint {fp} is unbounded along dimension {d}")
+        extents.append(span.to_python() + 1)
+    return lo, tuple(extents)
+
+
+def promote(node: isl.ScheduleNode, access: isl.UnionMap, *, buffer: str, array: str,
+            level: str, direction: str, layout: str = "box", element_bytes: int = 4
+            ) -> Promotion:
+    """The promotion of what `access` touches below `node` (see the module docstring)."""
+    fp = footprint(node, access)
+    lo, extents = box(fp)
+    return Promotion(buffer, array, level, direction, fp, lo, extents, layout, element_bytes)
+
+
+def find(schedule: isl.Schedule, mark: str) -> isl.ScheduleNode:
+    """The node right below the mark whose text is `mark`."""
+    found: list[isl.ScheduleNode] = []
+
+    def visit(node: isl.ScheduleNode) -> bool:
+        if node.get_type() == isl.schedule_node_type.mark and node.mark_get_id().get_name() == mark:
+            found.append(node.child(0))
+        return True
+
+    schedule.get_root().foreach_descendant_top_down(visit)
+    if not found:
+        raise KeyError(mark)
+    return found[0]

@@ -77,6 +77,9 @@ def cmd_run(args) -> int:
         ok &= bool(good)
         print(f"output {name}: {result.graph.types[name]}  max abs err {abs_err:.3g}  "
               f"max rel err {rel_err:.3g}  {'OK' if good else 'MISMATCH'}")
+    if result.program.simulated:  # host time measures the simulator, not the chip
+        _print_profile(result.profile(**inputs), result.kernels)
+        return 0 if ok else 1
     out = {k: np.empty_like(v) for k, v in got.items()}
     times = []
     for _ in range(args.repeat):
@@ -107,6 +110,20 @@ def _print_kernel_times(result, inputs, out, repeat: int) -> None:
         used = ", ".join(k.microkernels) or "no microkernel"
         print(f"  {k.name}: median {median * 1e3:.3f} ms ({100 * median / total:.0f}%), "
               f"{len(k.kernel.nodes)} node(s), {used}")
+
+
+def _print_profile(profile: dict, kernels) -> None:
+    """The simulated chip's figures for the run, then each kernel's."""
+    def line(p: dict) -> str:
+        moved = p["bytes"]
+        return (f"{p['cycles']:,} cycles, {100 * p['peak_fraction']:.1f}% of peak, "
+                f"{moved['main->ldm'] / 2**20:.2f} MiB in, {moved['ldm->main'] / 2**20:.2f} "
+                f"MiB out in {p['transfers']:,} transfers")
+    print(f"{len(kernels)} kernels on the simulated chip: {line(profile)}; high-water "
+          + ", ".join(f"{level} {n / 1024:.1f} KiB" for level, n in profile["high_water"].items()))
+    for k, p in zip(kernels, profile["kernels"]):
+        used = ", ".join(k.microkernels) or "no microkernel"
+        print(f"  {k.name}: {line(p)}, {used}")
 
 
 def cmd_serve(args) -> int:

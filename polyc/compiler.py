@@ -38,6 +38,7 @@ from .schedule_tree.dependences import respects_dependences
 from .schedule_tree.model import PolyModel
 from .schedule_tree.oracle import Microkernels, ask_fusion
 from .schedule_tree.passes import NEUTRAL
+from .schedule_tree.promotion import Promotion
 from .schedule_tree.state import KernelState, Pass
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
 from .targets.backend import Backend
@@ -86,6 +87,7 @@ class KernelResult:
     schedule: isl.Schedule  # final, with the target's marks
     fusion_report: tuple[str, ...]  # fusion proposals about its nodes, then each pass's lines
     trees: tuple[tuple[str, isl.Schedule], ...] = ()  # (pass, the tree after it)
+    promotions: tuple[Promotion, ...] = ()  # copies between memory levels
 
     @property
     def name(self) -> str:
@@ -123,6 +125,7 @@ class KernelResult:
             "trees": {name: schedule_to_json(tree) for name, tree in self.trees},
             "fusion_report": list(self.fusion_report),
             "microkernels": self.microkernels,
+            "promotions": [str(p) for p in self.promotions],
             "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},
         }
@@ -146,6 +149,16 @@ class CompiledGraph:
             raise GraphError("this graph was compiled with build=False and cannot run")
         return self.program(inputs, out)
 
+    def profile(self, **inputs) -> dict:
+        """Run once on a simulated target and return its profile (DESIGN.md: outputs,
+        cycles, flops, peak_fraction, bytes, transfers, high_water)."""
+        if self.program is None:
+            raise GraphError("this graph was compiled with build=False and cannot run")
+        if not self.program.simulated:
+            raise GraphError(f"target {self.target!r} runs on the host: it has no simulated "
+                             "profile (time it instead)")
+        return self.program.profile(inputs)
+
 
 def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
                options: CommonOptions, trace: Trace) -> KernelState:
@@ -161,7 +174,7 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
             return run_passes(replace(state, restart=False), passes, machine, options, trace)
         if p.changes_schedule and not (before is not None and before.plain_is_equal(state.schedule)):
             state = replace(state, trees=state.trees + ((p.name, state.schedule),))
-            if options.verify:
+            if options.verify and p.verify:
                 _verify(state.model, state.schedule, f"{p.name} {k}")
     return state
 
@@ -174,7 +187,8 @@ def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, ma
     code, lines = trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
                             show=lambda result: result[0])
     report = state.fusion + state.decisions + lines
-    return KernelResult(state.kernel, state.model, state.schedule, report, state.trees), code
+    return KernelResult(state.kernel, state.model, state.schedule, report, state.trees,
+                        state.promotions), code
 
 
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,

@@ -63,6 +63,15 @@ def test_run_times_each_kernel(capsys):
     assert [used.startswith("sgemm_") for *_, used in lines] == [True, False, True]  # 2 matmuls
 
 
+def test_run_on_the_simulated_chip_reports_its_cycles_not_host_time(capsys):
+    assert main(["run", str(EXAMPLES / "linear_gelu.json"), "--target", "manycore"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^1 kernels on the simulated chip: [\d,]+ cycles, [\d.]+% of peak, .*"
+                     r"high-water LDM [\d.]+ KiB$", out, re.M), out
+    assert re.search(r"^  polyc_k0_\w+: .*, mc_sgemm_64x64x32$", out, re.M), out
+    assert "median" not in out
+
+
 def test_threads_fix_the_team_and_bad_counts_name_the_option(tmp_path, capsys):
     assert main(["run", str(EXAMPLES / "softmax.json"), "--repeat", "1", "--threads", "3"]) == 0
     assert "(3 threads)" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from polyc import GraphBuilder
+from polyc import GraphBuilder, targets
 from polyc.compiler import compile
 from polyc.graph.ops import OPS
 from polyc.graph.reference import run_reference
@@ -68,13 +68,13 @@ class Inputs(dict):
         return self.add(name, v)
 
 
-def _run(make) -> None:
+def _run(make, target: str = "cpu") -> None:
     b = GraphBuilder("case")
     rng = np.random.default_rng(20240601)
     x = Inputs(b, rng)
     outputs = make(b, x)
     graph = b.build(outputs=outputs)
-    compiled = compile(graph)
+    compiled = compile(graph, target)
     got = compiled(**x)
     want = run_reference(graph, dict(x))
     assert set(got) == set(want) == set(graph.outputs)
@@ -488,6 +488,7 @@ def test_case_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.parametrize("target", targets.names())
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in CASES])
-def test_compiled_matches_reference(c: Case):
-    _run(c.make)
+def test_compiled_matches_reference(c: Case, target: str):
+    _run(c.make, target)

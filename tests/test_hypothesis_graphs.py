@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from polyc import GraphBuilder
+from polyc import GraphBuilder, targets
 from polyc.compiler import compile
 from polyc.graph.reference import run_reference
 
@@ -141,15 +141,16 @@ def _build(inputs, steps):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", targets.names())
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recipes(), st.integers(0, 2**32 - 1))
-def test_random_graph_matches_reference(recipe, seed):
+def test_random_graph_matches_reference(target, recipe, seed):
     inputs, steps = recipe
     graph = _build(inputs, steps)
     note(str(graph))  # the graph, not the recipe, is the readable repro
     rng = np.random.default_rng(seed)
     values = {t.name: rng.uniform(-2, 2, t.type.shape).astype(np.float32) for t in graph.inputs}
-    got = compile(graph)(**values)
+    got = compile(graph, target)(**values)
     want = run_reference(graph, values)
     for name in graph.outputs:
         assert got[name].shape == want[name].shape

@@ -21,6 +21,8 @@ from ..kernel import Kernel
 
 
 class Program:
+    simulated = False  # True when the kernels run on a simulated chip (see `profile`)
+
     def __init__(self, graph: Graph, kernels: tuple[Kernel, ...], so_path: Path):
         self.graph = graph
         self.kernels = kernels

@@ -133,8 +133,21 @@ class Guarded:
 Expr = Union[Load, Const, Call, Guarded]
 
 
-def loads(e: Expr, guards: tuple[Bound, ...] = ()):
-    """Every load of an expression with the guards under which it happens."""
+@dataclass(frozen=True)
+class Outside:
+    """Not every one of `bounds` holds: the condition of a guard's `otherwise`."""
+
+    bounds: tuple[Bound, ...]
+
+
+Guard = Union[Bound, Outside]
+
+
+def loads(e: Expr, guards: tuple[Guard, ...] = ()):
+    """Every load of an expression with the guards under which it happens: a load in a
+    guard's `otherwise` happens only where the guard fails (a concat's last part is read
+    only past the others), which the access relations must say exactly (what a tile
+    reads is copied, and nothing outside an array may be)."""
     if isinstance(e, Load):
         yield e, guards
     elif isinstance(e, Call):
@@ -142,7 +155,7 @@ def loads(e: Expr, guards: tuple[Bound, ...] = ()):
             yield from loads(a, guards)
     elif isinstance(e, Guarded):
         yield from loads(e.then, guards + e.bounds)
-        yield from loads(e.otherwise, guards)
+        yield from loads(e.otherwise, guards + (Outside(e.bounds),))
 
 
 # --- statements ------------------------------------------------------------------

@@ -35,6 +35,7 @@ class Microkernel:
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
     b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
+    target: str = "cpu"  # the target whose code calls it
 
     @property
     def c_function(self) -> str:
@@ -45,7 +46,8 @@ class Microkernel:
                 "c_function": self.c_function, "features": list(self.features),
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
-                "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant}
+                "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
+                "target": self.target}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
@@ -82,6 +84,11 @@ REGISTRY: tuple[Microkernel, ...] = (
     _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),
     _row("row_maxsumexp", "row_maxsumexp_f32.c",
          "writes max and sum(exp(x - max)) through two pointers"),
+    Microkernel("mc_sgemm_64x64x32", "gemm", "float32", "mc_sgemm_64x64x32.c", ("sw_cpe",),
+                64, 64, 64, (("A", "row-major 64 x 32 in LDM, lda floats a row, zero padded"),
+                             ("B", "row-major 32 x 64 in LDM, ldb floats a row, zero padded"),
+                             ("C", "row-major 64 x 64 in LDM, ldc floats a row")),
+                "C += A B, always whole", (), target="manycore"),
 )
 
 ISAS = {"avx512": ("sgemm_avx512_14x32",), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),

@@ -15,6 +15,7 @@ positional ones first, then `name=value` ones:
     pack_a S0 / pack_b S0         A's block, B's block copied into the kernel's panels
     team_for S0                   the tile loop below is shared by the team
     b_rows S0                     B is read in place by rows (conv2d's window rows)
+    tile LDM tile                 one tile runs below: its data is promoted to the LDM
 
 `parse(text)` gives the typed mark, `str(mark)` its text: no pass splits mark text by
 hand. Every printed tree (`--print-after-all`, the service, the browser view) shows
@@ -197,3 +198,14 @@ class BRows(Mark):
     word: ClassVar[str] = "b_rows"
     positional: ClassVar[tuple[str, ...]] = ("stmt",)
     stmt: str = ""
+
+
+@dataclass(frozen=True)
+class Tile(Mark):
+    """One tile runs below: the arrays it touches are promoted to `level` here (`name`
+    tells apart the tiles of one kernel: a contraction's C block and its K steps)."""
+
+    word: ClassVar[str] = "tile"
+    positional: ClassVar[tuple[str, ...]] = ("level", "name")
+    level: str = ""
+    name: str = "tile"

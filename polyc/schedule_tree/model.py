@@ -19,7 +19,7 @@ from typing import Mapping
 
 import islpy as isl
 
-from ..kernel.comprehension import Bound, Statement, isl_index, loads
+from ..kernel.comprehension import Guard, Outside, Statement, isl_index, loads
 from .tree import schedule_to_text
 
 
@@ -72,10 +72,17 @@ def _domain(s: Statement) -> str:
     return f"{s.name}[{iters}]" + (f" : {box}" if box else "")
 
 
-def _access(s: Statement, array: str, index, guards: tuple[Bound, ...]) -> str:
+def _guard(g: Guard, s: Statement) -> str:
+    if isinstance(g, Outside):  # not (a and b ...): one of them fails
+        return "(" + " or ".join(f"{b.aff.render(s.iter_name)} < {b.lo} or "
+                                 f"{b.aff.render(s.iter_name)} >= {b.hi}" for b in g.bounds) + ")"
+    return f"{g.lo} <= {g.aff.render(s.iter_name)} < {g.hi}"
+
+
+def _access(s: Statement, array: str, index, guards: tuple[Guard, ...]) -> str:
     iters = ", ".join(s.iter_name(d) for d in range(len(s.extents)))
     idx = ", ".join(isl_index(e, s.iter_name) for e in index)
-    cond = " and ".join(f"{b.lo} <= {b.aff.render(s.iter_name)} < {b.hi}" for b in guards)
+    cond = " and ".join(_guard(g, s) for g in guards)
     return f"{s.name}[{iters}] -> {array}[{idx}]" + (f" : {cond}" if cond else "")
 
 

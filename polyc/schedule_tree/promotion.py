@@ -37,12 +37,16 @@ class Promotion:
     box: tuple[int, ...]  # the largest footprint box over every tile
     layout: str = "box"  # "box" | "panels <width> <dim>": strips of `width` along `dim`
     element_bytes: int = 4
+    at: str = ""  # the mark whose subtree is the tile (the copies go there)
+    pad: tuple[int, ...] = ()  # box: each extent rounded up to a multiple of these
+    also: tuple[str, ...] = ()  # arrays held in the same buffer, at the same positions
 
     @property
     def extents(self) -> tuple[int, ...]:
-        """The buffer's shape: the box, or [strips][the other dims][width] for panels."""
+        """The buffer's shape: the box (rounded up to `pad`), or [strips][the other
+        dims][width] for panels."""
         if self.layout == "box":
-            return self.box
+            return tuple(-(-n // m) * m for n, m in zip(self.box, self.pad)) if self.pad else self.box
         _, width, dim = self.layout.split()
         width, dim = int(width), int(dim)
         strips = -(-self.box[dim] // width)
@@ -62,14 +66,20 @@ class Promotion:
     def __str__(self) -> str:
         shape = "x".join(map(str, self.extents))
         lo = ", ".join(" | ".join(_pieces(p)) for p in self.lo)
+        also = f" (also holding {', '.join(self.also)}, in place)" if self.also else ""
         return (f"promote {self.array} -> {self.buffer} [{self.level}, {self.direction}, "
-                f"{self.layout}] {shape} ({self.bytes} B) at ({lo})")
+                f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}")
 
 
 def _pieces(pa: isl.PwAff) -> list[str]:
     """The affine expressions of a piecewise one, as text (their domains left out)."""
     out: list[str] = []
-    pa.foreach_piece(lambda _, aff: out.append(str(aff).split("->", 1)[-1].strip(" }[]()")))
+
+    def text(_, aff: isl.Aff) -> None:
+        t = str(aff).split("->", 1)[-1].strip().rstrip("}").strip()
+        out.append(t[2:-2] if t.startswith("[(") and t.endswith(")]") else t.strip("[]"))
+
+    pa.foreach_piece(text)
     return out
 
 
@@ -92,7 +102,11 @@ def box(fp: isl.Map) -> tuple[tuple[isl.PwAff, ...], tuple[int, ...]]:
     lo = tuple(fp.dim_min(d).coalesce() for d in range(n))
     extents = []
     for d in range(n):
-        span = fp.dim_max(d).sub(lo[d]).max_val()
+        try:
+            span = fp.dim_max(d).sub(lo[d]).max_val()
+        except isl.Error:  # a quasi-affine span (reshape's divisions): all tiles together
+            whole = fp.range()
+            span = whole.dim_max_val(d).sub(whole.dim_min_val(d))
         if not span.is_int():
             raise ValueError(f"the footprint {fp} is unbounded along dimension {d}")
         extents.append(span.to_python() + 1)
@@ -100,12 +114,13 @@ def box(fp: isl.Map) -> tuple[tuple[isl.PwAff, ...], tuple[int, ...]]:
 
 
 def promote(node: isl.ScheduleNode, access: isl.UnionMap, *, buffer: str, array: str,
-            level: str, direction: str, layout: str = "box", element_bytes: int = 4
-            ) -> Promotion:
+            level: str, direction: str, layout: str = "box", element_bytes: int = 4,
+            at: str = "", pad: tuple[int, ...] = ()) -> Promotion:
     """The promotion of what `access` touches below `node` (see the module docstring)."""
     fp = footprint(node, access)
     lo, extents = box(fp)
-    return Promotion(buffer, array, level, direction, fp, lo, extents, layout, element_bytes)
+    return Promotion(buffer, array, level, direction, fp, lo, extents, layout, element_bytes,
+                     at, pad)
 
 
 def find(schedule: isl.Schedule, mark: str) -> isl.ScheduleNode:

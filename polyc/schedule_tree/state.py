@@ -81,4 +81,5 @@ Run = Callable[[KernelState, "Machine", "Options"], KernelState]
 class Pass:
     name: str
     run: Run
-    changes_schedule: bool = False  # its tree is checked against every dependence
+    changes_schedule: bool = False  # its tree is kept, and checked against every dependence
+    verify: bool = True  # (a pass that only adds statements of its own, e.g. copies, is not)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from ..errors import GraphError
 from .backend import Backend
 from .cpu import CpuBackend
+from .manycore import ManycoreBackend
 
-_BACKENDS: dict[str, Backend] = {b.name: b for b in (CpuBackend(),)}
+_BACKENDS: dict[str, Backend] = {b.name: b for b in (CpuBackend(), ManycoreBackend())}
 
 
 def names() -> tuple[str, ...]:

@@ -33,10 +33,11 @@ import math
 import islpy as isl
 
 from ...kernel import Kernel
-from ...kernel.comprehension import Statement, loads
+from ...kernel.comprehension import loads
 from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.interchange import access_moves, step_pairs, unit_step
+from ...schedule_tree.loops import carried, inner_loop_kind, same
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.state import KernelState, Pass
 
@@ -55,46 +56,6 @@ def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
 def _below_mark(node: isl.ScheduleNode, *kinds: type[marks.Mark]) -> bool:
     return (node.has_parent() and node.parent().get_type() == isl.schedule_node_type.mark
             and marks.word(node.parent().mark_get_id().get_name()) in {k.word for k in kinds})
-
-
-def _only_statements(node: isl.ScheduleNode) -> bool:
-    """Is there no loop below `node` (a leaf, or a sequence of statements)?"""
-    if node.get_type() == _LEAF:
-        return True
-    if node.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set):
-        return all(node.child(i).child(0).get_type() == _LEAF for i in range(node.n_children()))
-    return False
-
-
-def _same(schedule: isl.UnionMap) -> isl.UnionMap:
-    """Pairs of instances to which `schedule` gives the same value."""
-    return schedule.apply_range(schedule.reverse())
-
-
-def _carried(band: isl.ScheduleNode, member: isl.UnionMap, deps: isl.UnionMap) -> isl.UnionMap:
-    """The dependences among `band`'s statements that its loop `member` (a schedule of
-    them) carries: equal in every loop outside the band, not in this one."""
-    domain = band.get_domain()
-    return (deps.intersect_domain(domain).intersect_range(domain)
-            .intersect(_same(band.get_prefix_schedule_union_map())).subtract(_same(member)))
-
-
-def _inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
-                     by_name: dict[str, Statement]) -> marks.Mark | None:
-    """Simd, Reduce or None for the last member of `band` (see the module doc)."""
-    if not _only_statements(band.child(0)):
-        return None
-    n = band.band_n_member()
-    last = band.band_split(n - 1).child(0) if n > 1 else band
-    carried = _carried(last, last.band_get_partial_schedule_union_map(), deps)
-    if carried.is_empty():
-        return marks.Simd()
-    maps = carried.get_map_list()
-    for m in (maps.get_at(i) for i in range(maps.n_map())):
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        if src != dst or by_name[src].reduce is None or by_name[src].dtype == "int32":
-            return None
-    return marks.Reduce()
 
 
 def _streams(loop: isl.ScheduleNode, kernel: Kernel, writes: isl.UnionMap,
@@ -137,7 +98,7 @@ def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
         for m in range(node.band_n_member()):
             upa = partial.get_union_pw_aff(m)
             u = isl.UnionMap.from_union_pw_aff(upa)
-            if not deps.is_subset(_same(u)):
+            if not deps.is_subset(same(u)):
                 continue
             values = u.intersect_domain(domain).range()
             if values.n_set() != 1:
@@ -156,10 +117,10 @@ def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kerne
     """The arrays of one element each that every dependence the first member of `band`
     carries reduces into (a reduction statement's on itself), or [] if it carries others."""
     first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
-    carried = _carried(band, first, deps)
+    across = carried(band, first, deps)
     by_name = {s.name: s for s in kernel.statements}
     targets: list[str] = []
-    maps = carried.get_map_list()
+    maps = across.get_map_list()
     for m in (maps.get_at(i) for i in range(maps.n_map())):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
         s = by_name[src]
@@ -206,7 +167,7 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, mac
         if node.get_type() == _BAND and not _below_mark(node, marks.Simd, marks.Reduce,
                                                         marks.Stream):
             n = node.band_n_member()
-            inner = _inner_loop_kind(node, dependences, by_name)
+            inner = inner_loop_kind(node, dependences, by_name)
             if inner and n > 1:
                 node = node.band_split(n - 1)
                 last = node.child(0)

@@ -8,7 +8,7 @@ from ...options import MAX_TILE, Options
 
 MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
 ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the fastest measured on the host
-GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm"))
+GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm" and m.target == "cpu"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""Contractions on the many-core chip: C blocks in each core's LDM, the fixed-shape
+64x64x32 kernel on them, A and B panels streamed in by DMA.
+
+A contraction (`analysis.gemm_view`) whose operands are plain row-major loads (A[.., i, k]
+and B[.., k, j], broadcast batch dims allowed) gets this tree:
+
+    mark "gemm S0 mc_sgemm_64x64x32 m=.. n=.. k=.. mc=MB nc=NB kc=KB ..."
+      band [(batch * bi + floor(i/MB)) * bj + floor(j/NB)]   the C blocks, dealt to the cores
+        mark "tile LDM block"     C (and what the epilogue reads) promoted per block
+          sequence [ init (i, j)
+                     band [KB*floor(k/KB)]
+                       mark "tile LDM k"    A's MB x KB and B's KB x NB panels per step
+                         mark "microkernel mc_sgemm_64x64x32 S0"  -> band [i, j, k]
+                     epilogue (i, j) ... ]
+
+The block sizes come from the cycle model: the candidates MB, NB (multiples of 64) and
+KB (of 32) are ordered by the estimated cycles of the whole contraction (blocks dealt in
+rounds to the cores, each K step the longer of its kernel calls and its DMA at the
+core's share of the channel), and the first whose promoted buffers all fit the LDM is
+taken (twice each where DMA moves them: the next step's panels arrive while this one
+computes, a finished block leaves while the next one computes). Buffers are padded to whole
+kernel tiles, zero past the matrix edge, so every call is a full 64x64x32; the padding's
+results are never put back. C never leaves the LDM unless it is an output; the epilogue
+(bias, activation) runs on it in the LDM before the put.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import islpy as isl
+
+from ...kernel import Kernel
+from ...kernel.comprehension import Aff, Load, Statement, loads
+from ...machine import Machine
+from ...microkernels.analysis import GemmView, gemm_view
+from ...schedule_tree import marks
+from ...schedule_tree.contract import contract_arrays
+from ...schedule_tree.promotion import Promotion, find, promote
+from ...schedule_tree.state import KernelState, Pass
+from .machine import LDM_BYTES
+from .tiles import ldm_bytes, promotions_at
+
+KERNEL = "mc_sgemm_64x64x32"
+MR, NR, KR = 64, 64, 32
+KERNEL_CYCLES = 16384
+MIN_FLOPS = 2 * MR * NR * KR  # one call's worth at least
+DMA_BYTES_PER_CYCLE, DMA_LATENCY = 32, 500
+MAX_PLANS = 24  # block sizes tried, fewest estimated cycles first, before giving up
+
+
+def _pure(e) -> int | None:
+    """The iterator of an index that is exactly one iterator, else None."""
+    if isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
+        return e.terms[0][0]
+    return None
+
+
+def plain_operands(view: GemmView) -> bool:
+    """Are A and B plain loads the DMA can bring in the kernel's layout: A[.., i, k] and
+    B[.., k, j] with one row, one column and one reduction iterator?"""
+    if len(view.rows) != 1 or len(view.cols) != 1 or len(view.red) != 1:
+        return False
+    i, j, k = view.out_iter[view.rows[0]], view.out_iter[view.cols[0]], view.red[0]
+    for load, (first, second) in ((view.a_expr, (i, k)), (view.b_expr, (k, j))):
+        if not isinstance(load, Load) or load.dtype != "float32" or len(load.index) < 2:
+            return False
+        if (_pure(load.index[-2]), _pure(load.index[-1])) != (first, second):
+            return False
+        if any(not (e == Aff() or _pure(e) in [view.out_iter[d] for d in view.batch])
+               for e in load.index[:-2]):
+            return False
+    return True
+
+
+def microkernel_name(kernel: Kernel, min_flops: int = 0) -> str | None:
+    """The fusion oracle's question: the contraction this target's kernel computes (its
+    operands plain loads no epilogue statement reads: they live only as K panels)."""
+    view = gemm_view(kernel)
+    if view is None or view.flops < max(min_flops, MIN_FLOPS) or not plain_operands(view):
+        return None
+    operands = {view.a_expr.tensor, view.b_expr.tensor}
+    if any(ld.tensor in operands for e in view.epilogue for ld, _ in loads(e.expr)):
+        return None
+    return KERNEL
+
+
+def _up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def estimate(view: GemmView, mb: int, nb: int, kb: int, cores: int) -> float:
+    """Cycles of the contraction with MB x NB blocks and KB steps (the cycle model)."""
+    blocks = view.batches * math.ceil(view.M / mb) * math.ceil(view.N / nb)
+    busy = min(cores, blocks)
+    share = DMA_BYTES_PER_CYCLE / busy
+    calls = (mb // MR) * (nb // NR) * (kb // KR)
+    dma = DMA_LATENCY + 4 * (mb * kb + kb * nb) / share
+    step = max(calls * KERNEL_CYCLES, dma)
+    block = math.ceil(view.K / kb) * step + DMA_LATENCY + 4 * mb * nb / share
+    return math.ceil(blocks / busy) * block
+
+
+def block_candidates(view: GemmView, cores: int) -> list[tuple[int, int, int]]:
+    """(MB, NB, KB), fewest estimated cycles first, among the blocks whose C and panels
+    alone fit the LDM twice (what else a block holds is counted when it is promoted)."""
+    found = []
+    m_max, n_max, k_max = _up(view.M, MR), _up(view.N, NR), _up(view.K, KR)
+    for mb in range(MR, min(m_max, 512) + 1, MR):
+        for nb in range(NR, min(n_max, 512) + 1, NR):
+            for kb in (32, 64, 128, 256):
+                if kb > max(k_max, KR) or 4 * 2 * (mb * nb + mb * kb + kb * nb) > LDM_BYTES:
+                    continue
+                found.append((estimate(view, mb, nb, kb, cores), -mb * nb, kb, (mb, nb, kb)))
+    return [c[-1] for c in sorted(found)]
+
+
+def _decl(s: Statement) -> str:
+    return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
+
+
+def gemm_tree(model, view: GemmView, plan: marks.Gemm) -> isl.Schedule:
+    """The tree of the module docstring."""
+    s0 = view.stmt
+    others = (view.init,) + view.epilogue
+    everyone = (s0,) + others
+    mb, nb, kb = plan.mc, plan.nc, plan.kc
+
+    def out(s: Statement, d: int) -> str:
+        return s.iter_name(view.out_iter[d] if s is s0 else d)
+
+    def member(expr) -> str:
+        return "{ " + "; ".join(f"{_decl(s)} -> [({expr(s)})]" for s in everyone) + " }"
+
+    def band(members: list[str], child: str, coincident: bool) -> str:
+        flags = ", ".join("1" if coincident else "0" for _ in members)
+        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
+                f"coincident: [ {flags} ], child: {child} }}")
+
+    def mark(m: marks.Mark, child: str) -> str:
+        return f'{{ mark: "{m}", child: {child} }}'
+
+    def points(stmts, red: bool) -> str:
+        dims = list(view.rows + view.cols)
+        members = ["{ " + "; ".join(f"{_decl(s)} -> [({out(s, d)})]" for s in stmts) + " }"
+                   for d in dims]
+        if red:
+            members.append(f"{{ {_decl(s0)} -> [({s0.iter_name(view.red[0])})] }}")
+        flags = ", ".join("1" for _ in members)
+        return f'{{ schedule: "[{", ".join(members)}]", permutable: 1, coincident: [ {flags} ] }}'
+
+    row, col = view.rows[0], view.cols[0]
+    k_band = (f'{{ schedule: "[{{ {_decl(s0)} -> [({kb}*floor(({s0.iter_name(view.red[0])})'
+              f'/{kb}))] }}]", permutable: 1, coincident: [ 0 ], child: '
+              + mark(marks.Tile("LDM", "k"), mark(marks.Microkernel(KERNEL, s0.name),
+                                                  points([s0], True))) + " }")
+    filters = [f'{{ filter: "{{ {_decl(view.init)} }}", child: {points([view.init], False)} }}',
+               f'{{ filter: "{{ {_decl(s0)} }}", child: {k_band} }}']
+    filters += [f'{{ filter: "{{ {_decl(e)} }}", child: {points([e], False)} }}'
+                for e in view.epilogue]
+    tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
+    tree = mark(marks.Tile("LDM", "block"), tree)
+    # one loop over the blocks, batch dims and rows and columns of blocks flattened, so
+    # that every block, not just every row of blocks, is a core's to take
+    bi, bj = math.ceil(view.M / mb), math.ceil(view.N / nb)
+
+    def linear(s: Statement) -> str:
+        index = "0"
+        for d in view.batch:
+            index = f"({index}) * {view.shape[d]} + {out(s, d)}"
+        return (f"(({index}) * {bi} + floor(({out(s, row)})/{mb})) * {bj} + "
+                f"floor(({out(s, col)})/{nb})")
+
+    tree = mark(plan, band([member(linear)], tree, True))
+    return isl.Schedule.read_from_str(model.domain.get_ctx(),
+                                      f'{{ domain: "{model.domain}", child: {tree} }}')
+
+
+def operand_access(view: GemmView, side: str, c_name: str, ctx: isl.Context) -> isl.UnionMap:
+    """The contraction's reads of its operand `side` ('a' or 'b'), one plain load."""
+    s0 = view.stmt
+    load = view.a_expr if side == "a" else view.b_expr
+    index = ", ".join(e.render(s0.iter_name) for e in load.index)
+    return isl.UnionMap.read_from_str(ctx, f"{{ {_decl(s0)} -> {c_name}[{index}] }}")
+
+
+def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
+    kernel = state.kernel
+    if not options.microkernels or microkernel_name(kernel) is None:
+        return state
+    view = gemm_view(kernel)
+    capacity = machine.tile_level.capacity
+    for tried, (mb, nb, kb) in enumerate(block_candidates(view, options.cores)):
+        plan = marks.Gemm(view.stmt.name, KERNEL, view.M, view.N, view.K, mb, nb, kb, "batch",
+                          options.cores, ("blocks", "k"), "packed")
+        schedule = gemm_tree(state.model, view, plan)
+        kernel, promotions = _promotions(state, view, schedule, machine.tile_level.name)
+        need = ldm_bytes(promotions, kernel, options.double_buffer)
+        if need <= capacity:
+            break
+        if tried == MAX_PLANS:
+            return state  # nothing fits: the contraction's plain loops are tiled instead
+    else:
+        return state
+    lines = (f"contraction {view.stmt.name} ({view.batches}x {view.M}x{view.N}x{view.K}) on "
+             f"{KERNEL}: C blocks of {mb}x{nb}, K steps of {kb}: the fewest cycles the cycle "
+             f"model estimates ({estimate(view, mb, nb, kb, options.cores):.0f}) among the "
+             f"blocks whose buffers fit the LDM ({need} of {capacity} bytes)",)
+    return replace(state.with_schedule(schedule), kernel=kernel,
+                   promotions=promotions).note(*lines, *map(str, promotions))
+
+
+def _in_place(view: GemmView, kernel: Kernel, block) -> "Promotion | None":
+    """The promotion of the epilogue's output when it may take C's buffer: C stays in the
+    LDM (local), and the one epilogue statement reads C only at its own point, so each
+    element of C is read before the output's element overwrites it."""
+    c = kernel.array(view.stmt.target)
+    if c.role != "local" or len(view.epilogue) != 1:
+        return None
+    (e,) = view.epilogue
+    if any(ld.tensor == c.tensor and ld.index != e.index for ld, _ in loads(e.expr)):
+        return None
+    out = kernel.array(e.target)
+    return next((p for p in block if p.array == out.c_name and p.direction == "out"), None)
+
+
+def _promotions(state: KernelState, view: GemmView, schedule: isl.Schedule, level: str):
+    """The kernel with its buffers contracted on `schedule`, C kept whole in the LDM, and
+    the promotions: C and what the epilogue touches per block, A and B per K step."""
+    kernel = contract_arrays(state.kernel, state.model, schedule)
+    c = kernel.array(view.stmt.target)
+    kernel = replace(kernel, arrays=tuple(replace(a, kept=None) if a is c else a
+                                          for a in kernel.arrays))  # the kernel's C
+    operands = frozenset(kernel.array(x.tensor).c_name for x in (view.a_expr, view.b_expr))
+    block_at, k_at = str(marks.Tile(level, "block")), str(marks.Tile(level, "k"))
+    block = promotions_at(find(schedule, block_at), kernel, state.model, level, block_at,
+                          skip=operands)
+    nbatch = len(view.out_iter) - 2
+    pad = (1,) * nbatch + (MR, NR)
+    block = tuple(replace(p, pad=pad) if p.array == c.c_name else p for p in block)
+    if (owner := _in_place(view, kernel, block)) is not None:  # the epilogue writes over C
+        block = tuple(replace(p, pad=pad, also=(c.c_name,)) if p is owner else p
+                      for p in block if p.array != c.c_name)
+    k_node = find(schedule, k_at)
+    s0 = isl.UnionSet.read_from_str(state.ctx, f"{{ {_decl(view.stmt)} }}")
+    steps = []
+    for side, x, pad in (("a", view.a_expr, (MR, KR)), ("b", view.b_expr, (KR, NR))):
+        a = kernel.array(x.tensor)
+        access = operand_access(view, side, a.c_name, state.ctx).intersect_domain(s0)
+        steps.append(promote(k_node, access, buffer=f"ldmk_{side}_{a.c_name}", array=a.c_name,
+                             level=level, direction="in", at=k_at,
+                             pad=(1,) * (a.type.ndim - 2) + pad))
+    return kernel, block + tuple(steps)
+
+
+MICROKERNELS = Pass("microkernels", microkernels_pass, changes_schedule=True)

@@ -1,0 +1,229 @@
+"""Tiles for the compute cores: every buffer of a tile in the LDM, and what DMA moves.
+
+The kernel's outermost band is cut into tiles whose data fits one core's LDM: for a
+candidate tile size, the intermediates are contracted (`contract.py`) and every other
+array the tile touches is promoted (`promotion.py`): its footprint per tile, computed with
+isl, becomes an LDM buffer. What a tile reads of an array before writing it is got
+before the tile; what it writes that is needed elsewhere (an output, an intermediate a
+later kernel pass reads) is put after it; an intermediate written and read inside the
+tile never leaves the LDM; an input every tile reads alike (a layer norm's gamma) is
+copied once per core, before the tiles, and reused. With double buffering every moved
+buffer is allocated twice (the next tile's inputs arrive, and the last tile's outputs leave, while this one
+computes). The sizes start from the whole band and halve its largest member until
+everything fits; of a band that is not permutable only the first member is cut. A tile
+of one iteration that still does not fit is an error naming the largest buffer and the
+capacity.
+
+    before: band(i) -> sequence[ band(j){max}, band(j){exp, sum}, band(j){div} ]
+    after:  band(4*floor(i/4)) -> mark "tile LDM" -> band(i) -> sequence[ ... ]
+            promotions: t0_x -> ldm_t0_x 4x4096 (in), t5_y -> ldm_t5_y 4x4096 (out)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import islpy as isl
+
+from ...errors import GraphError, Problem
+from ...kernel import Kernel
+from ...kernel.comprehension import loads
+from ...machine import Machine
+from ...schedule_tree import marks
+from ...schedule_tree.contract import contract_arrays
+from ...schedule_tree.model import PolyModel
+from ...schedule_tree.promotion import Promotion, box, footprint, promote
+from ...schedule_tree.state import KernelState, Pass
+
+_BAND = isl.schedule_node_type.band
+MIN_TILE_BYTES = 8 << 10  # a tile's data, below which more tiles for more cores stop
+
+
+def _names(uset: isl.UnionSet) -> set[str]:
+    out: list[str] = []
+    uset.foreach_set(lambda s: out.append(s.get_tuple_name()))
+    return set(out)
+
+
+def _of(umap: isl.UnionMap, array: str) -> isl.UnionMap:
+    """The part of an access relation that touches `array`."""
+    maps: list[isl.Map] = []
+    umap.foreach_map(lambda m: maps.append(m) if m.get_tuple_name(isl.dim_type.out) == array else None)
+    out = isl.UnionMap.empty(umap.get_space())
+    for m in maps:
+        out = out.union(m)
+    return out
+
+
+def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, level: str,
+                  at: str, skip: frozenset[str] = frozenset()) -> tuple[Promotion, ...]:
+    """The promotion of every array (but contracted ones) the statements below `node`
+    touch: got when the tile reads what it did not write itself, put when it writes an
+    output or an intermediate read elsewhere (see the module docstring)."""
+    below = node.get_domain()
+    inside = _names(below)
+    by_name = {s.name: s for s in kernel.statements}
+    out = []
+    for a in kernel.arrays:
+        if a.kept is not None or a.c_name in skip:
+            continue
+        reads = _of(model.reads, a.c_name).intersect_domain(below)
+        writes = _of(model.writes, a.c_name).intersect_domain(below)
+        if reads.is_empty() and writes.is_empty():
+            continue
+        get = False
+        if not reads.is_empty():
+            inits = isl.UnionSet.empty(below.get_space())
+            for name in inside:
+                s = by_name[name]
+                if s.target == a.tensor and s.reduce is None:
+                    inits = inits.union(below.intersect(isl.UnionSet(
+                        isl.Set.read_from_str(below.get_ctx(), f"{{ {name}[{_iters(s)}] }}"))))
+            written_first = _of(model.writes, a.c_name).intersect_domain(inits)
+            get = (written_first.is_empty()
+                   or not footprint(node, reads).is_subset(footprint(node, written_first)))
+        elsewhere = {s.name for s in kernel.statements if s.name not in inside
+                     and any(ld.tensor == a.tensor for ld, _ in loads(s.expr))}
+        put = not writes.is_empty() and (a.role == "out" or bool(elsewhere))
+        direction = "inout" if get and put else "in" if get else "out" if put else "local"
+        touched = reads.union(writes)
+        p = promote(node, touched, buffer=f"ldm_{a.c_name}", array=a.c_name, level=level,
+                    direction=direction, element_bytes=a.type.nbytes // max(a.type.size, 1),
+                    at=at)
+        out.append(hoisted(p) if direction == "in" and _invariant(p.footprint) else p)
+    return tuple(out)
+
+
+def _invariant(fp: isl.Map) -> bool:
+    """Does every tile touch the same elements (a layer norm's gamma)?"""
+    return fp.is_equal(isl.Map.from_domain_and_range(fp.domain(), fp.range()))
+
+
+def hoisted(p: Promotion) -> Promotion:
+    """`p` copied once per core before any tile (`at` ""): an input every tile reads
+    alike is reused across the tile loop instead of fetched for each tile."""
+    once = isl.Map.from_range(p.footprint.range())
+    lo, extents = box(once)
+    return replace(p, footprint=once, lo=lo, box=extents, at="")
+
+
+def _iters(s) -> str:
+    return ", ".join(s.iter_name(d) for d in range(len(s.extents)))
+
+
+def ldm_bytes(promotions: tuple[Promotion, ...], kernel: Kernel, double_buffer: bool) -> int:
+    """What a core allocates in its LDM: every promoted buffer (twice when double-buffered
+    and moved by DMA), every contracted intermediate but scalars, each rounded up to the
+    64-byte alignment."""
+    def up(n: int) -> int:
+        return -(-n // 64) * 64
+
+    total = sum(up(p.bytes) * (2 if double_buffer and p.direction != "local" and p.at else 1)
+                for p in promotions)
+    for a in kernel.arrays:
+        if a.kept:
+            n = 1
+            for e in a.buffer_shape:
+                n *= e
+            total += up(n * (a.type.nbytes // max(a.type.size, 1)))
+    return total
+
+
+def _spans(band: isl.ScheduleNode) -> list[int]:
+    """How many values each member of `band` takes over the statements below it."""
+    domain, sched = band.get_domain(), band.band_get_partial_schedule()
+    out = []
+    for m in range(band.band_n_member()):
+        values = (isl.UnionMap.from_union_pw_aff(sched.get_at(m)).intersect_domain(domain)
+                  .range().as_set())
+        out.append((values.dim_max_val(0) - values.dim_min_val(0)).to_python() + 1)
+    return out
+
+
+def _tilable(schedule: isl.Schedule) -> isl.Schedule:
+    """`schedule` with an outer band that may be cut in tiles: a band that is not
+    permutable keeps only its first member (strip-mining one loop is always legal)."""
+    band = _outer_band(schedule)
+    if band is None or band.band_get_permutable() or band.band_n_member() == 1:
+        return schedule
+    return band.band_split(1).get_schedule()
+
+
+def _outer_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
+    """The first band on the way down from the root, through marks, if every statement
+    is below it."""
+    node = schedule.get_root().child(0)
+    while node.get_type() == isl.schedule_node_type.mark:
+        node = node.child(0)
+    return node if node.get_type() == _BAND else None
+
+
+def _tile(schedule: isl.Schedule, sizes: list[int] | None, level: str) -> isl.ScheduleNode:
+    """The node below which one tile runs: under the tile band of the outermost band
+    (cut by `sizes`), or below the band itself (None: its iterations are the tiles), or
+    the root's child when there is no band; marked `tile <level>`."""
+    band = _outer_band(schedule)
+    if band is None:
+        node = schedule.get_root().child(0)
+    elif sizes is None:
+        node = band.child(0)
+    else:
+        mv = isl.MultiVal.zero(band.band_get_space())
+        for m, s in enumerate(sizes):
+            mv = mv.set_val(m, isl.Val.int_from_si(band.get_ctx(), s))
+        node = band.band_tile(mv).child(0)
+    return node.insert_mark(isl.Id(str(marks.Tile(level)))).child(0)
+
+
+def _tiles(schedule: isl.Schedule) -> int:
+    """How many iterations the tile band's first loop (the one the cores share) has."""
+    band = _outer_band(schedule)
+    first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
+    return first.intersect_domain(band.get_domain()).range().as_set().count_val().to_python()
+
+
+def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
+    if state.promotions:  # a contraction planned its own tiles and copies (`gemm.py`)
+        return state
+    # point loops keep the array's own index (i, not i - its tile's start): the loop
+    # then pins it, and contraction drops that dimension from a tile's buffers
+    state.ctx.set_tile_shift_point_loops(0)
+    level = machine.tile_level
+    tilable = _tilable(state.schedule)
+    band = _outer_band(tilable)
+    extents = _spans(band) if band is not None else None
+    sizes = list(extents) if extents else None
+    for double in ((True, False) if options.double_buffer else (False,)):
+        while True:
+            node = _tile(tilable, sizes, level.name)
+            schedule = node.get_schedule()
+            kernel = contract_arrays(state.kernel, state.model, schedule)
+            promotions = promotions_at(node, kernel, state.model, level.name,
+                                       str(marks.Tile(level.name)))
+            need = ldm_bytes(promotions, kernel, double)
+            # enough tiles for every core, as long as a tile moves enough data that a
+            # transfer's latency does not dominate it
+            shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule) < options.cores
+            few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
+            if need <= level.capacity and not few:
+                note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'} "
+                        f"for the compute cores: {need} of {level.capacity} bytes of "
+                        f"{level.name}{', double-buffered' if double else ''}")
+                return replace(state.with_schedule(schedule), kernel=kernel,
+                               promotions=promotions).note(note, *map(str, promotions))
+            if not sizes or max(sizes) == 1:
+                break
+            # the shared loop's first while the cores lack tiles (a tile then keeps whole
+            # rows: long transfers, a reduction in one tile), else the largest member
+            m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
+            sizes[m] = max(1, sizes[m] // 2)
+        sizes = list(extents) if extents else None
+    biggest = max(promotions, key=lambda p: p.bytes)
+    tensor = next(a.tensor for a in kernel.arrays if a.c_name == biggest.array)
+    raise GraphError(Problem(
+        f"cannot fit one tile's data in the {level.name} of {level.capacity} bytes: even the "
+        f"smallest tile needs {need} bytes, {biggest.bytes} of them for tensor {tensor!r} "
+        f"({'x'.join(map(str, biggest.box))} elements); nothing in the kernel can be split "
+        "further", field=f"kernel {kernel.name}"))
+
+
+TILE = Pass("tile-ldm", tile_pass, changes_schedule=True)

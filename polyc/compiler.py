@@ -1,7 +1,8 @@
 """The pipeline of DESIGN.md as one readable function, and what it returns.
 
-    graph    load -> decompose -> simplify -> fuse (each proposal asked of the oracle)
-             -> kernels
+    graph    load -> widen (float16 computed in float32) -> decompose -> simplify
+             -> unshare (each reader of a widened float16 tensor casts it itself)
+             -> fuse (each proposal asked of the oracle) -> kernels
     kernel   the neutral passes (model, dependences, schedule: `schedule_tree.passes`)
              then the target's (`targets.<name>`), each `(state, machine, options) ->
              state`, every tree checked against every dependence -> the target's codegen
@@ -29,6 +30,7 @@ from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
+from .graph.storage import unshare_widening, widen_storage
 from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
 from .machine import Machine
@@ -217,8 +219,10 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     options = backend.options(options)
     trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
-    g = trace.run("decompose", decompose_graph, loaded)
+    g = trace.run("widen", widen_storage, loaded)
+    g = trace.run("decompose", decompose_graph, g)
     g = trace.run("simplify", simplify_graph, g)
+    g = trace.run("unshare", unshare_widening, g)
     if options.verify:
         verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops

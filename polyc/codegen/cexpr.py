@@ -11,7 +11,9 @@ from typing import Callable, Mapping
 from ..kernel import Array
 from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
-C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t"}
+# float16 (a storage type: only loads, stores and casts touch it) is gcc's _Float16, the
+# IEEE binary16 numpy's float16 holds; a conversion to it rounds to nearest even
+C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "float16": "_Float16"}
 
 # Helpers every target's generated C relies on (ExprPrinter's calls, isl's AST helpers),
 # emitted once per translation unit after the target's own prelude.
@@ -150,7 +152,7 @@ def c_literal(value: float | int, dtype: str) -> str:
         elif math.isnan(v):
             text = "NAN"
         else:
-            text = repr(v) + ("f" if dtype == "float32" else "")
+            text = repr(v) + ("f" if dtype in ("float32", "float16") else "")
     return f"({text})" if text.startswith("-") else text
 
 

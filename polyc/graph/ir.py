@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-DTYPES = ("float32", "float64", "int32")
+DTYPES = ("float32", "float64", "int32", "float16")
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4}
 
 
 class FrozenDict(Mapping):
@@ -75,8 +76,12 @@ class TensorType:
         return len(self.shape)
 
     @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    @property
     def nbytes(self) -> int:
-        return self.size * (8 if self.dtype == "float64" else 4)
+        return self.size * self.itemsize
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"

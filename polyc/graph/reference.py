@@ -1,8 +1,8 @@
 """The numpy reference executor: the semantics of DESIGN.md, op by op, as plain numpy.
 
 Every generated kernel is checked against it, so it aims to be obviously right and more
-accurate than the kernels: float32 values are computed in float64 and rounded once at
-the end of each op; int32 stays exact integer arithmetic (wrapping like C). `eval_node`
+accurate than the kernels: float32 and float16 values are computed in float64 and
+rounded once at the end of each op (to nearest even: float16 is a storage type); int32 stays exact integer arithmetic (wrapping like C). `eval_node`
 runs one op and is shared with constant folding; `run_reference` runs a whole graph.
 """
 from __future__ import annotations
@@ -63,7 +63,8 @@ def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.nd
     impl = IMPLS.get(node.op)
     if impl is None:
         raise InternalError("reference", f"no reference implementation of op {node.op!r}")
-    wide = [a.astype(np.float64) if a.dtype == np.float32 else a for a in map(np.asarray, args)]
+    wide = [a.astype(np.float64) if a.dtype in (np.float32, np.float16) else a
+            for a in map(np.asarray, args)]
     # Out-of-domain values give IEEE inf/nan (and casts of them C's garbage), as in the
     # C kernels, rather than numpy warnings.
     with np.errstate(all="ignore"):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 from ..graph.ir import Graph, TensorType
 from ..graph.ranges import nonpositive_tensors
-from .comprehension import Statement, lower_node
-from .prologue import fold_prologues, recompute
+from .comprehension import Statement, loads, lower_node
+from .prologue import fold_prologues, recompute, widening_loads
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -87,18 +87,25 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
         produced = [n.output for n in nodes]
         needed_outside = set(graph.outputs) | {
             t for other in graph.nodes if other.name not in group for t in other.inputs}
-        statements, folded = fold_prologues(statements, set(produced) - needed_outside)
+        local = set(produced) - needed_outside
+        widened = widening_loads(statements, local)
+        statements = recompute(statements, widened)
+        statements, folded = fold_prologues(statements, local - set(widened))
+        folded += widened
         produced = [t for t in produced if t not in folded]
+        loaded = {ld.tensor for s in statements for ld, _ in loads(s.expr)}
         read = []
-        for n in nodes:
+        for n in nodes:  # in the nodes' order: the kernel's parameters are stable
             for t in n.inputs:
-                if t not in produced and t not in read:
+                if t not in produced and t in loaded and t not in read:
                     read.append(t)
         arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive)
                   for t in read]
         arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
                          nonpositive=t in nonpositive) for t in produced]
-        name = c_ident(group[0], f"polyc_k{k}")
+        # named after its first node that left a statement (not a folded cast or prologue)
+        first = next((n.name for n in nodes if n.output not in folded), group[0])
+        name = c_ident(first, f"polyc_k{k}")
         kernels.append(Kernel(name, tuple(group), tuple(statements), tuple(arrays)))
     return tuple(kernels)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable
 
+from ..graph.storage import STORAGE
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
                             Mod, Statement, identity, loads)
 
@@ -108,6 +109,17 @@ def _index(e: Index, to: dict[int, Aff]) -> Index:
     if isinstance(e, FloorDiv):
         return FloorDiv(_index(e.arg, to), e.d)
     return Mod(_index(e.arg, to), e.d)
+
+
+def widening_loads(statements: Iterable[Statement], local: set[str]) -> tuple[str, ...]:
+    """The local tensors that are a float16 tensor read into float32 (`graph.storage`):
+    one cast of one load, recomputed where read (a conversion per element is what
+    reading the float16 tensor costs anyway)."""
+    statements = list(statements)
+    return tuple(s.target for s in statements
+                 if s.target in local and isinstance(s.expr, Call) and s.expr.fn == "cast"
+                 and isinstance(s.expr.args[0], Load) and s.expr.args[0].dtype in STORAGE
+                 and recomputable(statements, s.target))
 
 
 # recomputing costs a few instructions per element; storing costs a pass over memory

@@ -111,7 +111,7 @@ def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) ->
     for a in kernel.arrays:
         if a.role == "local":
             depth, kept = _plan(model, schedule, a)
-            element = a.type.nbytes // max(a.type.size, 1)
+            element = a.type.itemsize
             size = element * math.prod(a.type.shape[k] for k in kept)
             if depth > 0 and size <= MAX_BUFFER_BYTES:
                 a = replace(a, kept=kept)

@@ -28,7 +28,7 @@ from .state import KernelState, Pass
 
 def element_bytes(kernel) -> dict[str, int]:
     """Bytes of one element of each array, by C name (what isl's counts are scaled by)."""
-    return {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+    return {a.c_name: a.type.itemsize for a in kernel.arrays}
 
 
 def model_pass(state: KernelState, machine, options) -> KernelState:

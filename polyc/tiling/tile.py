@@ -82,7 +82,7 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
     """Tile every permutable band of >= 2 members whose tile must shrink to fit the
     target's tile level (or with explicit `sizes`, the first entries per band)."""
     by_name = {s.name: s for s in kernel.statements}
-    element = {a.c_name: a.type.nbytes // max(a.type.size, 1) for a in kernel.arrays}
+    element = {a.c_name: a.type.itemsize for a in kernel.arrays}
     capacity = machine.tile_level.capacity
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:

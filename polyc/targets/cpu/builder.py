@@ -244,7 +244,7 @@ class CpuBuilder(CBuilder):
                                                                                 load.index)
                 if a.role != "in" or not all(re.search(rf"\b{x}\b", here) for x in (row, it)):
                     continue  # only rows of inputs, which come from memory
-                line = 64 // (a.type.nbytes // max(a.type.size, 1))  # elements per cache line
+                line = 64 // a.type.itemsize  # elements per cache line
                 for k in range(0, PREFETCH_CHUNK, line):
                     moved = [re.sub(rf"\b{it}\b", f"({chunk} + {k})",
                                     re.sub(rf"\b{row}\b", f"({row} + 1)", x)) for x in iters]

@@ -341,7 +341,7 @@ class ManycoreBuilder(CBuilder):
     def declare_buffer(self, a: Array) -> cgen.Generable:
         if not a.kept:
             return cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}")
-        n = math.prod(a.buffer_shape) * (a.type.nbytes // max(a.type.size, 1))
+        n = math.prod(a.buffer_shape) * a.type.itemsize
         return cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
                               f"polyc_ldm_alloc(core, \"{a.c_name}\", {n})")
 

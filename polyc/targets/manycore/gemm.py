@@ -147,7 +147,12 @@ def gemm_tree(model, view: GemmView, plan: marks.Gemm) -> isl.Schedule:
         if red:
             members.append(f"{{ {_decl(s0)} -> [({s0.iter_name(view.red[0])})] }}")
         flags = ", ".join("1" for _ in members)
-        return f'{{ schedule: "[{", ".join(members)}]", permutable: 1, coincident: [ {flags} ] }}'
+        # the epilogue's statements share their loops, in order at each point: what one
+        # passes to the next is then a scalar
+        order = ("" if len(stmts) == 1 else ", child: { sequence: [ " + ", ".join(
+            f'{{ filter: "{{ {_decl(s)} }}" }}' for s in stmts) + " ] }")
+        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
+                f"coincident: [ {flags} ]{order} }}")
 
     row, col = view.rows[0], view.cols[0]
     k_band = (f'{{ schedule: "[{{ {_decl(s0)} -> [({kb}*floor(({s0.iter_name(view.red[0])})'
@@ -156,8 +161,9 @@ def gemm_tree(model, view: GemmView, plan: marks.Gemm) -> isl.Schedule:
                                                   points([s0], True))) + " }")
     filters = [f'{{ filter: "{{ {_decl(view.init)} }}", child: {points([view.init], False)} }}',
                f'{{ filter: "{{ {_decl(s0)} }}", child: {k_band} }}']
-    filters += [f'{{ filter: "{{ {_decl(e)} }}", child: {points([e], False)} }}'
-                for e in view.epilogue]
+    if view.epilogue:
+        filters.append(f'{{ filter: "{{ {"; ".join(_decl(e) for e in view.epilogue)} }}", '
+                       f"child: {points(view.epilogue, False)} }}")
     tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
     tree = mark(marks.Tile("LDM", "block"), tree)
     # one loop over the blocks, batch dims and rows and columns of blocks flattened, so
@@ -212,15 +218,16 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
 
 def _in_place(view: GemmView, kernel: Kernel, block) -> "Promotion | None":
     """The promotion of the epilogue's output when it may take C's buffer: C stays in the
-    LDM (local), and the one epilogue statement reads C only at its own point, so each
-    element of C is read before the output's element overwrites it."""
+    LDM (local), the epilogue's statements run one point at a time (`gemm_tree`) and
+    read C only at their own point, so each element of C is read before the output's
+    element overwrites it."""
     c = kernel.array(view.stmt.target)
-    if c.role != "local" or len(view.epilogue) != 1:
+    outs = [e for e in view.epilogue if kernel.array(e.target).role == "out"]
+    if c.role != "local" or len(outs) != 1 or any(
+            ld.tensor == c.tensor and ld.index != e.index
+            for e in view.epilogue for ld, _ in loads(e.expr)):
         return None
-    (e,) = view.epilogue
-    if any(ld.tensor == c.tensor and ld.index != e.index for ld, _ in loads(e.expr)):
-        return None
-    out = kernel.array(e.target)
+    out = kernel.array(outs[0].target)
     return next((p for p in block if p.array == out.c_name and p.direction == "out"), None)
 
 

@@ -87,7 +87,7 @@ def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, leve
         direction = "inout" if get and put else "in" if get else "out" if put else "local"
         touched = reads.union(writes)
         p = promote(node, touched, buffer=f"ldm_{a.c_name}", array=a.c_name, level=level,
-                    direction=direction, element_bytes=a.type.nbytes // max(a.type.size, 1),
+                    direction=direction, element_bytes=a.type.itemsize,
                     at=at)
         out.append(hoisted(p) if direction == "in" and _invariant(p.footprint) else p)
     return tuple(out)
@@ -124,7 +124,7 @@ def ldm_bytes(promotions: tuple[Promotion, ...], kernel: Kernel, double_buffer: 
             n = 1
             for e in a.buffer_shape:
                 n *= e
-            total += up(n * (a.type.nbytes // max(a.type.size, 1)))
+            total += up(n * a.type.itemsize)
     return total
 
 

@@ -115,10 +115,9 @@ def _print_kernel_times(result, inputs, out, repeat: int) -> None:
 def _print_profile(profile: dict, kernels) -> None:
     """The simulated chip's figures for the run, then each kernel's."""
     def line(p: dict) -> str:
-        moved = p["bytes"]
+        moved = ", ".join(f"{pair} {n / 2**20:.2f} MiB" for pair, n in p["bytes"].items() if n)
         return (f"{p['cycles']:,} cycles, {100 * p['peak_fraction']:.1f}% of peak, "
-                f"{moved['main->ldm'] / 2**20:.2f} MiB in, {moved['ldm->main'] / 2**20:.2f} "
-                f"MiB out in {p['transfers']:,} transfers")
+                f"{moved or 'nothing moved'} in {p['transfers']:,} transfers")
     print(f"{len(kernels)} kernels on the simulated chip: {line(profile)}; high-water "
           + ", ".join(f"{level} {n / 1024:.1f} KiB" for level, n in profile["high_water"].items()))
     for k, p in zip(kernels, profile["kernels"]):

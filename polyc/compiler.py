@@ -240,6 +240,6 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     program = None
     if build:
         so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
-        program = backend.program(g, tuple(r.kernel for r in results), so, machine)
+        program = backend.program(g, tuple(r.kernel for r in results), so, machine, options)
     return CompiledGraph(loaded, g, backend.name, options, plan, tuple(results), source, trace,
                          machine, program)

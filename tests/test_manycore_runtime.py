@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
-from typing import NamedTuple
+from functools import partial
 
 import numpy as np
 import pytest
+import simharness
+from simharness import Record, data, declare_run_api, launch_once
 
 from polyc import GraphBuilder, GraphError
 from polyc.codegen.build import cc
@@ -23,30 +25,12 @@ from polyc.targets.manycore.sim import ManycoreProgram, SimulatorError
 LDM = 262144
 # the fixed-shape kernel is a microkernel file of its own, on the runtime's API
 KERNEL = (registry.HERE / "mc_sgemm_64x64x32.c").read_text()
+build = partial(simharness.build, runtime=RUNTIME)
 
 
 def dma(nbytes: int, cores: int) -> int:
     """Cycles of one transfer of `nbytes` in a launch of `cores` cores, written out."""
     return 500 + -(-nbytes * cores // 32)
-
-
-def build(tmp_path, name: str, source: str) -> ctypes.CDLL:
-    c_file = tmp_path / f"{name}.c"
-    c_file.write_text(source)
-    so = tmp_path / f"{name}.so"
-    done = subprocess.run([cc(), "-O2", "-pthread", "-std=gnu11", "-Wall", "-Werror", "-fPIC",
-                           "-shared", f"-I{RUNTIME}", str(c_file), "-o", str(so)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(so))
-
-
-def declare_run_api(lib: ctypes.CDLL) -> None:
-    lib.polyc_mc_run_new_x.restype = ctypes.c_void_p
-    lib.polyc_mc_run_free_x.argtypes = [ctypes.c_void_p]
-    lib.polyc_mc_run_error_x.restype = ctypes.c_char_p
-    lib.polyc_mc_run_error_x.argtypes = [ctypes.c_void_p]
-    lib.polyc_mc_run_stats_x.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)]
 
 
 # Each scenario wraps x and y (n bytes each) as regions of the run and launches its body
@@ -67,7 +51,7 @@ typedef struct { polyc_mm x, y; size_t n; long long p0, p1; } args_t;
                 n, p0, p1};                                                                   \
     polyc_mc_launch(run, #name, cores, name##_entry, &t);                                    \
   }                                                                                           \
-  static void name##_body(polyc_mc_core *core, const args_t *t)
+  static void name##_body(polyc_mc_core *core, __attribute__((unused)) const args_t *t)
 
 #define ID ((size_t)polyc_mc_id(core))
 
@@ -254,7 +238,7 @@ SCENARIOS = [line.split("(")[1].split(")")[0] for line in HARNESS.splitlines()
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     lib = build(tmp_path_factory.mktemp("harness"), "harness", HARNESS)
-    declare_run_api(lib)
+    declare_run_api(lib, "polyc_mc")
     for name in SCENARIOS:
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong,
@@ -262,54 +246,19 @@ def lib(tmp_path_factory):
     return lib
 
 
-class Run:
-    """One polyc_mc_run: launches scenarios and reads the record."""
-
-    def __init__(self, lib):
-        self.lib = lib
-        self.ptr = lib.polyc_mc_run_new_x()
-        assert self.ptr
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.lib.polyc_mc_run_free_x(self.ptr)
+class Run(simharness.Run):
+    prefix = "polyc_mc"
+    STATS = ("cycles", "flops", "in", "out", "transfers", "high_water", "launches", "zero")
 
     def launch(self, scenario, cores=1, x=None, y=None, p0=0, p1=0, n=None):
         if n is None:
             n = x.nbytes if x is not None else (y.nbytes if y is not None else 0)
-        address = lambda a: None if a is None else a.ctypes.data  # noqa: E731
-        getattr(self.lib, scenario)(self.ptr, cores, address(x), address(y), n, p0, p1)
+        getattr(self.lib, scenario)(self.ptr, cores, self.address(x), self.address(y), n, p0, p1)
         return self
-
-    @property
-    def stats(self) -> dict:
-        out = (ctypes.c_ulonglong * 8)()
-        self.lib.polyc_mc_run_stats_x(self.ptr, out)
-        return dict(zip(["cycles", "flops", "in", "out", "transfers", "high_water", "launches",
-                         "zero"], out))
-
-    @property
-    def error(self) -> str | None:
-        e = self.lib.polyc_mc_run_error_x(self.ptr)
-        return None if e is None else e.decode()
-
-
-class Record(NamedTuple):
-    stats: dict
-    error: str | None
 
 
 def launch(lib, scenario, **kw) -> Record:
-    """The record of a run of one launch (the run is freed)."""
-    with Run(lib) as run:
-        run.launch(scenario, **kw)
-        return Record(run.stats, run.error)
-
-
-def data(nbytes: int) -> np.ndarray:
-    return np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    return launch_once(Run, lib, scenario, **kw)
 
 
 # --- the cycle model ----------------------------------------------------------------

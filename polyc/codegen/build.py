@@ -5,8 +5,9 @@ makes its own: -march for the cpu, the simulator's include path for the chips).
 `compile_c` runs it once, with a time limit, and sorts its failures: a full disk
 (OSError ENOSPC), exhausted memory (MemoryError), anything else a BuildError (generated
 C that does not compile is a polyc bug). `build_shared_object` caches objects on disk by
-content: the key covers the source, the command, the flags and the compiler's version,
-so a toolchain upgrade never serves a stale object; objects are written to a temporary
+content: the key covers the source, the command, the flags, the compiler's version and
+the headers it includes (a simulator's runtime), so a toolchain upgrade never serves a
+stale object; objects are written to a temporary
 name and renamed into place, so concurrent builds of the same source are safe. The
 service's workers call `compile_c` with their own process-group and resource limits.
 """
@@ -46,14 +47,24 @@ def compiler_version(cc: str) -> str:
 class Toolchain:
     cc: str
     flags: tuple[str, ...]  # everything but the input and output names
+    headers: tuple[Path, ...] = ()  # what the source includes besides system headers
 
     def command(self, c_file: Path | str, out: Path | str) -> list[str]:
         """The one command line that turns generated C into a shared object."""
         return [self.cc, *self.flags, "-o", str(out), str(c_file), "-lm"]
 
+    def headers_digest(self) -> str:
+        """sha256 of the headers' contents: a simulator's runtime that changes changes
+        every object built against it."""
+        h = hashlib.sha256()
+        for path in self.headers:
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
     def key(self, source: str) -> str:
         h = hashlib.sha256()
-        for part in (source, self.cc, " ".join(self.flags), compiler_version(self.cc)):
+        for part in (source, self.cc, " ".join(self.flags), compiler_version(self.cc),
+                     self.headers_digest()):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()

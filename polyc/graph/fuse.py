@@ -3,6 +3,7 @@
 The partitioner only proposes; `oracle(graph, a, b)` (the schedule-tree engine) answers
 whether groups `a` and `b` can share outer loops and at what cost. Proposals, in order:
 
+0. a float16 tensor's conversion to float32 joins its one reader, unasked;
 1. vertical: each producer with each of its consumers (this covers a reduction followed
    by elementwise work along the kept axes);
 2. horizontal: groups that read the same tensor;
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from .ir import Graph
+from .storage import widens
 
 
 class Answer(Protocol):
@@ -155,6 +157,14 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
     for node in graph.nodes:
         for t in dict.fromkeys(node.inputs):
             readers.setdefault(t, []).append(node.name)
+    # a float16 tensor read into float32 is part of its one reader (`storage.py`): the
+    # kernel converts where it loads, a contraction's operand stays a load of its own
+    for node in graph.nodes:
+        (reader, *more) = readers.get(node.output, [None])
+        if widens(node, graph) and not more and reader and node.output not in graph.outputs:
+            p.merge(p.group_of[node.name], p.group_of[reader])
+            report.append((frozenset((node.name, reader)),
+                           f"widening: {node.name} is read as float32 where {reader} loads it"))
     # a merge changes what the merged group can share, so a pair refused before may be
     # accepted now: propose again until a whole round merges nothing (each round that
     # merges leaves fewer groups, so this ends)

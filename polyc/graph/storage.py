@@ -83,7 +83,7 @@ def unshare_widening(graph: Graph) -> Graph:
         for t in dict.fromkeys(node.inputs):
             readers.setdefault(t, []).append(node)
     shared = {n.output for n in graph.nodes
-              if _widens(n, graph) and len(readers.get(n.output, ())) > 1}
+              if widens(n, graph) and len(readers.get(n.output, ())) > 1}
     if not shared:
         return graph
     types = dict(graph.types)
@@ -112,6 +112,7 @@ def unshare_widening(graph: Graph) -> Graph:
     return replace(graph, nodes=tuple(nodes), types=FrozenDict(types))
 
 
-def _widens(node: Node, graph: Graph) -> bool:
+def widens(node: Node, graph: Graph) -> bool:
+    """Is `node` a float16 tensor read into float32 (what `widen_storage` adds)?"""
     return (node.op == "cast" and graph.types[node.inputs[0]].dtype in STORAGE
             and node.attrs["to"] == STORAGE[graph.types[node.inputs[0]].dtype])

@@ -112,6 +112,21 @@ class GemmView:
             w *= self.shape[d]
         return out
 
+    def out_name(self, s: Statement, d: int) -> str:
+        """The iterator of output dim d in s: the contraction's own, or the dim itself in
+        its init and epilogue statements."""
+        return s.iter_name(self.out_iter[d] if s is self.stmt else d)
+
+    def block_number(self, s: Statement, mb: int, nb: int) -> str:
+        """The index of s's C block of mb x nb in a row-major walk over batch, rows of
+        blocks and columns of blocks: one loop in which every block is a core's to take."""
+        row, col = self.rows[0], self.cols[0]
+        index = "0"
+        for d in self.batch:
+            index = f"({index}) * {self.shape[d]} + {self.out_name(s, d)}"
+        return (f"(({index}) * {math.ceil(self.M / mb)} + floor(({self.out_name(s, row)})/{mb}))"
+                f" * {math.ceil(self.N / nb)} + floor(({self.out_name(s, col)})/{nb})")
+
     def red_strides(self) -> dict[int, int]:
         out, w = {}, 1
         for p in reversed(self.red):
@@ -188,6 +203,35 @@ def gemm_view(kernel: Kernel) -> GemmView | None:
 
 # virtual columns may exceed the real ones by this factor (the rest is computed, dropped)
 MAX_ROW_WASTE = 1.25
+
+
+def _one(e) -> int | None:
+    """The iterator of an index that is exactly one iterator, else None."""
+    if isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
+        return e.terms[0][0]
+    return None
+
+
+def plain_operands(view: GemmView) -> tuple[Load, Load] | None:
+    """A's and B's loads when both are plain row-major reads a copy can bring in the
+    contraction's layout, A[.., i, k] and B[.., k, j] (one row, one column and one
+    reduction iterator; batch dims pinned or broadcast), each read as is or converted by
+    a cast (a float16 operand, `graph.storage`); else None."""
+    if len(view.rows) != 1 or len(view.cols) != 1 or len(view.red) != 1:
+        return None
+    i, j, k = view.out_iter[view.rows[0]], view.out_iter[view.cols[0]], view.red[0]
+    batch = [view.out_iter[d] for d in view.batch]
+    found = []
+    for e, (first, second) in ((view.a_expr, (i, k)), (view.b_expr, (k, j))):
+        load = e.args[0] if isinstance(e, Call) and e.fn == "cast" else e
+        if not isinstance(load, Load) or len(load.index) < 2:
+            return None
+        if (_one(load.index[-2]), _one(load.index[-1])) != (first, second):
+            return None
+        if any(not (x == Aff() or _one(x) in batch) for x in load.index[:-2]):
+            return None
+        found.append(load)
+    return found[0], found[1]
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ static inline void polyc_mc_sgemm_64x64x32(polyc_mc_core *core, const float *a, 
     const polyc_mc_buffer *near = NULL;
     if (!polyc_mc__buffer(core, operand[k], bytes[k], &near)) {
       if (near)
-        polyc_mc__core_fail(core, "kernel %s: core %d: sgemm_64x64x32: operand %s of %zu bytes "
-                            "at byte %zu of LDM buffer %s runs past its %zu bytes",
-                            core->kernel, core->id, names[k], bytes[k],
-                            (size_t)((const char *)operand[k] - near->base), near->name, near->bytes);
+        polyc_sim_fail(&core->error, "kernel %s: core %d: sgemm_64x64x32: operand %s of %zu bytes "
+                       "at byte %zu of LDM buffer %s runs past its %zu bytes",
+                       core->kernel, core->id, names[k], bytes[k],
+                       (size_t)((const char *)operand[k] - near->base), near->name, near->bytes);
       else
-        polyc_mc__core_fail(core, "kernel %s: core %d: sgemm_64x64x32: operand %s of %zu bytes "
-                            "is in no LDM buffer of this core",
-                            core->kernel, core->id, names[k], bytes[k]);
+        polyc_sim_fail(&core->error, "kernel %s: core %d: sgemm_64x64x32: operand %s of %zu bytes "
+                       "is in no LDM buffer of this core",
+                       core->kernel, core->id, names[k], bytes[k]);
       return;
     }
   }

@@ -13,7 +13,9 @@ o sits at e - lo(o), where lo(o) is the footprint's smallest index per dimension
 piecewise affine function of the outer values); the buffer's extents are the largest
 box over every tile (isl's maximum of hi - lo + 1). The cpu's packed panels lay the box
 out in strips of the microkernel's width (`panels`): a column panel of A is [rows / mr]
-[k][mr].
+[k][mr]. The NPU's cube reads fractal matrices (`fractal`): the box's last two dims in
+16 x 16 blocks, `layout_map` { [r, c] -> [floor(r/16), floor(c/16), r mod 16, c mod 16] }
+of the element's place in the box; the copies convert.
 
 `Promotion` is the record: printable (`--print-after-all`, the report, the browser view)
 and what codegen reads for sizes and offsets, whatever the copy becomes (a packing loop,
@@ -35,11 +37,18 @@ class Promotion:
     footprint: isl.Map  # [outer loop values] -> the elements one tile touches
     lo: tuple[isl.PwAff, ...]  # per dimension, the tile's first element (of the outer values)
     box: tuple[int, ...]  # the largest footprint box over every tile
-    layout: str = "box"  # "box" | "panels <width> <dim>": strips of `width` along `dim`
+    # "box" | "panels <width> <dim>": strips of `width` along `dim` | "fractal <edge>": the
+    # last two dims in edge x edge blocks, zero-padded to whole blocks (the NPU's cube)
+    layout: str = "box"
     element_bytes: int = 4
     at: str = ""  # the mark whose subtree is the tile (the copies go there)
     pad: tuple[int, ...] = ()  # box: each extent rounded up to a multiple of these
     also: tuple[str, ...] = ()  # arrays held in the same buffer, at the same positions
+    # > 0: how many buffers it takes (else the target's default); `stepped`: the tile
+    # whose last dim starts at lo is in slot (lo / extent) mod slots (a panel kept in K
+    # steps, each its own buffer), else the tiles take the slots in turn
+    slots: int = 0
+    stepped: bool = False
 
     @property
     def extents(self) -> tuple[int, ...]:
@@ -47,6 +56,10 @@ class Promotion:
         dims][width] for panels."""
         if self.layout == "box":
             return tuple(-(-n // m) * m for n, m in zip(self.box, self.pad)) if self.pad else self.box
+        if self.layout.startswith("fractal"):
+            edge = int(self.layout.split()[1])
+            *outer, rows, cols = self.box
+            return (*outer, -(-rows // edge), -(-cols // edge), edge, edge)
         _, width, dim = self.layout.split()
         width, dim = int(width), int(dim)
         strips = -(-self.box[dim] // width)
@@ -67,8 +80,25 @@ class Promotion:
         shape = "x".join(map(str, self.extents))
         lo = ", ".join(" | ".join(_pieces(p)) for p in self.lo)
         also = f" (also holding {', '.join(self.also)}, in place)" if self.also else ""
+        placed = f" placed {layout_map(self)}" if self.layout.startswith("fractal") else ""
+        placed += f" in {self.slots} {'steps' if self.stepped else 'slots'}" if self.slots else ""
         return (f"promote {self.array} -> {self.buffer} [{self.level}, {self.direction}, "
-                f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}")
+                f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}{placed}")
+
+
+def layout_map(p: Promotion) -> isl.Map:
+    """Where an element of the tile's box sits in the buffer: e - lo (the box), or its
+    block and its place in the block (fractal)."""
+    n = len(p.box)
+    src = ", ".join(f"e{d}" for d in range(n))
+    if not p.layout.startswith("fractal"):
+        return isl.Map(f"{{ [{src}] -> [{src}] }}")
+    edge = int(p.layout.split()[1])
+    outer = [f"e{d}" for d in range(n - 2)]
+    r, c = f"e{n - 2}", f"e{n - 1}"
+    dst = outer + [f"floor({r}/{edge})", f"floor({c}/{edge})", f"{r} mod {edge}",
+                   f"{c} mod {edge}"]
+    return isl.Map(f"{{ [{src}] -> [{', '.join(dst)}] }}")
 
 
 def _pieces(pa: isl.PwAff) -> list[str]:

@@ -24,7 +24,7 @@ import orjson
 
 from ..graph.ir import Graph
 
-KEY_FORMAT = "polyc-service-key/2"
+KEY_FORMAT = "polyc-service-key/3"
 
 
 def canonical_json(value) -> bytes:
@@ -43,7 +43,7 @@ def canonical_graph(graph: Graph) -> bytes:
 class Toolchain:
     """Everything besides the request that changes the generated code or object: the
     versions of polyc, islpy and isl, and per target its compiler, that compiler's
-    version and its flags, plus what its backend prepared at start-up (shown, not keyed:
+    version, its flags and the headers it includes, plus what its backend prepared at start-up (shown, not keyed:
     the cpu's measured kernel speeds)."""
 
     polyc: str
@@ -66,7 +66,8 @@ class Toolchain:
             machine = backend.machine()
             tc = backend.toolchain(machine)
             fields = {"cc": tc.cc, "cc_version": compiler_version(tc.cc),
-                      "cflags": " ".join(tc.flags), **backend.prepare(machine)}
+                      "cflags": " ".join(tc.flags), "headers": tc.headers_digest(),
+                      **backend.prepare(machine)}
             described.append((name, tuple(fields.items())))
         return cls(polyc=__version__, islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),
                    targets=tuple(described))
@@ -84,7 +85,8 @@ class Toolchain:
         tc = self.of(target)
         parts = [KEY_FORMAT.encode(), canonical, target.encode(), canonical_json(options),
                  self.polyc.encode(), self.islpy.encode(), self.isl.encode(), tc["cc"].encode(),
-                 tc["cc_version"].encode(), tc["cflags"].encode(), *(p.encode() for p in host)]
+                 tc["cc_version"].encode(), tc["cflags"].encode(), tc["headers"].encode(),
+                 *(p.encode() for p in host)]
         for part in parts:
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)

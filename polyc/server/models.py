@@ -5,7 +5,9 @@ graph gets polyc's messages (naming node, op and field) rather than pydantic's; 
 schema still describes the subgraph format so that clients and fuzzers see its shape.
 `CompileOptions` is the union of every target's options type field by field, so an
 option added to a target is accepted here (and enters the cache key through
-`Options.to_json()`); the target's own type then refuses a field it lacks, naming it.
+`Options.to_json()`); the target's own type then refuses a field it lacks, naming it. An
+option whose default differs between targets (`cores`) shows None: left out, it takes
+the target's.
 """
 from __future__ import annotations
 
@@ -86,14 +88,26 @@ _OPTION_TYPES: dict[str, Any] = {
 
 
 def _options_model() -> type[BaseModel]:
-    fields = {}
-    for kind in targets.option_types():
+    defaults: dict[str, dict[str, Any]] = {}  # option -> target -> its default
+    types: dict[str, Any] = {}
+    for name in targets.names():
+        kind = targets.backend(name).options_type
         hints = typing.get_type_hints(kind)
         for f in dataclasses.fields(kind):
-            fields.setdefault(f.name, (
-                _OPTION_TYPES.get(f.name, hints[f.name]),
-                Field(list(f.default) if isinstance(f.default, tuple) else f.default,
-                      strict=f.name not in _OPTION_TYPES, **_OPTION_FIELDS.get(f.name, {}))))
+            defaults.setdefault(f.name, {})[name] = (list(f.default) if isinstance(f.default, tuple)
+                                                     else f.default)
+            types.setdefault(f.name, _OPTION_TYPES.get(f.name, hints[f.name]))
+    fields = {}
+    for option, by_target in defaults.items():
+        extra = dict(_OPTION_FIELDS.get(option, {}))
+        values = list(by_target.values())
+        default = values[0]
+        if any(v != default for v in values):  # the target's own when left out
+            default = None
+            extra["description"] = ("default: " + ", ".join(f"{t} {v}" for t, v in by_target.items())
+                                    + (f"; {extra['description']}" if "description" in extra else ""))
+        fields[option] = (types[option] | None if default is None else types[option],
+                          Field(default, strict=option not in _OPTION_TYPES, **extra))
     return create_model("CompileOptions", __config__=ConfigDict(extra="forbid"), **fields)
 
 

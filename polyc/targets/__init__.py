@@ -10,8 +10,9 @@ from ..errors import GraphError
 from .backend import Backend
 from .cpu import CpuBackend
 from .manycore import ManycoreBackend
+from .npu import NpuBackend
 
-_BACKENDS: dict[str, Backend] = {b.name: b for b in (CpuBackend(), ManycoreBackend())}
+_BACKENDS: dict[str, Backend] = {b.name: b for b in (CpuBackend(), ManycoreBackend(), NpuBackend())}
 
 
 def names() -> tuple[str, ...]:

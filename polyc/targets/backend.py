@@ -65,7 +65,7 @@ class Backend:
         raise NotImplementedError
 
     def program(self, graph: Graph, kernels: tuple[Kernel, ...], so_path: Path,
-                machine: Machine):
+                machine: Machine, options: Options):
         raise NotImplementedError
 
     def key_parts(self, machine: Machine) -> tuple[str, ...]:

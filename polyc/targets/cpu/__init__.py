@@ -57,7 +57,7 @@ class CpuBackend(Backend):
     def toolchain(self, machine):
         return cpu_toolchain(machine)
 
-    def program(self, graph, kernels, so_path, machine):
+    def program(self, graph, kernels, so_path, machine, options):
         return Program(graph, kernels, so_path)
 
     def key_parts(self, machine):

@@ -44,7 +44,7 @@ from ...kernel.comprehension import Statement
 from ...machine import Machine
 from ...microkernels import registry
 from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, row_views
-from ...schedule_tree import marks
+from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
@@ -89,10 +89,6 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
 
 # --- the gemm tree, as isl's schedule-tree text ----------------------------------------
 
-def _decl(s: Statement) -> str:
-    return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
-
-
 def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
                   rows: BRows | None = None) -> isl.Schedule:
     """The tree of the module docstring for `view` with `plan`'s tiles. With `rows`, the
@@ -102,35 +98,26 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     others = (view.init,) + view.epilogue
     t = plan.tiles
 
-    def out_name(s: Statement, d: int) -> str:  # the iterator of output dim d in s
-        return s.iter_name(view.out_iter[d] if s is s0 else d)
-
     def flat(s: Statement, dims: tuple[int, ...]) -> str:
         w = dict(zip(view.cols, rows.col_weights)) if rows and dims == view.cols else view.strides(dims)
-        return " + ".join(f"{w[d]}*{out_name(s, d)}" for d in dims) or "0"
+        return " + ".join(f"{w[d]}*{view.out_name(s, d)}" for d in dims) or "0"
 
     kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
     last_pc = t.kc * ((view.K - 1) // t.kc)
 
     def member(expr_of) -> str:
-        return "{ " + "; ".join(f"{_decl(s)} -> [({expr_of(s)})]" for s in (s0,) + others) + " }"
+        return text.member((s0,) + others, expr_of)
 
     def band(members: list[str], child: str, coincident: bool = False, options: bool = True) -> str:
-        flags = ", ".join("1" if coincident else "0" for _ in members)
-        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 0, coincident: [ {flags} ]'
-                + (_ATOMIC if options else "") + f", child: {child} }}")
+        return text.band(members, child, coincident=coincident, permutable=False,
+                         extra=_ATOMIC if options else "")
 
-    def mark(m: marks.Mark, child: str) -> str:
-        return f'{{ mark: "{m}", child: {child} }}'
-
+    mark = text.mark
     # innermost first: the point loops and the statements' own order
-    filters = [f'{{ filter: "{{ {_decl(view.init)} }}" }}',
-               f'{{ filter: "{{ {_decl(s0)} }}", child: {{ schedule: "['
-               + ", ".join(f"{{ {_decl(s0)} -> [({s0.iter_name(p)})] }}" for p in view.red)
-               + ']" } }']
-    filters += [f'{{ filter: "{{ {_decl(e)} }}" }}' for e in view.epilogue]
-    tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
-    point = [member(lambda s, d=d: out_name(s, d)) for d in view.rows + view.cols]
+    red = text.band([text.member([s0], lambda s, p=p: s.iter_name(p)) for p in view.red],
+                    permutable=False)
+    tree = text.sequence([([view.init], None), ([s0], red)] + [([e], None) for e in view.epilogue])
+    point = [member(lambda s, d=d: view.out_name(s, d)) for d in view.rows + view.cols]
     tree = band(point, tree, options=False)
     tree = mark(marks.Microkernel(plan.kernel, s0.name), tree)
     tiled = {
@@ -157,15 +144,15 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
             tree = band([member(tiled[name])], tree)
     batch = [d for d in view.batch if view.shape[d] > 1]
     if batch:
-        members = [member(lambda s, d=d: out_name(s, d)) for d in batch]
+        members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
         tree = band(members, tree, coincident=plan.par == "batch")
         if plan.par == "batch":
             tree = mark(marks.Parallel(plan.threads), tree)
     if rows:
         tree = mark(marks.BRows(s0.name), tree)
     tree = mark(plan, tree)
-    text = f'{{ domain: "{model.domain}", child: {tree} }}'
-    return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
+    return isl.Schedule.read_from_str(model.domain.get_ctx(),
+                                      f'{{ domain: "{model.domain}", child: {tree} }}')
 
 
 # --- row reductions ------------------------------------------------------------------
@@ -188,19 +175,16 @@ def row_schedule(model: PolyModel, kernel: Kernel, row) -> isl.Schedule | None:
             or sorted(where) != kept or kernel.statements.index(init) != 0):
         return None
     kind = "row_sum" if s.reduce == "sum" else "row_max"
-    inner = (f'{{ mark: "{marks.Microkernel(f"{kind}_f32", s.name)}", child: {{ schedule: '
-             f'"[{{ {_decl(s)} -> [({s.iter_name(row.axis)})] }}]" }} }}')
-    seq = (f'{{ sequence: [ {{ filter: "{{ {_decl(init)} }}" }}, '
-           f'{{ filter: "{{ {_decl(s)} }}", child: {inner} }} ] }}')
-    members = [f"{{ {_decl(init)} -> [({init.iter_name(where[p])})]; "
-               f"{_decl(s)} -> [({s.iter_name(p)})] }}" for p in kept]
-    tree = seq
+    inner = text.mark(marks.Microkernel(f"{kind}_f32", s.name),
+                      text.band([text.member([s], lambda x: x.iter_name(row.axis))],
+                                permutable=False))
+    tree = text.sequence([([init], None), ([s], inner)])
+    members = [text.member([init, s], lambda x, p=p: x.iter_name(where[p] if x is init else p))
+               for p in kept]
     if members:
-        flags = ", ".join("1" for _ in members)
-        tree = (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
-                f"coincident: [ {flags} ], child: {seq} }}")
-    text = f'{{ domain: "{model.domain}", child: {tree} }}'
-    return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
+        tree = text.band(members, tree, coincident=True)
+    return isl.Schedule.read_from_str(model.domain.get_ctx(),
+                                      f'{{ domain: "{model.domain}", child: {tree} }}')
 
 
 _BAND, _LEAF, _MARK = (isl.schedule_node_type.band, isl.schedule_node_type.leaf,
@@ -228,7 +212,7 @@ def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
                 n = node.band_n_member()
                 got = isl.UnionMap.from_union_pw_aff(node.band_get_partial_schedule().get_at(n - 1))
                 want = isl.UnionMap.read_from_str(
-                    node.get_ctx(), f"{{ {_decl(r.stmt)} -> [({r.stmt.iter_name(r.axis)})] }}")
+                    node.get_ctx(), text.member([r.stmt], lambda s: s.iter_name(r.axis)))
                 if got.intersect_domain(node.get_domain()).is_equal(
                         want.intersect_domain(node.get_domain())):
                     kind = "row_sum" if r.stmt.reduce == "sum" else "row_max"
@@ -260,7 +244,7 @@ def operand_access(view: GemmView, side: str, ctx: isl.Context) -> isl.UnionMap:
            else flat(view.cols, view.strides(view.cols)))
     index = batch + ([own, kflat] if side == "a" else [kflat, own])
     return isl.UnionMap.read_from_str(
-        ctx, f"{{ {_decl(s0)} -> {s0.name}_{side}[{', '.join(index)}] }}")
+        ctx, f"{{ {text.decl(s0)} -> {s0.name}_{side}[{', '.join(index)}] }}")
 
 
 def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,

@@ -11,10 +11,11 @@ Its passes after the neutral ones:
     microkernels    contractions onto the fixed-shape 64x64x32 kernel (`gemm.py`): C
                     blocks per core in the LDM, A and B panels double-buffered
     tile-ldm        the outermost band cut into tiles whose buffers fit the LDM, every
-                    array a tile touches promoted (`tiles.py`)
+                    array a tile touches promoted (`scratchpad/tiles.py`)
     recompute       what no buffer holds is recomputed where read
-    lower-manycore  the tile loop dealt to the cores, vector loops marked (`lower.py`)
-    copies          the DMA copies grafted into the tree as statements (`lower.py`)
+    lower-manycore  the tile loop dealt to the cores, vector loops marked
+                    (`scratchpad/lower.py`)
+    copies          the DMA copies grafted into the tree as statements (same)
 
 then `builder.py` writes the compute-core and management-core functions.
 """
@@ -24,14 +25,21 @@ import islpy as isl
 
 from ...codegen.cexpr import PRELUDE
 from ...schedule_tree.passes import RECOMPUTE
+from ...schedule_tree.state import Pass
 from ..backend import Backend
+from ..scratchpad.lower import copies_pass, lower_pass
+from ..scratchpad.tiles import tile_pass
 from .builder import ManycoreBuilder
 from .gemm import MICROKERNELS, microkernel_name
-from .lower import COPIES, LOWER
 from .machine import RUNTIME, manycore_machine, manycore_toolchain
 from .options import ManycoreOptions
 from .sim import ManycoreProgram
-from .tiles import TILE
+
+TILE = Pass("tile-ldm", tile_pass, changes_schedule=True)
+LOWER = Pass("lower-manycore", lower_pass, changes_schedule=True)
+# the copies move no statement instance: the tree before them was checked, and isl
+# cannot flatten a tree with extension nodes into the map the check needs
+COPIES = Pass("copies", copies_pass, changes_schedule=True, verify=False)
 
 
 class ManycoreBackend(Backend):
@@ -58,7 +66,7 @@ class ManycoreBackend(Backend):
     def toolchain(self, machine):
         return manycore_toolchain(machine)
 
-    def program(self, graph, kernels, so_path, machine):
+    def program(self, graph, kernels, so_path, machine, options):
         return ManycoreProgram(graph, kernels, so_path)
 
 

@@ -31,15 +31,15 @@ from dataclasses import replace
 import islpy as isl
 
 from ...kernel import Kernel
-from ...kernel.comprehension import Aff, Load, Statement, loads
+from ...kernel.comprehension import Load, loads
 from ...machine import Machine
-from ...microkernels.analysis import GemmView, gemm_view
-from ...schedule_tree import marks
+from ...microkernels.analysis import GemmView, gemm_view, plain_operands
+from ...schedule_tree import marks, text
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
 from .machine import LDM_BYTES
-from .tiles import ldm_bytes, promotions_at
+from ..scratchpad.tiles import promotions_at, scratch_bytes
 
 KERNEL = "mc_sgemm_64x64x32"
 MR, NR, KR = 64, 64, 32
@@ -49,35 +49,19 @@ DMA_BYTES_PER_CYCLE, DMA_LATENCY = 32, 500
 MAX_PLANS = 24  # block sizes tried, fewest estimated cycles first, before giving up
 
 
-def _pure(e) -> int | None:
-    """The iterator of an index that is exactly one iterator, else None."""
-    if isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
-        return e.terms[0][0]
-    return None
-
-
-def plain_operands(view: GemmView) -> bool:
-    """Are A and B plain loads the DMA can bring in the kernel's layout: A[.., i, k] and
-    B[.., k, j] with one row, one column and one reduction iterator?"""
-    if len(view.rows) != 1 or len(view.cols) != 1 or len(view.red) != 1:
-        return False
-    i, j, k = view.out_iter[view.rows[0]], view.out_iter[view.cols[0]], view.red[0]
-    for load, (first, second) in ((view.a_expr, (i, k)), (view.b_expr, (k, j))):
-        if not isinstance(load, Load) or load.dtype != "float32" or len(load.index) < 2:
-            return False
-        if (_pure(load.index[-2]), _pure(load.index[-1])) != (first, second):
-            return False
-        if any(not (e == Aff() or _pure(e) in [view.out_iter[d] for d in view.batch])
-               for e in load.index[:-2]):
-            return False
-    return True
+def operands_fit(view: GemmView) -> bool:
+    """Can the DMA bring A and B in the kernel's layout: plain float32 loads
+    (`analysis.plain_operands`), no conversion?"""
+    return (plain_operands(view) is not None and isinstance(view.a_expr, Load)
+            and isinstance(view.b_expr, Load)
+            and view.a_expr.dtype == view.b_expr.dtype == "float32")
 
 
 def microkernel_name(kernel: Kernel, min_flops: int = 0) -> str | None:
     """The fusion oracle's question: the contraction this target's kernel computes (its
     operands plain loads no epilogue statement reads: they live only as K panels)."""
     view = gemm_view(kernel)
-    if view is None or view.flops < max(min_flops, MIN_FLOPS) or not plain_operands(view):
+    if view is None or view.flops < max(min_flops, MIN_FLOPS) or not operands_fit(view):
         return None
     operands = {view.a_expr.tensor, view.b_expr.tensor}
     if any(ld.tensor in operands for e in view.epilogue for ld, _ in loads(e.expr)):
@@ -115,79 +99,35 @@ def block_candidates(view: GemmView, cores: int) -> list[tuple[int, int, int]]:
     return [c[-1] for c in sorted(found)]
 
 
-def _decl(s: Statement) -> str:
-    return f"{s.name}[{', '.join(s.iter_name(d) for d in range(len(s.extents)))}]"
-
-
 def gemm_tree(model, view: GemmView, plan: marks.Gemm) -> isl.Schedule:
     """The tree of the module docstring."""
     s0 = view.stmt
-    others = (view.init,) + view.epilogue
-    everyone = (s0,) + others
-    mb, nb, kb = plan.mc, plan.nc, plan.kc
-
-    def out(s: Statement, d: int) -> str:
-        return s.iter_name(view.out_iter[d] if s is s0 else d)
-
-    def member(expr) -> str:
-        return "{ " + "; ".join(f"{_decl(s)} -> [({expr(s)})]" for s in everyone) + " }"
-
-    def band(members: list[str], child: str, coincident: bool) -> str:
-        flags = ", ".join("1" if coincident else "0" for _ in members)
-        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
-                f"coincident: [ {flags} ], child: {child} }}")
-
-    def mark(m: marks.Mark, child: str) -> str:
-        return f'{{ mark: "{m}", child: {child} }}'
+    everyone = (s0, view.init) + view.epilogue
+    kb = plan.kc
 
     def points(stmts, red: bool) -> str:
-        dims = list(view.rows + view.cols)
-        members = ["{ " + "; ".join(f"{_decl(s)} -> [({out(s, d)})]" for s in stmts) + " }"
-                   for d in dims]
+        members = [text.member(stmts, lambda s: view.out_name(s, d))
+                   for d in view.rows + view.cols]
         if red:
-            members.append(f"{{ {_decl(s0)} -> [({s0.iter_name(view.red[0])})] }}")
-        flags = ", ".join("1" for _ in members)
+            members.append(text.member([s0], lambda s: s.iter_name(view.red[0])))
         # the epilogue's statements share their loops, in order at each point: what one
         # passes to the next is then a scalar
-        order = ("" if len(stmts) == 1 else ", child: { sequence: [ " + ", ".join(
-            f'{{ filter: "{{ {_decl(s)} }}" }}' for s in stmts) + " ] }")
-        return (f'{{ schedule: "[{", ".join(members)}]", permutable: 1, '
-                f"coincident: [ {flags} ]{order} }}")
+        order = None if len(stmts) == 1 else text.sequence(([s], None) for s in stmts)
+        return text.band(members, order, coincident=True)
 
-    row, col = view.rows[0], view.cols[0]
-    k_band = (f'{{ schedule: "[{{ {_decl(s0)} -> [({kb}*floor(({s0.iter_name(view.red[0])})'
-              f'/{kb}))] }}]", permutable: 1, coincident: [ 0 ], child: '
-              + mark(marks.Tile("LDM", "k"), mark(marks.Microkernel(KERNEL, s0.name),
-                                                  points([s0], True))) + " }")
-    filters = [f'{{ filter: "{{ {_decl(view.init)} }}", child: {points([view.init], False)} }}',
-               f'{{ filter: "{{ {_decl(s0)} }}", child: {k_band} }}']
+    k_band = text.band([text.member([s0], lambda s: f"{kb}*floor(({s.iter_name(view.red[0])})/{kb})")],
+                       text.mark(marks.Tile("LDM", "k"),
+                                 text.mark(marks.Microkernel(KERNEL, s0.name), points([s0], True))))
+    parts = [([view.init], points([view.init], False)), ([s0], k_band)]
     if view.epilogue:
-        filters.append(f'{{ filter: "{{ {"; ".join(_decl(e) for e in view.epilogue)} }}", '
-                       f"child: {points(view.epilogue, False)} }}")
-    tree = "{ sequence: [ " + ", ".join(filters) + " ] }"
-    tree = mark(marks.Tile("LDM", "block"), tree)
+        parts.append((view.epilogue, points(view.epilogue, False)))
+    tree = text.mark(marks.Tile("LDM", "block"), text.sequence(parts))
     # one loop over the blocks, batch dims and rows and columns of blocks flattened, so
     # that every block, not just every row of blocks, is a core's to take
-    bi, bj = math.ceil(view.M / mb), math.ceil(view.N / nb)
-
-    def linear(s: Statement) -> str:
-        index = "0"
-        for d in view.batch:
-            index = f"({index}) * {view.shape[d]} + {out(s, d)}"
-        return (f"(({index}) * {bi} + floor(({out(s, row)})/{mb})) * {bj} + "
-                f"floor(({out(s, col)})/{nb})")
-
-    tree = mark(plan, band([member(linear)], tree, True))
+    block = text.member(everyone, lambda s: view.block_number(s, plan.mc, plan.nc))
+    tree = text.mark(plan, text.band([block], tree, coincident=True))
     return isl.Schedule.read_from_str(model.domain.get_ctx(),
                                       f'{{ domain: "{model.domain}", child: {tree} }}')
-
-
-def operand_access(view: GemmView, side: str, c_name: str, ctx: isl.Context) -> isl.UnionMap:
-    """The contraction's reads of its operand `side` ('a' or 'b'), one plain load."""
-    s0 = view.stmt
-    load = view.a_expr if side == "a" else view.b_expr
-    index = ", ".join(e.render(s0.iter_name) for e in load.index)
-    return isl.UnionMap.read_from_str(ctx, f"{{ {_decl(s0)} -> {c_name}[{index}] }}")
 
 
 def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
@@ -201,7 +141,8 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
                           options.cores, ("blocks", "k"), "packed")
         schedule = gemm_tree(state.model, view, plan)
         kernel, promotions = _promotions(state, view, schedule, machine.tile_level.name)
-        need = ldm_bytes(promotions, kernel, options.double_buffer)
+        need = scratch_bytes(promotions, kernel, options.double_buffer,
+                             machine.tile_level.alignment)
         if need <= capacity:
             break
         if tried == MAX_PLANS:
@@ -249,11 +190,12 @@ def _promotions(state: KernelState, view: GemmView, schedule: isl.Schedule, leve
         block = tuple(replace(p, pad=pad, also=(c.c_name,)) if p is owner else p
                       for p in block if p.array != c.c_name)
     k_node = find(schedule, k_at)
-    s0 = isl.UnionSet.read_from_str(state.ctx, f"{{ {_decl(view.stmt)} }}")
+    s0 = isl.UnionSet.read_from_str(state.ctx, f"{{ {text.decl(view.stmt)} }}")
     steps = []
     for side, x, pad in (("a", view.a_expr, (MR, KR)), ("b", view.b_expr, (KR, NR))):
         a = kernel.array(x.tensor)
-        access = operand_access(view, side, a.c_name, state.ctx).intersect_domain(s0)
+        load = view.a_expr if side == "a" else view.b_expr
+        access = text.access(view.stmt, load.index, a.c_name, state.ctx).intersect_domain(s0)
         steps.append(promote(k_node, access, buffer=f"ldmk_{side}_{a.c_name}", array=a.c_name,
                              level=level, direction="in", at=k_at,
                              pad=(1,) * (a.type.ndim - 2) + pad))

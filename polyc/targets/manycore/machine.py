@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ...codegen.build import Toolchain, cc
+from ...codegen.build import Toolchain
 from ...machine import Machine, MemoryLevel
+from ..scratchpad.toolchain import simulator_toolchain
 
 RUNTIME = Path(__file__).resolve().parent / "runtime"
 CORES = 64
@@ -19,9 +20,6 @@ LDM_BYTES = 256 << 10
 PEAK_FLOPS = 16  # fp32 per cycle per compute core
 LANES = 8  # fp32 lanes of a vector op
 FEATURES = frozenset({"sw_cpe"})  # what its microkernels need (the registry's features)
-CFLAGS = ("-O2", "-fPIC", "-shared", "-pthread", "-std=gnu11", "-fno-math-errno",
-          "-Wall", "-Werror=implicit-function-declaration", "-Wno-unused-variable",
-          "-Wno-unused-but-set-variable")
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,4 +33,4 @@ def manycore_machine() -> Machine:
 
 
 def manycore_toolchain(machine: Machine) -> Toolchain:
-    return Toolchain(cc(), (*CFLAGS, f"-I{RUNTIME}"))
+    return simulator_toolchain(RUNTIME / "polyc_manycore.h")

@@ -84,6 +84,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../scratchpad/runtime/polyc_sim.h"
+
 #define POLYC_MC_CORES 64
 #define POLYC_MC_LDM_BYTES 262144
 #define POLYC_MC_LDM_ALIGN 64
@@ -104,27 +106,13 @@ typedef struct {
   char *base;
   size_t bytes;
   const char *name;
-  int owned;  /* polyc_mm_alloc'd: the run frees it */
-} polyc_mc_region;
-
-typedef struct {
-  char *base;
-  size_t bytes;
-  const char *name;
 } polyc_mc_buffer;
 
 /* A core records its own first error and the join keeps the lowest core's: no lock, and
    the same message on every run however the threads were scheduled. */
-typedef struct {
-  int failed;
-  char text[512];
-} polyc_mc_error;
-
 struct polyc_mc_run {
-  polyc_mc_error error;
-  unsigned tag;  /* in every handle's high half: a handle of another run is refused */
-  polyc_mc_region *regions;
-  size_t nregions, cap_regions;
+  polyc_sim_error error;
+  polyc_sim_regions regions;
   char *ldm[POLYC_MC_CORES];  /* arenas kept across launches: no 16 MiB of mmap per launch */
   unsigned long long cycles, flops, bytes_in, bytes_out, transfers, high_water, launches;
 };
@@ -142,62 +130,18 @@ struct polyc_mc_core {
   polyc_mc_buffer *scratch;  /* over-capacity blocks, outside the LDM */
   size_t nscratch, cap_scratch;
   unsigned long long clock, engine_free, last_done;
-  polyc_mc_error error;
+  polyc_sim_error error;
   /* per core, summed at the join: no atomics on the hot path */
   unsigned long long flops, bytes_in, bytes_out, transfers, high_water;
 };
-
-static inline void polyc_mc__record(polyc_mc_error *error, const char *fmt, va_list ap)
-{
-  if (error->failed)  /* the first error is the cause; later ones are mostly its echoes */
-    return;
-  vsnprintf(error->text, sizeof error->text, fmt, ap);
-  error->failed = 1;
-}
-
-static inline __attribute__((format(printf, 2, 3))) void polyc_mc__fail(polyc_mc_run *run,
-                                                                        const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  polyc_mc__record(&run->error, fmt, ap);
-  va_end(ap);
-}
-
-static inline __attribute__((format(printf, 2, 3))) void polyc_mc__core_fail(polyc_mc_core *core,
-                                                                             const char *fmt, ...)
-{
-  va_list ap;
-  va_start(ap, fmt);
-  polyc_mc__record(&core->error, fmt, ap);
-  va_end(ap);
-}
-
-/* Room for one more of n items of `size` bytes: the array, moved if it had to grow, or
-   NULL (the old array untouched) when the host is out of memory. */
-static inline void *polyc_mc__grow(void *items, size_t *cap, size_t n, size_t size)
-{
-  if (n < *cap)
-    return items;
-  size_t want = *cap ? 2 * *cap : 8;
-  void *p = realloc(items, want * size);
-  if (p)
-    *cap = want;
-  return p;
-}
 
 /* --- management core ------------------------------------------------------------- */
 
 static inline polyc_mc_run *polyc_mc_run_new(void)
 {
-  static unsigned serial;  /* per translation unit; the address below tells units apart */
   polyc_mc_run *run = calloc(1, sizeof *run);
-  if (!run)
-    return NULL;
-  run->tag = (unsigned)(((uintptr_t)run >> 4) * 2654435761u) ^
-             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED);
-  if (run->tag == 0)
-    run->tag = 1;
+  if (run)
+    polyc_sim_regions_init(&run->regions, run);
   return run;
 }
 
@@ -205,59 +149,26 @@ static inline void polyc_mc_run_free(polyc_mc_run *run)
 {
   if (!run)
     return;
-  for (size_t i = 0; i < run->nregions; i++)
-    if (run->regions[i].owned)
-      free(run->regions[i].base);
-  free(run->regions);
+  polyc_sim_regions_free(&run->regions);
   for (int i = 0; i < POLYC_MC_CORES; i++)
     free(run->ldm[i]);
   free(run);
 }
 
-static inline polyc_mm polyc_mc__region(polyc_mc_run *run, void *ptr, size_t bytes,
-                                        const char *name, int owned)
-{
-  polyc_mm h = {0};
-  polyc_mc_region *regions = polyc_mc__grow(run->regions, &run->cap_regions, run->nregions,
-                                            sizeof *regions);
-  if (!regions) {
-    polyc_mc__fail(run, "region %s: out of host memory for the region table", name);
-    return h;
-  }
-  run->regions = regions;
-  run->regions[run->nregions] = (polyc_mc_region){(char *)ptr, bytes, name, owned};
-  h.id = ((unsigned long long)run->tag << 32) | (unsigned long long)++run->nregions;
-  return h;
-}
-
 static inline polyc_mm polyc_mm_wrap(polyc_mc_run *run, void *ptr, size_t bytes, const char *name)
 {
-  if (!ptr && bytes) {
-    polyc_mc__fail(run, "region %s: NULL pointer for %zu bytes", name, bytes);
-    return (polyc_mm){0};
-  }
-  return polyc_mc__region(run, ptr, bytes, name, 0);
+  return (polyc_mm){polyc_sim_region_wrap(&run->regions, &run->error, ptr, bytes, name)};
 }
 
 static inline polyc_mm polyc_mm_alloc(polyc_mc_run *run, size_t bytes, const char *name)
 {
-  void *p = calloc(bytes ? bytes : 1, 1);
-  if (!p) {
-    polyc_mc__fail(run, "region %s: cannot allocate %zu bytes of main memory", name, bytes);
-    return (polyc_mm){0};
-  }
-  polyc_mm h = polyc_mc__region(run, p, bytes, name, 1);
-  if (!h.id)
-    free(p);
-  return h;
+  return (polyc_mm){polyc_sim_region_alloc(&run->regions, &run->error, bytes, name, "main memory")};
 }
 
-static inline const polyc_mc_region *polyc_mc__lookup(const polyc_mc_run *run, polyc_mm h)
+static inline const polyc_sim_region *polyc_mc__lookup(const polyc_mc_run *run, polyc_mm h)
 {
-  unsigned long long index = h.id & 0xffffffffULL;
-  if ((unsigned)(h.id >> 32) != run->tag || index == 0 || index > run->nregions)
-    return NULL;
-  return &run->regions[index - 1];
+  long index = polyc_sim_region_index(&run->regions, h.id);
+  return index < 0 ? NULL : &run->regions.items[index];
 }
 
 /* The core a compute-core thread runs: a launch from inside a launch would need cores the
@@ -276,12 +187,12 @@ static inline void polyc_mc_launch(polyc_mc_run *run, const char *kernel, int co
                                    void (*body)(polyc_mc_core *, const void *), const void *args)
 {
   if (polyc_mc__self) {
-    polyc_mc__core_fail(polyc_mc__self, "kernel %s: core %d: launches kernel %s from a compute core",
-                        polyc_mc__self->kernel, polyc_mc__self->id, kernel);
+    polyc_sim_fail(&polyc_mc__self->error, "kernel %s: core %d: launches kernel %s from a compute core",
+                   polyc_mc__self->kernel, polyc_mc__self->id, kernel);
     return;
   }
   if (cores < 1 || cores > POLYC_MC_CORES) {
-    polyc_mc__fail(run, "kernel %s: launch of %d cores (the chip has 1..%d)", kernel, cores,
+    polyc_sim_fail(&run->error, "kernel %s: launch of %d cores (the chip has 1..%d)", kernel, cores,
                    POLYC_MC_CORES);
     return;
   }
@@ -289,12 +200,12 @@ static inline void polyc_mc_launch(polyc_mc_run *run, const char *kernel, int co
   pthread_t *thread = calloc((size_t)cores, sizeof *thread);
   char *started = calloc((size_t)cores, 1);
   if (!core || !thread || !started) {
-    polyc_mc__fail(run, "kernel %s: out of host memory for %d cores", kernel, cores);
+    polyc_sim_fail(&run->error, "kernel %s: out of host memory for %d cores", kernel, cores);
     goto out;
   }
   for (int i = 0; i < cores; i++) {
     if (!run->ldm[i] && !(run->ldm[i] = aligned_alloc(POLYC_MC_LDM_ALIGN, POLYC_MC_LDM_BYTES))) {
-      polyc_mc__fail(run, "kernel %s: out of host memory for the LDM of core %d", kernel, i);
+      polyc_sim_fail(&run->error, "kernel %s: out of host memory for the LDM of core %d", kernel, i);
       goto out;
     }
     core[i] = (polyc_mc_core){.run = run, .kernel = kernel, .id = i, .count = cores,
@@ -302,7 +213,7 @@ static inline void polyc_mc_launch(polyc_mc_run *run, const char *kernel, int co
   }
   for (int i = 0; i < cores; i++) {
     if (pthread_create(&thread[i], NULL, polyc_mc__core_main, &core[i]) != 0)
-      polyc_mc__fail(run, "kernel %s: cannot start compute core %d", kernel, i);
+      polyc_sim_fail(&run->error, "kernel %s: cannot start compute core %d", kernel, i);
     else
       started[i] = 1;
   }
@@ -349,7 +260,7 @@ static inline void *polyc_mc__scratch_block(polyc_mc_core *core, const char *buf
   /* aligned_alloc wants a nonzero multiple of the alignment */
   size_t rounded = (bytes + POLYC_MC_LDM_ALIGN) & ~(size_t)(POLYC_MC_LDM_ALIGN - 1);
   char *p = bytes <= SIZE_MAX - POLYC_MC_LDM_ALIGN ? aligned_alloc(POLYC_MC_LDM_ALIGN, rounded) : NULL;
-  polyc_mc_buffer *scratch = p ? polyc_mc__grow(core->scratch, &core->cap_scratch, core->nscratch,
+  polyc_mc_buffer *scratch = p ? polyc_sim_grow(core->scratch, &core->cap_scratch, core->nscratch,
                                                  sizeof *scratch) : NULL;
   if (!scratch) {
     free(p);
@@ -365,16 +276,16 @@ static inline void *polyc_ldm_alloc(polyc_mc_core *core, const char *buffer, siz
 {
   size_t start = (core->ldm_used + POLYC_MC_LDM_ALIGN - 1) & ~(size_t)(POLYC_MC_LDM_ALIGN - 1);
   if (bytes > POLYC_MC_LDM_BYTES || start > POLYC_MC_LDM_BYTES - bytes) {
-    polyc_mc__core_fail(core, "kernel %s: LDM buffer %s of %zu bytes does not fit: "
-                        "%zu of %d bytes in use",
-                        core->kernel, buffer, bytes, core->ldm_used, POLYC_MC_LDM_BYTES);
+    polyc_sim_fail(&core->error, "kernel %s: LDM buffer %s of %zu bytes does not fit: "
+                   "%zu of %d bytes in use",
+                   core->kernel, buffer, bytes, core->ldm_used, POLYC_MC_LDM_BYTES);
     return polyc_mc__scratch_block(core, buffer, bytes);
   }
-  polyc_mc_buffer *buffers = polyc_mc__grow(core->buffers, &core->cap_buffers, core->nbuffers,
+  polyc_mc_buffer *buffers = polyc_sim_grow(core->buffers, &core->cap_buffers, core->nbuffers,
                                              sizeof *buffers);
   if (!buffers) {
-    polyc_mc__core_fail(core, "kernel %s: LDM buffer %s: out of host memory for the buffer table",
-                        core->kernel, buffer);
+    polyc_sim_fail(&core->error, "kernel %s: LDM buffer %s: out of host memory for the buffer table",
+                   core->kernel, buffer);
     return polyc_mc__scratch_block(core, buffer, bytes);
   }
   core->buffers = buffers;
@@ -439,10 +350,10 @@ static inline unsigned long long polyc_mc__dma(polyc_mc_core *core, int put, cha
                                                size_t mm_stride, size_t ldm_stride)
 {
   const char *op = put ? "dma_put" : "dma_get";
-  const polyc_mc_region *r = polyc_mc__lookup(core->run, h);
+  const polyc_sim_region *r = polyc_mc__lookup(core->run, h);
   if (!r) {
-    polyc_mc__core_fail(core, "kernel %s: core %d: %s: handle %#llx is not a main-memory region "
-                        "of this run", core->kernel, core->id, op, h.id);
+    polyc_sim_fail(&core->error, "kernel %s: core %d: %s: handle %#llx is not a main-memory region "
+                   "of this run", core->kernel, core->id, op, h.id);
     return 0;
   }
   if (rows == 0 || run_bytes == 0)
@@ -452,10 +363,10 @@ static inline unsigned long long polyc_mc__dma(polyc_mc_core *core, int put, cha
                 __builtin_add_overflow(mm_end, run_bytes, &mm_end) ||
                 __builtin_add_overflow(mm_end, offset, &mm_end);
   if (mm_over || mm_end > r->bytes) {
-    polyc_mc__core_fail(core, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (stride %zu) "
-                        "at byte %zu of region %s reaches byte %s%zu, past its %zu bytes",
-                        core->kernel, core->id, op, rows, run_bytes, mm_stride, offset, r->name,
-                        mm_over ? "beyond " : "", mm_over ? SIZE_MAX : mm_end, r->bytes);
+    polyc_sim_fail(&core->error, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (stride %zu) "
+                   "at byte %zu of region %s reaches byte %s%zu, past its %zu bytes",
+                   core->kernel, core->id, op, rows, run_bytes, mm_stride, offset, r->name,
+                   mm_over ? "beyond " : "", mm_over ? SIZE_MAX : mm_end, r->bytes);
     return 0;
   }
   const polyc_mc_buffer *near;
@@ -464,20 +375,20 @@ static inline unsigned long long polyc_mc__dma(polyc_mc_core *core, int put, cha
   if (!polyc_mc__buffer(core, ldm, ldm_over ? SIZE_MAX : ldm_end, &near)) {
     if (near) {
       size_t at = (size_t)(ldm - near->base);
-      polyc_mc__core_fail(core, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (LDM stride %zu) "
-                          "at byte %zu of LDM buffer %s reaches byte %s%zu, past its %zu bytes",
-                          core->kernel, core->id, op, rows, run_bytes, ldm_stride, at, near->name,
-                          ldm_over ? "beyond " : "", ldm_over ? SIZE_MAX : at + ldm_end, near->bytes);
+      polyc_sim_fail(&core->error, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (LDM stride %zu) "
+                     "at byte %zu of LDM buffer %s reaches byte %s%zu, past its %zu bytes",
+                     core->kernel, core->id, op, rows, run_bytes, ldm_stride, at, near->name,
+                     ldm_over ? "beyond " : "", ldm_over ? SIZE_MAX : at + ldm_end, near->bytes);
     } else {
-      polyc_mc__core_fail(core, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (LDM stride %zu) "
-                          "for region %s: its LDM address is in no LDM buffer of this core",
-                          core->kernel, core->id, op, rows, run_bytes, ldm_stride, r->name);
+      polyc_sim_fail(&core->error, "kernel %s: core %d: %s: box of %zu rows x %zu bytes (LDM stride %zu) "
+                     "for region %s: its LDM address is in no LDM buffer of this core",
+                     core->kernel, core->id, op, rows, run_bytes, ldm_stride, r->name);
     }
     return 0;
   }
   if (__builtin_mul_overflow(rows, run_bytes, &bytes)) {
-    polyc_mc__core_fail(core, "kernel %s: core %d: %s: %zu rows x %zu bytes overflow",
-                        core->kernel, core->id, op, rows, run_bytes);
+    polyc_sim_fail(&core->error, "kernel %s: core %d: %s: %zu rows x %zu bytes overflow",
+                   core->kernel, core->id, op, rows, run_bytes);
     return 0;
   }
   char *mm = r->base + offset;

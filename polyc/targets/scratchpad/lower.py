@@ -1,11 +1,11 @@
-"""The many-core target's marks and copies: which loop the compute cores share, which
-loops vectorise, and the DMA copies as statements of the tree.
+"""Marks and copies of a chip with scratchpads: which loop the cores share, which loops
+vectorise, and the copies as statements of the tree.
 
 - `parallel threads=P` above the tile band when its first loop carries no dependence:
-  its iterations are dealt to P = min(cores, iterations) compute cores in turn; a tile
-  band whose loop carries one (a full sum) runs on one core;
-- `simd` / `reduce` on innermost loops (as on the cpu): the simulator charges them as
-  vector ops (8 lanes a cycle), every other loop as scalar ops;
+  its iterations are dealt to P = min(cores, iterations) cores in turn; a tile band
+  whose loop carries one (a full sum) runs on one core;
+- `simd` / `reduce` on innermost loops (as on the cpu): the simulators charge them as
+  vector ops, every other loop as scalar ops;
 - copies: below the `tile` mark, each promoted array gets a statement `copy_in_<buffer>`
   before the tile (it fixes the tile's box, and gets what the tile reads) and, when the
   tile's writes leave, `copy_out_<buffer>` after it, grafted as extension nodes whose
@@ -20,7 +20,7 @@ import islpy as isl
 from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.loops import inner_loop_kind, only_statements
-from ...schedule_tree.state import KernelState, Pass
+from ...schedule_tree.state import KernelState
 
 _BAND, _MARK = isl.schedule_node_type.band, isl.schedule_node_type.mark
 
@@ -104,8 +104,3 @@ def copies_pass(state: KernelState, machine: Machine, options) -> KernelState:
         schedule = node.get_schedule()
     return state.with_schedule(schedule)
 
-
-LOWER = Pass("lower-manycore", lower_pass, changes_schedule=True)
-# the copies move no statement instance: the tree before them was checked, and isl
-# cannot flatten a tree with extension nodes into the map the check needs
-COPIES = Pass("copies", copies_pass, changes_schedule=True, verify=False)

@@ -1,12 +1,13 @@
-"""Tiles for the compute cores: every buffer of a tile in the LDM, and what DMA moves.
+"""Tiles for the cores of a chip with scratchpads: every buffer of a tile in the target's
+tile level (the many-core LDM, the NPU's unified buffer), and what the copies move.
 
-The kernel's outermost band is cut into tiles whose data fits one core's LDM: for a
+The kernel's outermost band is cut into tiles whose data fits one core's scratchpad: for a
 candidate tile size, the intermediates are contracted (`contract.py`) and every other
 array the tile touches is promoted (`promotion.py`): its footprint per tile, computed with
-isl, becomes an LDM buffer. What a tile reads of an array before writing it is got
+isl, becomes a buffer there. What a tile reads of an array before writing it is got
 before the tile; what it writes that is needed elsewhere (an output, an intermediate a
 later kernel pass reads) is put after it; an intermediate written and read inside the
-tile never leaves the LDM; an input every tile reads alike (a layer norm's gamma) is
+tile never leaves the scratchpad; an input every tile reads alike (a layer norm's gamma) is
 copied once per core, before the tiles, and reused. With double buffering every moved
 buffer is allocated twice (the next tile's inputs arrive, and the last tile's outputs leave, while this one
 computes). The sizes start from the whole band and halve its largest member until
@@ -32,7 +33,7 @@ from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, box, footprint, promote
-from ...schedule_tree.state import KernelState, Pass
+from ...schedule_tree.state import KernelState
 
 _BAND = isl.schedule_node_type.band
 MIN_TILE_BYTES = 8 << 10  # a tile's data, below which more tiles for more cores stop
@@ -55,10 +56,13 @@ def _of(umap: isl.UnionMap, array: str) -> isl.UnionMap:
 
 
 def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, level: str,
-                  at: str, skip: frozenset[str] = frozenset()) -> tuple[Promotion, ...]:
-    """The promotion of every array (but contracted ones) the statements below `node`
-    touch: got when the tile reads what it did not write itself, put when it writes an
-    output or an intermediate read elsewhere (see the module docstring)."""
+                  at: str, skip: frozenset[str] = frozenset(),
+                  written_before: frozenset[str] = frozenset()) -> tuple[Promotion, ...]:
+    """The promotion of every array (but contracted ones and `skip`) the statements below
+    `node` touch: got when the tile reads what it did not write itself, put when it
+    writes an output or an intermediate read elsewhere (see the module docstring); an
+    input every tile reads alike is got once, before them, unless the kernel writes it
+    on chip before each tile (`written_before`: a contraction's C)."""
     below = node.get_domain()
     inside = _names(below)
     by_name = {s.name: s for s in kernel.statements}
@@ -86,10 +90,11 @@ def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, leve
         put = not writes.is_empty() and (a.role == "out" or bool(elsewhere))
         direction = "inout" if get and put else "in" if get else "out" if put else "local"
         touched = reads.union(writes)
-        p = promote(node, touched, buffer=f"ldm_{a.c_name}", array=a.c_name, level=level,
+        p = promote(node, touched, buffer=f"{level.lower()}_{a.c_name}", array=a.c_name, level=level,
                     direction=direction, element_bytes=a.type.itemsize,
                     at=at)
-        out.append(hoisted(p) if direction == "in" and _invariant(p.footprint) else p)
+        once = direction == "in" and a.c_name not in written_before and _invariant(p.footprint)
+        out.append(hoisted(p) if once else p)
     return tuple(out)
 
 
@@ -110,15 +115,23 @@ def _iters(s) -> str:
     return ", ".join(s.iter_name(d) for d in range(len(s.extents)))
 
 
-def ldm_bytes(promotions: tuple[Promotion, ...], kernel: Kernel, double_buffer: bool) -> int:
-    """What a core allocates in its LDM: every promoted buffer (twice when double-buffered
-    and moved by DMA), every contracted intermediate but scalars, each rounded up to the
-    64-byte alignment."""
-    def up(n: int) -> int:
-        return -(-n // 64) * 64
+def buffers(p: Promotion, double_buffer: bool) -> int:
+    """How many buffers `p` takes: its slots, or two when double-buffered and copied
+    for every tile."""
+    if p.slots:
+        return p.slots
+    return 2 if double_buffer and p.direction != "local" and p.at else 1
 
-    total = sum(up(p.bytes) * (2 if double_buffer and p.direction != "local" and p.at else 1)
-                for p in promotions)
+
+def scratch_bytes(promotions: tuple[Promotion, ...], kernel: Kernel, double_buffer: bool,
+                  alignment: int) -> int:
+    """What a core allocates in its scratchpad: every promoted buffer (twice when
+    double-buffered and moved), every contracted intermediate but scalars, each rounded
+    up to the level's alignment."""
+    def up(n: int) -> int:
+        return -(-n // alignment) * alignment
+
+    total = sum(up(p.bytes) * buffers(p, double_buffer) for p in promotions)
     for a in kernel.arrays:
         if a.kept:
             n = 1
@@ -182,7 +195,7 @@ def _tiles(schedule: isl.Schedule) -> int:
 
 
 def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
-    if state.promotions:  # a contraction planned its own tiles and copies (`gemm.py`)
+    if state.promotions:  # a contraction planned its own tiles and copies
         return state
     # point loops keep the array's own index (i, not i - its tile's start): the loop
     # then pins it, and contraction drops that dimension from a tile's buffers
@@ -199,14 +212,14 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
             kernel = contract_arrays(state.kernel, state.model, schedule)
             promotions = promotions_at(node, kernel, state.model, level.name,
                                        str(marks.Tile(level.name)))
-            need = ldm_bytes(promotions, kernel, double)
+            need = scratch_bytes(promotions, kernel, double, level.alignment)
             # enough tiles for every core, as long as a tile moves enough data that a
             # transfer's latency does not dominate it
             shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule) < options.cores
             few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
             if need <= level.capacity and not few:
                 note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'} "
-                        f"for the compute cores: {need} of {level.capacity} bytes of "
+                        f"for the cores: {need} of {level.capacity} bytes of "
                         f"{level.name}{', double-buffered' if double else ''}")
                 return replace(state.with_schedule(schedule), kernel=kernel,
                                promotions=promotions).note(note, *map(str, promotions))
@@ -225,5 +238,3 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
         f"({'x'.join(map(str, biggest.box))} elements); nothing in the kernel can be split "
         "further", field=f"kernel {kernel.name}"))
 
-
-TILE = Pass("tile-ldm", tile_pass, changes_schedule=True)

@@ -9,9 +9,10 @@ from .graph import GraphBuilder, Limits, load_graph
 from .version import __version__  # noqa: F401 (re-exported)
 
 __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
-           "load_graph"]
+           "import_onnx", "load_graph"]
 
-_LAZY = {"compile": "compiler", "Options": "compiler"}  # islpy and cgen load on first use
+# islpy and cgen load on first use, onnx only when a model is imported
+_LAZY = {"compile": "compiler", "Options": "compiler", "import_onnx": "frontends.onnx"}
 
 
 def __getattr__(name: str):

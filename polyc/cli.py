@@ -25,11 +25,31 @@ def _options(args):
     return backend(args.target).options(given)
 
 
+def _graph(path: str):
+    """A subgraph file: polyc's JSON, or an ONNX model (by its .onnx suffix)."""
+    if path.endswith(".onnx"):
+        from .frontends.onnx import import_onnx
+        return import_onnx(path)
+    return path
+
+
 def _compile(args, build: bool):
     from .compiler import compile
     echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
-    return compile(args.graph, args.target, options=_options(args), build=build,
+    return compile(_graph(args.graph), args.target, options=_options(args), build=build,
                    print_after_all=echo, dump_dir=args.dump_dir)
+
+
+def cmd_import_onnx(args) -> int:
+    from .frontends.onnx import import_onnx
+    graph = import_onnx(args.model)
+    text = json.dumps(graph.to_json(), indent=1) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output} ({len(graph.nodes)} nodes)")
+    return 0
 
 
 def cmd_compile(args) -> int:
@@ -179,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="the OpenMP team of every parallel loop (default: OMP_NUM_THREADS)")
 
     def common(p):
-        p.add_argument("graph", help="subgraph JSON file")
+        p.add_argument("graph", help="subgraph JSON file, or an ONNX model (.onnx)")
         p.add_argument("--target", default="cpu", choices=targets.names())
         p.add_argument("--print-after-all", action="store_true",
                        help="print the IR after every pass to stderr")
@@ -198,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("import-onnx", help="an ONNX model as a subgraph JSON file")
+    p.add_argument("model", help="ONNX model (.onnx)")
+    p.add_argument("-o", "--output", default="-", help="JSON file (default: standard output)")
+    p.set_defaults(fn=cmd_import_onnx)
     p = sub.add_parser("tune", help="measure microkernels and their tile sizes, keep the "
                                     "fastest in the cache")
     p.add_argument("graph", help="subgraph JSON file")

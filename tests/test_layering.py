@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent / "polyc"
 LAYERS = [
     {"errors", "paths", "options", "machine", "version"},
     {"graph"},
+    {"frontends"},
     {"kernel"},
     {"schedule_tree"},
     {"tiling", "microkernels"},

@@ -120,6 +120,7 @@ _FLOAT_FNS = {
     "sqrt": "sqrt{f}({a})", "rsqrt": "({one} / sqrt{f}({a}))", "tanh": "tanh{f}({a})",
     "erf": "erf{f}({a})", "sigmoid": "({one} / ({one} + exp{f}(-{a})))",
     "relu": "({a} < {zero} ? {zero} : {a})", "reciprocal": "({one} / {a})",
+    "floor": "floor{f}({a})", "ceil": "ceil{f}({a})",
     "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
     "pow": "pow{f}({a}, {b})",
     "maximum": "polyc_max_{t}({a}, {b})", "minimum": "polyc_min_{t}({a}, {b})",

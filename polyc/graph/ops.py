@@ -402,7 +402,7 @@ def _spec(name, arity, infer, attrs=None, **kw) -> OpSpec:
 
 
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "relu",
-         "reciprocal")
+         "reciprocal", "floor", "ceil")
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 COMPARE = ("greater", "less", "equal")
 REDUCE = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")

@@ -271,6 +271,8 @@ IMPLS: dict[str, Impl] = {
     "sigmoid": _elementwise(_sigmoid),
     "relu": _elementwise(lambda x: np.maximum(x, 0)),
     "reciprocal": _elementwise(lambda x: 1.0 / x),
+    "floor": _elementwise(np.floor),
+    "ceil": _elementwise(np.ceil),
     "cast": _cast,
     # binary (numpy broadcasting)
     "add": _elementwise(np.add),

@@ -23,7 +23,7 @@ from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, In
 
 # a few vector instructions each: recomputing them where the operand is read is cheap
 CHEAP = frozenset({"add", "sub", "mul", "div", "neg", "abs", "relu", "maximum", "minimum",
-                   "cast", "select", "equal", "greater", "less"})
+                   "cast", "select", "equal", "greater", "less", "floor", "ceil"})
 MAX_CALLS = 4
 
 

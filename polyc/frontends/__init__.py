@@ -1,0 +1,1 @@
+"""Front ends: models from other formats as polyc subgraphs (DESIGN.md, "Front ends")."""

@@ -1,0 +1,163 @@
+"""The ONNX importer: small real networks against onnxruntime, the shape arithmetic it
+folds, and bad models refused with a message naming the op, the node or the field."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import polyc  # noqa: E402
+from polyc import GraphError  # noqa: E402
+from polyc.cli import main as cli  # noqa: E402
+from polyc.graph.reference import run_reference  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import onnx_models  # noqa: E402
+
+
+def model(nodes, inputs, outputs, inits=(), opset=18):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def io(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def check(graph, inputs, want=None, rtol=1e-5, atol=1e-5):
+    got = polyc.compile(graph)(**inputs)
+    ref = run_reference(graph, inputs)
+    for name in graph.outputs:
+        np.testing.assert_allclose(got[name], ref[name], rtol=rtol, atol=atol)
+        if want is not None:
+            np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol)
+    return got
+
+
+@pytest.mark.parametrize("name", sorted(onnx_models.MODELS))
+def test_small_networks_match_onnxruntime(name):
+    ort = pytest.importorskip("onnxruntime")
+    m = onnx_models.MODELS[name]()
+    shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})[0]
+    graph = polyc.import_onnx(m)
+    assert [t.name for t in graph.inputs] == ["x"] and graph.outputs == ("y",) or \
+        list(graph.outputs) == ["y"]
+    check(graph, {"x": x}, {"y": want}, rtol=1e-4, atol=1e-5)
+
+
+def test_shape_arithmetic_is_folded_at_import():
+    # Reshape's target computed from Shape of a static input, as exporters write it
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "first"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "first"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    m = model(nodes, [io("x", [2, 3, 4])], [io("y", [2, 12])], inits)
+    graph = polyc.import_onnx(m)
+    assert [n.op for n in graph.nodes] == ["reshape"]
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    check(graph, {"x": x}, {"y": x.reshape(2, 12)})
+
+
+def test_composed_ops_match_their_onnx_definitions():
+    from onnx.reference import ReferenceEvaluator
+    ops = [("LeakyRelu", {"alpha": 0.2}), ("Elu", {}), ("Selu", {}), ("HardSigmoid", {}),
+           ("HardSwish", {}), ("Softplus", {}), ("Softsign", {}), ("Mish", {}), ("Sign", {}),
+           ("Floor", {}), ("Ceil", {})]
+    nodes = [helper.make_node(op, ["x"], [f"y{i}"], **a) for i, (op, a) in enumerate(ops)]
+    m = model(nodes, [io("x", [4, 5])], [io(f"y{i}", [4, 5]) for i in range(len(ops))])
+    x = np.random.default_rng(0).uniform(-3, 3, (4, 5)).astype(np.float32)
+    want = dict(zip([f"y{i}" for i in range(len(ops))], ReferenceEvaluator(m).run(None, {"x": x})))
+    check(polyc.import_onnx(m), {"x": x}, want)
+
+
+def test_einsum_as_a_broadcast_product_and_sum():
+    m = model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bkj->bik")],
+              [io("a", [2, 3, 4]), io("b", [2, 5, 4])], [io("y", [2, 3, 5])])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 4), np.float32), rng.standard_normal((2, 5, 4), np.float32)
+    check(polyc.import_onnx(m), {"a": a, "b": b}, {"y": np.einsum("bij,bkj->bik", a, b)})
+
+
+def test_identity_output_and_frozen_inputs():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Identity", ["r"], ["y"])]
+    m = model(nodes, [io("x", [2, 6]), io("shape", [2], TensorProto.INT64)], [io("y", [3, 4])])
+    with pytest.raises(GraphError, match=r"\(Reshape\): field 'shape': shape must be a constant"):
+        polyc.import_onnx(m)
+    graph = polyc.import_onnx(m, constants={"shape": np.array([3, 4], np.int64)})
+    assert [t.name for t in graph.inputs] == ["x"] and list(graph.outputs) == ["y"]
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    check(graph, {"x": x}, {"y": x.reshape(3, 4)})
+    with pytest.raises(GraphError, match="'constants.nope'"):
+        polyc.import_onnx(m, constants={"nope": np.zeros(1)})
+
+
+def test_bad_models_are_refused_naming_what_is_wrong(tmp_path):
+    with pytest.raises(GraphError, match="not a readable ONNX model"):
+        polyc.import_onnx(b"\x08\x07garbage that is no protobuf")
+    with pytest.raises(GraphError, match="no ONNX file"):
+        polyc.import_onnx(tmp_path / "missing.onnx")
+    topk = model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="pick")],
+                 [io("x", [4]), io("k", [1], TensorProto.INT64)],
+                 [io("v", [2]), io("i", [2], TensorProto.INT64)])
+    with pytest.raises(GraphError, match=r"node 'pick' \(TopK\): ONNX op TopK is not supported"):
+        polyc.import_onnx(topk)
+    dynamic = model([helper.make_node("Relu", ["x"], ["y"])], [io("x", ["N", 4])],
+                    [io("y", ["N", 4])])
+    with pytest.raises(GraphError, match="input x.*dim 'N' is not static"):
+        polyc.import_onnx(dynamic)
+    undefined = model([helper.make_node("Add", ["x", "w"], ["y"])], [io("x", [4])],
+                      [io("y", [4])])
+    with pytest.raises(GraphError, match=r"\(Add\): field 'input': input 'w' is not defined"):
+        polyc.import_onnx(undefined)
+    mismatch = model([helper.make_node("Add", ["x", "z"], ["y"])], [io("x", [4]), io("z", [3])],
+                     [io("y", [4])])
+    with pytest.raises(GraphError, match="shape inference refuses"):
+        polyc.import_onnx(mismatch)
+    old = model([helper.make_node("Relu", ["x"], ["y"])], [io("x", [4])], [io("y", [4])],
+                opset=11)
+    with pytest.raises(GraphError, match="opset 11"):
+        polyc.import_onnx(old)
+    uint8 = model([helper.make_node("Relu", ["x"], ["y"])], [io("x", [4], TensorProto.UINT8)],
+                  [io("y", [4], TensorProto.UINT8)])
+    with pytest.raises(GraphError, match="uint8"):
+        polyc.import_onnx(uint8)
+    grouped = model([helper.make_node("Conv", ["x", "w"], ["y"], group=2, name="dw")],
+                    [io("x", [1, 2, 5, 5]), io("w", [2, 1, 3, 3])], [io("y", [1, 2, 3, 3])])
+    with pytest.raises(GraphError, match=r"node 'dw' \(Conv\): field 'group'"):
+        polyc.import_onnx(grouped)
+
+
+def test_hostile_value_names_stay_data():
+    name = 'x"); system("rm -rf /"); /*'
+    m = model([helper.make_node("Exp", [name], ["<script>y</script>"])], [io(name, [3])],
+              [io("<script>y</script>", [3])])
+    graph = polyc.import_onnx(m)
+    x = np.array([0, 1, 2], np.float32)
+    got = check(graph, {name: x})
+    np.testing.assert_allclose(got["<script>y</script>"], np.exp(x), rtol=1e-6)
+
+
+def test_cli_imports_and_runs_an_onnx_file(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(onnx_models.mlp(), path)
+    assert cli(["import-onnx", str(path), "-o", str(tmp_path / "mlp.json")]) == 0
+    graph = polyc.load_graph(tmp_path / "mlp.json")
+    assert [n.op for n in graph.nodes][:2] == ["matmul", "add"]
+    assert cli(["run", str(path), "--repeat", "1"]) == 0
+    assert "output y" in capsys.readouterr().out
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    assert cli(["run", str(tmp_path / "bad.onnx")]) == 2
+    assert "not a readable ONNX model" in capsys.readouterr().err

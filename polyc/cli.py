@@ -84,19 +84,16 @@ def report(result) -> str:
 
 def cmd_run(args) -> int:
     from .graph.reference import random_inputs, run_reference
+    from .graph.check import compare_outputs
     result = _compile(args, build=True)
     inputs = random_inputs(result.graph, args.seed)
     got = result(**inputs)
     ref = run_reference(result.graph, inputs)
-    ok = True
-    for name in result.graph.outputs:
-        a, r = got[name].astype(np.float64), ref[name].astype(np.float64)
-        abs_err = float(np.max(np.abs(a - r))) if a.size else 0.0
-        rel_err = float(np.max(np.abs(a - r) / np.maximum(np.abs(r), 1e-6))) if a.size else 0.0
-        good = np.allclose(a, r, rtol=args.rtol, atol=args.atol)
-        ok &= bool(good)
-        print(f"output {name}: {result.graph.types[name]}  max abs err {abs_err:.3g}  "
-              f"max rel err {rel_err:.3g}  {'OK' if good else 'MISMATCH'}")
+    rows = compare_outputs(result.graph, got, ref, rtol=args.rtol, atol=args.atol)
+    for row in rows:
+        print(f"output {row['name']}: {row['type']}  max abs err {row['max_abs_err']:.3g}  "
+              f"max rel err {row['max_rel_err']:.3g}  {'OK' if row['ok'] else 'MISMATCH'}")
+    ok = all(row["ok"] for row in rows)
     if result.program.simulated:  # host time measures the simulator, not the chip
         _print_profile(result.profile(**inputs), result.kernels)
         return 0 if ok else 1
@@ -117,16 +114,11 @@ def cmd_run(args) -> int:
 def _print_kernel_times(result, inputs, out, repeat: int) -> None:
     """Where the time goes: each kernel timed alone, in order (its inputs are those the
     kernels before it wrote)."""
+    from .graph.check import kernel_times
     _, calls = result.program.bind(inputs, out)
-    per_kernel: list[list[float]] = [[] for _ in calls]
-    for _ in range(repeat):
-        for call, times in zip(calls, per_kernel):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    total = sum(float(np.median(t)) for t in per_kernel) or 1.0
-    for k, times in zip(result.kernels, per_kernel):
-        median = float(np.median(times))
+    medians = kernel_times(calls, repeat)
+    total = sum(medians) or 1.0
+    for k, median in zip(result.kernels, medians):
         used = ", ".join(k.microkernels) or "no microkernel"
         print(f"  {k.name}: median {median * 1e3:.3f} ms ({100 * median / total:.0f}%), "
               f"{len(k.kernel.nodes)} node(s), {used}")

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import targets
 from .codegen.build import build_shared_object
-from .errors import GraphError, InternalError
+from .errors import GraphError, InternalError, Problem
 from .graph.decompose import decompose_graph
 from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
@@ -33,6 +33,7 @@ from .graph.simplify import simplify_graph
 from .graph.storage import unshare_widening, widen_storage
 from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
+from .kernel.comprehension import loads
 from .machine import Machine
 from .options import Options as CommonOptions
 from .schedule_tree import marks as mk
@@ -45,6 +46,7 @@ from .schedule_tree.state import KernelState, Pass
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
 from .targets.backend import Backend
 from .targets.cpu.options import CpuOptions
+from .tiling.tile import TILE
 
 Options = CpuOptions  # the default target's options (`polyc.Options`)
 
@@ -113,6 +115,19 @@ class KernelResult:
         """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
         return list(dict.fromkeys(m.kernel for m in self.marks(mk.Microkernel)))
 
+    def provenance(self) -> list[dict]:
+        """Per statement: the primitive node it computes (S<j> is the kernel's j-th node),
+        the node and composite op it came from, the tensor it writes and those it reads:
+        what links a tree node, a line of C and a node of the graph in the browser view."""
+        out = []
+        for s in self.kernel.statements:
+            head = s.name.split("_")[0][1:]
+            node = self.kernel.nodes[int(head)] if head.isdigit() else None
+            out.append({"statement": s.name, "node": node, "origin": s.origin,
+                        "writes": s.target,
+                        "reads": sorted({load.tensor for load, _ in loads(s.expr)})})
+        return out
+
     def to_json(self) -> dict:
         return {
             "name": self.kernel.name,
@@ -126,6 +141,7 @@ class KernelResult:
             "schedule_text": schedule_to_text(self.schedule),
             "trees": {name: schedule_to_json(tree) for name, tree in self.trees},
             "fusion_report": list(self.fusion_report),
+            "provenance": self.provenance(),
             "microkernels": self.microkernels,
             "promotions": [str(p) for p in self.promotions],
             "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
@@ -198,7 +214,27 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
     """The graph layer's partition, every proposal answered by the oracle."""
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
-    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels))
+    # a forced pair needs only legality: losing a microkernel is a cost the person chose
+    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels),
+                      force=options.fuse_force, forbid=options.fuse_forbid,
+                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine))
+
+
+def _check_kernel_edits(options: CommonOptions, kernels: tuple[Kernel, ...],
+                        backend: Backend) -> None:
+    """Every kernel named by `kernel_tile_sizes` exists, and a pass of this target reads
+    the option (the chip targets size their tiles from the scratchpads)."""
+    if not options.kernel_tile_sizes:
+        return
+    if TILE not in backend.passes():
+        raise GraphError(Problem(f"does not apply to target {backend.name!r}: its tiles are "
+                                 "sized from its scratchpads", field="options.kernel_tile_sizes"))
+    names = [k.name for k in kernels]
+    problems = [Problem(f"no kernel is named {name!r} (kernels: {', '.join(names)})",
+                        field=f"options.kernel_tile_sizes.{k}")
+                for k, (name, _) in enumerate(options.kernel_tile_sizes) if name not in names]
+    if problems:
+        raise GraphError(problems)
 
 
 def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
@@ -230,6 +266,7 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
                      options)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
+    _check_kernel_edits(options, kernels, backend)
     results, functions = [], []
     for kernel in kernels:
         result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend, machine,

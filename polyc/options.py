@@ -27,6 +27,13 @@ class Options:
     tile: bool = True  # tile permutable bands to fit the target's tile level
     tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
     microkernels: bool = True  # contractions and reductions onto hand-written kernels
+    # edits a person makes in the browser view, as options so that they are cached and
+    # reproducible: (kernel, sizes) tiles that kernel's permutable bands with the sizes;
+    # (node, node) pairs of primitive nodes the fusion must merge (when isl finds a legal
+    # shared loop, whatever the cost) or must keep apart
+    kernel_tile_sizes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    fuse_force: tuple[tuple[str, str], ...] = ()
+    fuse_forbid: tuple[tuple[str, str], ...] = ()
 
     def checks(self) -> list[tuple[str, bool, str]]:
         """(field, holds, message if not) for every constraint; subclasses add theirs."""
@@ -35,6 +42,19 @@ class Options:
              f"must be at least 1, got {self.max_operations}"),
             ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
              f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
+            ("kernel_tile_sizes", all(len(e) == 2 and isinstance(e[0], str) and e[0] and e[1]
+                                      and all(1 <= t <= MAX_TILE for t in e[1])
+                                      for e in self.kernel_tile_sizes),
+             f"must be pairs of a kernel name and a non-empty list of sizes 1 to {MAX_TILE}"),
+            ("kernel_tile_sizes", self.tile or not self.kernel_tile_sizes,
+             "needs options.tile (tiling is off)"),
+            ("kernel_tile_sizes", len({k for k, _ in self.kernel_tile_sizes})
+             == len(self.kernel_tile_sizes), "names a kernel twice"),
+            *((name, all(len(p) == 2 and all(isinstance(n, str) and n for n in p) and p[0] != p[1]
+                         for p in getattr(self, name)),
+               "must be pairs of two different primitive node names")
+              for name in ("fuse_force", "fuse_forbid")),
+            ("fuse_force", self.fuse or not self.fuse_force, "needs options.fuse (fusion is off)"),
         ]
 
     def __post_init__(self):

@@ -10,6 +10,11 @@ whether groups `a` and `b` can share outer loops and at what cost. Proposals, in
 
 repeated, each pair of groups asked once, until a round merges nothing.
 
+A person's edits come first (`force`, `forbid`: pairs of node names, the options
+`fuse_force` and `fuse_forbid`): a forced pair is merged when the oracle finds a legal
+shared loop, whatever the cost, and is otherwise an error carrying the oracle's reason
+(the dependence that would reverse); a forbidden pair is never merged.
+
 A merge that would make the kernel graph cyclic (a path from one group to the other
 through a third) is never proposed: no loop schedule could order such kernels. Every
 proposal, answer and decision is one line of the fusion report.
@@ -19,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from ..errors import GraphError, Problem
 from .ir import Graph
 from .storage import widens
 
@@ -120,16 +126,32 @@ def group_label(group: tuple[str, ...]) -> str:
     return group[0] if len(group) == 1 else f"{{{', '.join(group)}}}"
 
 
-def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
+def _check_names(graph: Graph, pairs, option: str) -> None:
+    names = {n.name for n in graph.nodes}
+    problems = [Problem(f"no primitive node is named {x!r} (the kernels' node lists name "
+                        "them)", field=f"options.{option}.{k}")
+                for k, pair in enumerate(pairs) for x in pair if x not in names]
+    if problems:
+        raise GraphError(problems)
+
+
+def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
+               forbid: tuple[tuple[str, str], ...] = (),
+               force_oracle: Oracle | None = None) -> FusionPlan:
     """Grow fusion groups by asking `oracle` (see the module docstring).
 
     Before: softmax as reduce_max, sub, exp, reduce_sum, div (five kernels). After: one
     group of all five, with report lines such as "fused sub into {reduce_max}: legal at
     depth 1, permutable, footprint 64.0 KiB per iteration; saves 128.0 MiB".
     """
+    _check_names(graph, force, "fuse_force")
+    _check_names(graph, forbid, "fuse_forbid")
     p = _Partition(graph)
     report: list[tuple[frozenset, str]] = []
     asked: set[frozenset[tuple[str, ...]]] = set()  # pairs of groups, in either order
+
+    def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+        return any((x in a and y in b) or (x in b and y in a) for x, y in forbid)
 
     def propose(a_node: str, b_node: str, kind: str) -> bool:
         """Ask about the groups of two nodes, once per pair of groups; True if merged."""
@@ -140,6 +162,9 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
         asked.add(frozenset((a, b)))
         involved = frozenset(a + b)
         pair = f"{group_label(b)} + {group_label(a)}"
+        if forbidden(a, b):
+            report.append((involved, f"{kind}: {pair}: rejected: forbidden by options.fuse_forbid"))
+            return False
         if p.would_cycle(ga, gb):
             cycle = "another kernel sits between them (fusing would create a cycle)"
             report.append((involved, f"{kind}: {pair}: rejected: {cycle}"))
@@ -165,6 +190,26 @@ def fuse_graph(graph: Graph, oracle: Oracle) -> FusionPlan:
             p.merge(p.group_of[node.name], p.group_of[reader])
             report.append((frozenset((node.name, reader)),
                            f"widening: {node.name} is read as float32 where {reader} loads it"))
+    for k, (x, y) in enumerate(force):
+        ga, gb = p.group_of[x], p.group_of[y]
+        a, b = p.members[ga], p.members[gb]
+        where = f"options.fuse_force.{k}"
+        if ga == gb:
+            continue
+        if forbidden(a, b):
+            raise GraphError(Problem(f"{x} and {y} are also in options.fuse_forbid", field=where))
+        if p.would_cycle(ga, gb):
+            raise GraphError(Problem(f"fusing {group_label(b)} into {group_label(a)} would "
+                                     "create a cycle: another kernel sits between them",
+                                     field=where))
+        answer = (force_oracle or oracle)(graph, a, b)
+        if not answer.legal:
+            raise GraphError(Problem(f"fusing {group_label(b)} into {group_label(a)} is "
+                                     f"illegal: {answer.reason}", field=where))
+        p.merge(ga, gb) if p.order[a[0]] <= p.order[b[0]] else p.merge(gb, ga)
+        asked.add(frozenset((a, b)))
+        report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
+                                         f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
     # a merge changes what the merged group can share, so a pair refused before may be
     # accepted now: propose again until a whole round merges nothing (each round that
     # merges leaves fewer groups, so this ends)

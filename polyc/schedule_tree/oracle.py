@@ -110,10 +110,12 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Ma
                             "no shared loop reads their common input at the same index: "
                             "their loops traverse it differently, nothing would be reused")
     if depth == 0:
+        blocking = reversed_dependence(model, kernel, kept_a, kept_b)
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no loop can be shared in the nodes' own loop orders: one "
                             "iteration of the consumer's outer loop needs the producer's "
-                            "for several values (a reduction across it, or a transposed read)")
+                            "for several values (a reduction across it, or a transposed read)"
+                            + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, depth, block)
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
@@ -129,6 +131,41 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Ma
     else:
         reason = f"{head}, footprint {_mib(foot)} per iteration; saves {_mib(saved)}"
     return FusionAnswer(True, depth, permutable, foot, capacity, saved, reason)
+
+
+def reversed_dependence(model: PolyModel, kernel: Kernel, a: set[str], b: set[str]) -> str:
+    """Which dependence between statements of `a` and `b` sharing their outermost loop
+    would reverse ('' if none): one whose sink is at an earlier iteration of that loop
+    than its source, named by kind with one instance pair isl picks, e.g. "would reverse
+    the flow dependence S0[i0 = 5, i1 = 0] -> S1[i0 = 4] (y.max -> y.sub)"."""
+    nodes = {f"S{j}": n for j, n in enumerate(kernel.nodes)}
+    for kind in ("flow", "anti", "output"):
+        maps: list[isl.Map] = []
+        getattr(model, kind).foreach_map(maps.append)
+        for m in maps:
+            src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
+            if not ((src in a and dst in b) or (src in b and dst in a)):
+                continue
+            if m.dim(isl.dim_type.in_) == 0 or m.dim(isl.dim_type.out) == 0:
+                continue
+            back = m.order_lt(isl.dim_type.out, 0, isl.dim_type.in_, 0)
+            if back.is_empty():
+                continue
+            pair = isl.Map.from_basic_map(back.sample())
+            names = f"{nodes[src.split('_')[0]]} -> {nodes[dst.split('_')[0]]}"
+            return f"would reverse the {kind} dependence {_instances(pair)} ({names})"
+    return ""
+
+
+def _instances(pair: isl.Map) -> str:
+    """`{ S0[i0, i1] -> S1[o0] : i0 = 5 and ... }` as `S0[5, 0] -> S1[4]`."""
+    point = isl.Set.from_basic_set(pair.wrap().sample()).sample_point()
+    values = [point.get_coordinate_val(isl.dim_type.set, k).to_python()
+              for k in range(pair.dim(isl.dim_type.in_) + pair.dim(isl.dim_type.out))]
+    n_in = pair.dim(isl.dim_type.in_)
+    src, dst = pair.get_tuple_name(isl.dim_type.in_), pair.get_tuple_name(isl.dim_type.out)
+    return (f"{src}[{', '.join(map(str, values[:n_in]))}] -> "
+            f"{dst}[{', '.join(map(str, values[n_in:]))}]")
 
 
 def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microkernels) -> str:

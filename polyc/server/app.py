@@ -23,6 +23,7 @@ from .keys import Toolchain
 from .metrics import Metrics
 from .models import CompileRequest
 from .problems import PROBLEM_JSON, ApiProblem, cut_path, pydantic_errors
+from .routers import browser as browser_routes
 from .routers import compile as compile_routes
 from .routers import kernels as kernel_routes
 from .routers import ops as ops_routes
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(compile_routes.router)
     app.include_router(kernel_routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(browser_routes.router)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.openapi = lambda: _openapi(app)
     return app

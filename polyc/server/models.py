@@ -75,6 +75,13 @@ _OPTION_FIELDS: dict[str, dict] = {
                        "description": "isl's operation budget per kernel; past it the "
                                       "answer is 422 'schedule too complex'"},
     "verify": {"description": "check every schedule against every dependence"},
+    "kernel_tile_sizes": {"description": "[kernel, [sizes]] pairs: tile that kernel's "
+                                         "permutable bands with these sizes (a band isl "
+                                         "cannot prove permutable is refused, 422)"},
+    "fuse_force": {"description": "[node, node] pairs of primitive nodes to fuse whatever "
+                                  "the cost; 422 naming the dependence when no shared loop "
+                                  "is legal"},
+    "fuse_forbid": {"description": "[node, node] pairs of primitive nodes never to fuse"},
     "threads": {"ge": 0, "le": 1024,
                 "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
 }
@@ -84,6 +91,9 @@ _OPTION_FIELDS: dict[str, dict] = {
 _OPTION_TYPES: dict[str, Any] = {
     "tile_sizes": list[StrictInt] | None,
     "microkernel_tiles": list[tuple[StrictStr, StrictInt]],
+    "kernel_tile_sizes": list[tuple[StrictStr, list[StrictInt]]],
+    "fuse_force": list[tuple[StrictStr, StrictStr]],
+    "fuse_forbid": list[tuple[StrictStr, StrictStr]],
 }
 
 
@@ -219,3 +229,38 @@ class ProblemDetails(BaseModel):
     detail: str
     instance: str | None = None
     errors: list[ProblemItem] | None = None
+
+
+class RunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True,
+                      description="seed of the random inputs (graph.reference.random_inputs)")
+    repeat: int = Field(5, ge=1, le=100, strict=True,
+                        description="runs per kernel; the median time is reported")
+
+
+class OutputCheck(BaseModel):
+    name: str
+    type: str
+    max_abs_err: float
+    max_rel_err: float
+    ok: bool = Field(description="numpy allclose(rtol=1e-4, atol=1e-5) against the reference")
+
+
+class KernelRun(BaseModel):
+    name: str
+    seconds: float | None = Field(description="median time of the kernel alone (host "
+                                              "targets; None on a simulated chip)")
+    profile: dict[str, Any] | None = Field(description="the simulated chip's figures for "
+                                                       "this kernel (None on the host)")
+
+
+class RunResult(BaseModel):
+    key: str = Field(pattern=KEY_PATTERN)
+    target: str
+    seed: int
+    outputs: list[OutputCheck]
+    kernels: list[KernelRun]
+    profile: dict[str, Any] | None = Field(description="the simulated chip's whole-run "
+                                                       "figures (None on the host)")

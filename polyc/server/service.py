@@ -214,6 +214,12 @@ class CompileService:
         raise self._worker_problem(p, kind, message, problems)
 
     def _worker_problem(self, p: Prepared, kind: str, message: str, problems: list) -> ApiProblem:
+        if kind == wm.INVALID_GRAPH and problems and all(
+                (x["field"] or "").startswith("options.") for x in problems):
+            # an edit (options.fuse_force, options.kernel_tile_sizes) isl refused
+            return ApiProblem(422, "illegal-edit", "Illegal Edit", message, errors=[
+                {"pointer": pointer(*x["field"].split(".")), "message": x["message"],
+                 "field": x["field"]} for x in problems])
         if kind == wm.INVALID_GRAPH and problems:
             return self._graph_problem(p.graph_doc, tuple(Problem(**x) for x in problems))
         if kind == wm.TOO_COMPLEX:

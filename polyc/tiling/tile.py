@@ -18,6 +18,7 @@ from typing import Sequence
 
 import islpy as isl
 
+from ..errors import GraphError, Problem
 from ..kernel import Kernel
 from ..kernel.comprehension import Statement
 from ..machine import Machine
@@ -109,11 +110,58 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
     return visit(schedule.get_root()).get_schedule()
 
 
+def untileable(model: PolyModel, schedule: isl.Schedule) -> str:
+    """Why no band of `schedule` can take explicit tile sizes: each band of two or more
+    members that isl could not prove permutable, with a dependence that has a negative
+    distance along one of its members (tiling would run its sink before its source)."""
+    found: list[str] = []
+
+    def visit(node: isl.ScheduleNode) -> None:
+        if node.get_type() == _BAND and node.band_n_member() >= 2:
+            if node.band_get_permutable():
+                found.append(f"band {node.band_get_partial_schedule()} is permutable but "
+                             "the sizes cover it whole")
+            else:
+                found.append(f"band {node.band_get_partial_schedule()} is not permutable"
+                             + _negative_distance(model, node))
+        for i in range(node.n_children()):
+            visit(node.child(i))
+
+    visit(schedule.get_root())
+    return "; ".join(found) or "it has no band of two or more loops (each loop is a band "\
+        "of its own: isl could not prove any two adjacent loops permutable together)"
+
+
+def _negative_distance(model: PolyModel, band: isl.ScheduleNode) -> str:
+    sched = band.band_get_partial_schedule_union_map().intersect_domain(band.get_domain())
+    deltas = model.dependences.apply_domain(sched).apply_range(sched).deltas()
+    for m in range(band.band_n_member()):
+        sets: list[isl.Set] = []
+        deltas.foreach_set(sets.append)
+        for d in sets:
+            negative = d.upper_bound_val(isl.dim_type.set, m, isl.Val.int_from_si(d.get_ctx(), -1))
+            if not negative.is_empty():
+                return (f": a dependence has distance {negative.sample_point()}, negative "
+                        f"along member {m}")
+    # no dependence forbids it: a pass laid this band out to its own plan (a
+    # microkernel's blocking, whose sizes options.microkernel_tiles sets)
+    return " (it is a target pass's own blocking, e.g. a microkernel's: no dependence " \
+        "forbids tiling, but its sizes are set by that pass's options)"
+
+
 def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     if not options.tile:
         return state
-    return state.with_schedule(tile_bands(state.model, state.schedule, state.kernel, machine,
-                                          sizes=options.tile_sizes))
+    edits = [k for k, (name, _) in enumerate(options.kernel_tile_sizes)
+             if name == state.kernel.name]
+    sizes = options.kernel_tile_sizes[edits[0]][1] if edits else options.tile_sizes
+    tiled = tile_bands(state.model, state.schedule, state.kernel, machine, sizes=sizes)
+    if edits and tiled.plain_is_equal(state.schedule):
+        # a person asked for these sizes: say why isl cannot apply them, never ignore them
+        raise GraphError(Problem(f"kernel {state.kernel.name} cannot be tiled with "
+                                 f"{list(sizes)}: {untileable(state.model, state.schedule)}",
+                                 field=f"options.kernel_tile_sizes.{edits[0]}"))
+    return state.with_schedule(tiled)
 
 
 TILE = Pass("tile", tile_pass, changes_schedule=True)

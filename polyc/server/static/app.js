@@ -1,0 +1,245 @@
+// The browser view: compile a subgraph or open /k/{key}, then look at every decision
+// and edit it. Every edit is a compile request with options (kernel_tile_sizes,
+// fuse_force, fuse_forbid, gemm_kernel): the service re-checks it with isl, and the
+// result is cached under its own key like any other.
+import { append, clear, el } from "./dom.js";
+import { graphPictures } from "./graph.js";
+import { diffLines, treeLines, treeView } from "./tree.js";
+
+const $ = (id) => document.getElementById(id);
+let record = null; // the result on screen (GET /v1/kernels/{key})
+
+async function call(method, url, body) {
+  const init = { method, headers: {} };
+  if (body !== undefined) { init.body = JSON.stringify(body); init.headers["content-type"] = "application/json"; }
+  const r = await fetch(url, init);
+  const data = await r.json().catch(() => ({ detail: `HTTP ${r.status}` }));
+  return { ok: r.ok, status: r.status, data };
+}
+
+function showProblem(box, p) {
+  clear(box).hidden = false;
+  box.appendChild(el("strong", { text: p.title ? `${p.title}: ` : "Error: " }));
+  box.appendChild(el("span", { class: "detail", text: p.detail || "" }));
+  for (const e of p.errors || []) box.appendChild(el("div", { class: "mono", text: `${e.pointer || "/"}: ${e.message}` }));
+}
+
+async function compile(request, errorBox) {
+  $("error").hidden = true; $("edit-error").hidden = true;
+  $("status").textContent = "compiling…";
+  const start = performance.now();
+  const r = await call("POST", "/v1/compile", request);
+  if (!r.ok) { $("status").textContent = ""; showProblem(errorBox, r.data); return false; }
+  const secs = ((performance.now() - start) / 1000).toFixed(2);
+  history.pushState(null, "", `/k/${r.data.key}`);
+  await open(r.data.key);
+  $("status").textContent = `${r.data.cache_hit ? "answered from the cache" : "compiled"} in ${secs} s`;
+  return true;
+}
+
+async function open(key) {
+  const r = await call("GET", `/v1/kernels/${key}`);
+  if (!r.ok) { showProblem($("error"), r.data); $("result").hidden = true; return; }
+  record = r.data;
+  render();
+}
+
+// -- the page ----------------------------------------------------------------------------
+function render() {
+  $("graph").value = JSON.stringify(record.graph, null, 1);
+  $("options").value = JSON.stringify(edits(record.options));
+  $("target").value = record.target;
+  renderSummary();
+  clear($("graph-view"));
+  append($("graph-view"), graphPictures(record));
+  renderFusion();
+  renderKernels();
+  renderSource();
+  clear($("run"));
+  $("result").hidden = false;
+}
+
+function edits(options) {
+  const out = {};
+  for (const k of ["kernel_tile_sizes", "fuse_force", "fuse_forbid"]) if (options[k] && options[k].length) out[k] = options[k];
+  if (options.gemm_kernel) out.gemm_kernel = options.gemm_kernel;
+  return out;
+}
+
+function renderSummary() {
+  const box = clear($("summary"));
+  const link = el("a", { href: `/k/${record.key}`, id: "share", text: `/k/${record.key.slice(0, 16)}…` });
+  box.appendChild(el("p", {}, el("strong", { text: record.graph_name }), ` on ${record.target} · shareable link `, link));
+  const applied = edits(record.options);
+  if (Object.keys(applied).length) box.appendChild(el("p", { class: "mono", text: `edits: ${JSON.stringify(applied)}` }));
+  for (const n of record.notes || []) box.appendChild(el("p", { class: "hint", text: n }));
+  const total = Object.values(record.timings).reduce((a, b) => a + b, 0) || 1;
+  const rows = Object.entries(record.timings).map(([stage, s]) => {
+    const bar = el("span", { class: "bar" });
+    bar.style.width = `${Math.max(1, 200 * s / total)}px`; // CSSOM: allowed by the CSP
+    return el("tr", {}, el("td", { text: stage }), el("td", { class: "mono", text: `${(s * 1e3).toFixed(1)} ms` }), el("td", {}, bar));
+  });
+  box.appendChild(el("details", { id: "timings" }, el("summary", { text: `compile stages: ${(total * 1e3).toFixed(0)} ms` }), el("table", {}, rows)));
+}
+
+const PROPOSAL = /^(vertical|horizontal|forced|widening)/;
+
+function renderFusion() {
+  const lines = [...new Set(record.kernels.flatMap((k) => k.fusion_report.filter((l) => PROPOSAL.test(l))))];
+  const list = el("ul", { class: "fusion" }, lines.map((l) =>
+    el("li", { class: l.startsWith("forced") ? "forced" : l.includes(": rejected: ") ? "rejected" : "fused", text: l })));
+  clear($("fusion")).appendChild(lines.length ? list : el("p", { class: "hint", text: "one node: nothing to fuse" }));
+  const names = [...new Set(record.kernels.flatMap((k) => k.nodes))];
+  clear($("node-names"));
+  for (const n of names) $("node-names").appendChild(el("option", { value: n }));
+  const box = clear($("edits"));
+  for (const key of ["kernel_tile_sizes", "fuse_force", "fuse_forbid"]) {
+    (record.options[key] || []).forEach((entry, i) => {
+      box.appendChild(el("div", { class: "edit" }, el("span", { class: "mono", text: `${key}: ${JSON.stringify(entry)}` }),
+        el("button", { type: "button", text: "undo", onclick: () => edit((o) => { o[key] = o[key].filter((_, j) => j !== i); }) })));
+    });
+  }
+}
+
+function edit(change) {
+  const options = structuredClone(record.options);
+  change(options);
+  return compile({ graph: record.graph, target: record.target, options }, $("edit-error"));
+}
+
+function fusionEdit(key) {
+  const a = $("fuse-a").value.trim(), b = $("fuse-b").value.trim();
+  edit((o) => { o[key] = [...(o[key] || []), [a, b]]; });
+}
+
+function renderKernels() {
+  const box = clear($("kernels"));
+  record.kernels.forEach((k, index) => box.appendChild(kernelView(k, index)));
+}
+
+function kernelView(k, index) {
+  const passes = Object.keys(k.trees);
+  const treeBox = el("div", { class: "tree-box" });
+  const buttons = el("div", { class: "passes" }, "tree after: ");
+  const show = (name) => {
+    for (const b of buttons.querySelectorAll("button")) b.classList.toggle("active", b.dataset.pass === name);
+    clear(treeBox).appendChild(treeView(k.trees[name]));
+  };
+  for (const name of passes) buttons.appendChild(el("button", { type: "button", "data-pass": name, text: name, onclick: () => show(name) }));
+
+  const pick = (id) => el("select", { class: id }, passes.map((p) => el("option", { value: p, text: p })));
+  const from = pick("diff-from"), to = pick("diff-to");
+  to.selectedIndex = passes.length - 1;
+  const diffBox = el("pre", { class: "diff" });
+  const diff = () => {
+    const d = diffLines(treeLines(k.trees[from.value]), treeLines(k.trees[to.value]));
+    clear(diffBox);
+    if (!d) { diffBox.textContent = "trees too large to diff here"; return; }
+    for (const [kind, line] of d) diffBox.appendChild(el("span", { class: kind, text: (kind === "add" ? "+ " : kind === "del" ? "- " : "  ") + line }));
+  };
+
+  const sizes = el("input", { class: "tile-sizes", placeholder: "e.g. 32, 64", size: "12" });
+  const tile = el("button", { type: "button", class: "tile-apply", text: "Tile with these sizes", onclick: () => {
+    const list = sizes.value.split(/[\s,]+/).filter(Boolean).map(Number);
+    edit((o) => { o.kernel_tile_sizes = [...(o.kernel_tile_sizes || []).filter(([n]) => n !== k.name), [k.name, list]]; });
+  } });
+  const editRow = el("div", { class: "edit" }, tile, sizes);
+  if (record.target === "cpu" && k.microkernels.length) {
+    const gemm = el("input", { class: "gemm-kernel", placeholder: k.microkernels[0], size: "18" });
+    editRow.appendChild(el("button", { type: "button", text: "Use microkernel", onclick: () => edit((o) => { o.gemm_kernel = gemm.value.trim(); }) }));
+    editRow.appendChild(gemm);
+  }
+
+  const arrays = new Map(k.arrays.map((a) => [a.tensor, a.c_name]));
+  const stmts = el("div", { class: "mono" }, (k.provenance || []).map((p, i) => el("span", {
+    class: "stmt", "data-statement": p.statement, text: k.statements[i],
+    onclick: (ev) => highlight(k, p, arrays.get(p.writes), ev.currentTarget, treeBox),
+  })));
+  const other = k.fusion_report.filter((l) => !PROPOSAL.test(l));
+  const view = el("details", { class: "kernel", "data-kernel": k.name },
+    el("summary", { text: `${k.name} · ${k.nodes.length} node(s)${k.microkernels.length ? " · " + k.microkernels.join(", ") : ""}` }),
+    el("div", { class: "hint", text: `nodes: ${k.nodes.join(", ")}` }),
+    el("h3", { text: "Statements (click: mark in the C and the tree)" }), stmts,
+    el("h3", { text: "Schedule tree" }), buttons, treeBox,
+    el("div", { class: "edit" }, "diff ", from, " → ", to, el("button", { type: "button", class: "diff-button", text: "Diff", onclick: diff })), diffBox,
+    el("h3", { text: "Edit and re-check" }), editRow,
+    other.length ? el("ul", {}, other.map((l) => el("li", { text: l }))) : null,
+    el("details", {}, el("summary", { text: "dependences" }), el("pre", { text: k.dependences })));
+  if (index < 4) view.open = true;
+  // the tree is built when the kernel is first opened: many kernels stay cheap
+  const first = () => { if (!treeBox.firstChild && passes.length) show(passes[passes.length - 1]); };
+  if (view.open) first(); else view.addEventListener("toggle", first);
+  return view;
+}
+
+// -- provenance: statement <-> lines of C <-> tree nodes ----------------------------------
+function highlight(k, p, cName, target, treeBox) {
+  for (const n of document.querySelectorAll(".hot")) n.classList.remove("hot");
+  target.classList.add("hot");
+  const lines = [...$("csource").children];
+  const start = lines.findIndex((s) => s.textContent.includes(`void ${k.name}(`));
+  let end = lines.findIndex((s, i) => i > start && /^void polyc_/.test(s.textContent));
+  if (end < 0) end = lines.length;
+  const comment = new RegExp(`\\b${p.statement}\\b`);
+  let first = null;
+  for (let i = Math.max(0, start); i < end; i++) {
+    const t = lines[i].textContent;
+    const assigns = cName && t.includes(cName) && /[^=!<>]=[^=]/.test(t) && t.indexOf(cName) < t.search(/[^=!<>]=[^=]/) + 1;
+    if (comment.test(t) || assigns) { lines[i].classList.add("hot"); first = first || lines[i]; }
+  }
+  if (first) first.scrollIntoView({ block: "nearest" });
+  for (const a of treeBox.querySelectorAll(".attr")) if (a.textContent.includes(`${p.statement}[`)) a.classList.add("hot");
+  for (const g of document.querySelectorAll("svg g")) if (g.dataset.node === "p:" + p.node) g.classList.add("hot");
+}
+
+function renderSource() {
+  const pre = clear($("csource"));
+  for (const line of record.c_source.split("\n")) pre.appendChild(el("span", { text: line || " " }));
+}
+
+// -- running on random inputs -------------------------------------------------------------
+async function run(ev) {
+  ev.preventDefault();
+  const box = clear($("run"));
+  box.appendChild(el("p", { class: "status", text: "running…" }));
+  const r = await call("POST", `/v1/kernels/${record.key}/run`, { seed: Number($("seed").value) || 0 });
+  clear(box);
+  if (!r.ok) { const e = el("div", { class: "error" }); box.appendChild(e); showProblem(e, r.data); return; }
+  const outs = r.data.outputs.map((o) => el("tr", {}, el("td", { text: o.name }), el("td", { text: o.type }),
+    el("td", { class: "mono", text: o.max_abs_err.toExponential(2) }), el("td", { class: "mono", text: o.max_rel_err.toExponential(2) }),
+    el("td", { class: o.ok ? "ok" : "bad", text: o.ok ? "matches the reference" : "MISMATCH" })));
+  box.appendChild(el("table", { class: "outputs" }, el("tr", {}, ["output", "type", "max abs err", "max rel err", ""].map((h) => el("th", { text: h }))), outs));
+  const ks = r.data.kernels.map((k) => el("tr", {}, el("td", { text: k.name }), el("td", { class: "mono",
+    text: k.seconds !== null ? `${(k.seconds * 1e3).toFixed(3)} ms` : `${k.profile.cycles.toLocaleString()} cycles, ${(100 * k.profile.peak_fraction).toFixed(1)}% of peak` })));
+  box.appendChild(el("table", { class: "kernel-times" }, el("tr", {}, el("th", { text: "kernel" }), el("th", { text: r.data.profile ? "simulated" : "median time" })), ks));
+}
+
+// -- start ----------------------------------------------------------------------------------
+async function start() {
+  const examples = (await call("GET", "/static/examples.json")).data;
+  for (const [i, ex] of examples.entries()) $("example").appendChild(el("option", { value: String(i), text: ex.name }));
+  const pickExample = () => { $("graph").value = JSON.stringify(examples[Number($("example").value)].graph, null, 1); };
+  $("example").addEventListener("change", pickExample);
+  $("upload").addEventListener("change", async () => { const f = $("upload").files[0]; if (f) $("graph").value = await f.text(); });
+  $("compile-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    let graph, options;
+    try { graph = JSON.parse($("graph").value); options = JSON.parse($("options").value || "{}"); }
+    catch (e) { showProblem($("error"), { title: "Not JSON", detail: e.message }); return; }
+    compile({ graph, target: $("target").value, options }, $("error"));
+  });
+  $("fuse-force").addEventListener("click", () => fusionEdit("fuse_force"));
+  $("fuse-forbid").addEventListener("click", () => fusionEdit("fuse_forbid"));
+  $("run-form").addEventListener("submit", run);
+  window.addEventListener("popstate", route);
+  await route();
+  if (!record) pickExample();
+  document.body.dataset.ready = "1";
+}
+
+async function route() {
+  const m = location.pathname.match(/^\/k\/([0-9a-f]{64})$/);
+  if (m) await open(m[1]);
+}
+
+start();

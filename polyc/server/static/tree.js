@@ -1,0 +1,61 @@
+// Schedule trees (the JSON of schedule_tree.tree.schedule_to_json): a collapsible view,
+// the same tree as indented text lines, and a line diff between two passes.
+import { el } from "./dom.js";
+
+const SHOWN = ["domain", "filter", "schedule", "mark", "members", "permutable", "coincident",
+               "extension", "context", "expansion", "contraction"];
+const MAX_OPEN_DEPTH = 3; // deeper nodes start collapsed: a huge tree renders at once
+
+function label(node) {
+  const kind = node.kind || "node";
+  const extra = node.mark ? ` ${node.mark}` : node.kind === "band" ? ` (${node.members} member${node.members === 1 ? "" : "s"}${node.permutable ? ", permutable" : ""})` : "";
+  return [el("span", { class: "kind", text: kind }), el("span", { text: extra })];
+}
+
+export function treeView(node, depth = 0) {
+  const box = el("details", { "data-kind": node.kind || "" });
+  if (depth < MAX_OPEN_DEPTH) box.open = true;
+  box.appendChild(el("summary", {}, label(node)));
+  for (const key of SHOWN) {
+    if (key in node && key !== "members") {
+      box.appendChild(el("span", { class: "attr", text: `${key}: ${JSON.stringify(node[key])}` }));
+    }
+  }
+  const children = node.children || [];
+  // children are built when first opened: a tree of thousands of nodes costs nothing
+  // until someone looks
+  let built = false;
+  const build = () => {
+    if (built) return;
+    built = true;
+    for (const child of children) box.appendChild(treeView(child, depth + 1));
+  };
+  if (box.open) build(); else box.addEventListener("toggle", build);
+  return el("div", { class: "tree" }, box);
+}
+
+export function treeLines(node, indent = "") {
+  const head = [node.kind];
+  for (const key of SHOWN) if (key in node) head.push(`${key}: ${JSON.stringify(node[key])}`);
+  const lines = [indent + head.join("  ")];
+  for (const child of node.children || []) lines.push(...treeLines(child, indent + "  "));
+  return lines;
+}
+
+// Longest common subsequence of lines; trees are small enough (hundreds of lines) for
+// the quadratic table, and a cap keeps a huge one from freezing the tab.
+export function diffLines(a, b) {
+  if (a.length * b.length > 4e6) return null;
+  const n = a.length, m = b.length;
+  const t = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
+  for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--)
+    t[i][j] = a[i] === b[j] ? t[i + 1][j + 1] + 1 : Math.max(t[i + 1][j], t[i][j + 1]);
+  const out = [];
+  let i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && a[i] === b[j]) { out.push(["same", a[i]]); i++; j++; }
+    else if (j < m && (i === n || t[i][j + 1] >= t[i + 1][j])) out.push(["add", b[j++]]);
+    else out.push(["del", a[i++]]);
+  }
+  return out;
+}

@@ -113,7 +113,7 @@ def columns(rounds: int, rng) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--no-columns", action="store_true", help="skip the column table")
     args = parser.parse_args()
     rounds = 2 if args.quick else 5

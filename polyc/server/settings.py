@@ -50,8 +50,6 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     # how often a replica waiting on another replica's compile looks for its result
     lock_poll_s: float = 0.05
-    # bodies above this are parsed and validated off the event loop
-    offload_bytes: int = 256 << 10
 
     def __post_init__(self):
         if self.workers < 1:

@@ -77,3 +77,16 @@ def test_invalid_json_is_parsed_once(server):
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "expected ',' or ']'" in r.json()["detail"]
     assert time.perf_counter() - start < 2.0
+
+
+def test_a_concat_of_10000_inputs_is_refused_by_the_documented_limit(server):
+    # it once became a 10,000-deep nested select and a 500 RecursionError
+    n = 10_000
+    graph = {"name": "wide", "inputs": [{"name": f"x{i}", "shape": [2]} for i in range(n)],
+             "nodes": [{"op": "concat", "inputs": [f"x{i}" for i in range(n)],
+                        "outputs": ["y"], "attrs": {"axis": 0}}], "outputs": ["y"]}
+    r = httpx.post(server.url + "/v1/compile", json={"graph": graph}, timeout=60)
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert "10000 inputs exceed the limit of 256 per node" in problem["detail"]
+    assert problem["errors"][0]["pointer"] == "/graph/nodes/0/inputs"

@@ -51,6 +51,11 @@ class BuildError(PolycError):
     """The C compiler rejected generated code. Always a polyc bug, never the client's."""
 
 
+class BuildInterrupted(PolycError):
+    """The C compiler was killed by a signal (an operator, the OOM killer): neither the
+    code's fault nor the client's; building again may well succeed."""
+
+
 class InternalError(PolycError):
     """A pass broke an invariant. Names the pass so the dump of its input can be found."""
 

@@ -43,7 +43,7 @@ JSON = {"content-type": "application/json"}
 # (id, method, path, raw body, headers, status, words in the detail, pointer or None)
 CASES = [
     ("malformed-json", "POST", "/v1/compile", b'{"graph": {', JSON, 400, "invalid JSON", None),
-    ("trailing-garbage", "POST", "/v1/compile", body() + b"}", JSON, 400, "Extra data", None),
+    ("trailing-garbage", "POST", "/v1/compile", body() + b"}", JSON, 400, "after document", None),
     ("empty-body", "POST", "/v1/compile", b"", JSON, 400, "empty", None),
     ("nan", "POST", "/v1/compile",
      body(g(constants=[{"name": "c", "shape": [1], "data": ["N"]}])).replace(b'"N"', b"NaN"),

@@ -69,26 +69,76 @@ def in_thread(fn):
     return t, out
 
 
-def test_worker_killed_mid_compile(tmp_path):
+def test_workers_killed_from_outside_are_not_blamed_on_the_graph(tmp_path):
+    # the attack: two kill -9 of the worker during one valid compile once made the graph
+    # answer 422 "crashes the compiler" for the life of the process
     app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/c.sqlite3", workers=1))
     body = {"graph": json.loads((EXAMPLES / "attention.json").read_text())}
     with TestClient(app) as c:
         pool = app.state.service.pool
         t, out = in_thread(lambda: c.post("/v1/compile", json=body))
-        victim = wait_busy(pool)
-        os.kill(victim, signal.SIGKILL)
+        victims = []
+        for _ in range(2):  # the first attempt's worker, then the retry's fresh one
+            victim = wait_busy(pool, timeout=60)
+            while victim in victims:
+                victim = wait_busy(pool, timeout=60)
+            os.kill(victim, signal.SIGKILL)
+            victims.append(victim)
         t.join()
         r = out[0]
-        assert r.status_code == 503, r.text
-        assert r.json()["type"].endswith("worker-crashed")
-        assert "signal 9" in r.json()["detail"] and r.headers["retry-after"] == "1"
-        # the next request gets a fresh worker and succeeds; nothing was cached before
-        again = c.post("/v1/compile", json=body)
-        assert again.status_code == 200 and again.json()["cache_hit"] is False
-        assert victim not in pool.busy_pids()
+        assert r.status_code == 200, r.text  # the third attempt compiled it
+        assert r.json()["cache_hit"] is False
+        assert len(app.state.service.verdicts) == 0
         text = c.get("/metrics").text
-        assert 'polyc_worker_restarts_total{reason="crash"} 1' in text
-        assert 'polyc_compiles_total{outcome="crash"} 1' in text
+        assert 'polyc_worker_restarts_total{reason="crash"} 2' in text
+        assert 'polyc_compiles_total{outcome="crash"} 2' in text
+        assert c.post("/v1/compile", json=body).json()["cache_hit"] is True
+
+
+def test_a_graph_is_marked_only_when_it_crashes_the_same_way_twice(tmp_path):
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/c.sqlite3", workers=1,
+                              remember_failures_s=1.5))
+    body = {"graph": graph("segv")}
+    with TestClient(app) as c:
+        pool = app.state.service.pool
+
+        def crash_each_attempt():
+            seen = set()
+            while t.is_alive():
+                pids = set(pool.busy_pids()) - seen
+                for pid in pids:  # what a graph that crashes the compiler does
+                    os.kill(pid, signal.SIGSEGV)
+                seen |= pids
+                time.sleep(0.001)
+            return len(seen)
+
+        t, out = in_thread(lambda: c.post("/v1/compile", json=body))
+        assert crash_each_attempt() == 2
+        r = out[0]
+        assert r.status_code == 422 and r.json()["type"].endswith("compile-crashed"), r.text
+        assert "twice the same way" in r.json()["detail"] and "signal 11" in r.json()["detail"]
+        again = c.post("/v1/compile", json=body)  # at once, costing no worker
+        assert again.status_code == 422 and "not compiled again" in again.json()["detail"]
+        time.sleep(1.6)  # the mark expires
+        ok = c.post("/v1/compile", json=body)
+        assert ok.status_code == 200 and ok.json()["cache_hit"] is False
+
+
+def test_a_killed_gcc_is_built_again_not_called_a_polyc_bug(tmp_path, monkeypatch):
+    marker = tmp_path / "kill-once"
+    marker.touch()
+    wrapper = tmp_path / "killed-gcc"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-shared*) ;; *) exec gcc "$@" ;; esac\n'
+                       f'if [ -e "{marker}" ]; then rm "{marker}"; kill -9 $$; fi\n'
+                       'exec gcc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("POLYC_CC", str(wrapper))
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/c.sqlite3", workers=1))
+    with TestClient(app) as c:
+        r = c.post("/v1/compile", json={"graph": graph("gcc-killed")})
+        assert r.status_code == 200, r.text
+        assert not marker.exists()  # gcc was killed once, then built it
+        assert 'polyc_compiles_total{outcome="interrupted"} 1' in c.get("/metrics").text
 
 
 def test_compile_past_its_time_limit_is_504_and_kills_gcc(tmp_path, monkeypatch):
@@ -104,7 +154,7 @@ def test_compile_past_its_time_limit_is_504_and_kills_gcc(tmp_path, monkeypatch)
     wrapper.chmod(0o755)
     monkeypatch.setenv("POLYC_CC", str(wrapper))  # read by the workers when they start
     settings = Settings(cache_url=f"sqlite:///{tmp_path}/c.sqlite3", workers=1,
-                        compile_timeout_s=2)
+                        compile_timeout_s=2, remember_failures_s=3)
     app = create_app(settings)
     body = {"graph": graph("timeout")}
     with TestClient(app) as c:
@@ -131,8 +181,14 @@ def test_compile_past_its_time_limit_is_504_and_kills_gcc(tmp_path, monkeypatch)
         assert group_members(worker) == []  # the worker and its compiler are all gone
         assert sorted(health_ms)[len(health_ms) // 2] < 50, health_ms
         assert c.get(f"/v1/kernels/{key}").status_code == 404  # nothing was cached
-        # the replacement worker compiles it once the compiler behaves
+        # the time-out is remembered: the same request is answered at once
+        start = time.perf_counter()
+        again = c.post("/v1/compile", json=body)
+        assert again.status_code == 504 and "not compiled again" in again.json()["detail"]
+        assert time.perf_counter() - start < 1.0
+        # the replacement worker compiles it once the compiler behaves and the mark expired
         marker.unlink()
+        time.sleep(3)
         ok = c.post("/v1/compile", json=body)
         assert ok.status_code == 200 and ok.json()["key"] == key
         assert ok.json()["cache_hit"] is False
@@ -218,7 +274,7 @@ def test_disk_full_in_the_worker_is_503_and_caches_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_worker_memory_is_bounded(tmp_path):
-    # The limit is set just above what an idle worker maps, so a graph of 200 nodes runs
+    # The limit is set 4 MiB above what an idle worker maps, so a graph of 200 nodes runs
     # out of it. isl then reports an allocation failure (422 at once), or the worker
     # dies of it (503, retry); a graph that kills a worker twice is refused with 422.
     # Either way the worker is replaced and the server carries on.
@@ -228,12 +284,15 @@ def test_worker_memory_is_bounded(tmp_path):
         pid = next(iter(app.state.service.pool._all)).pid
         status = Path(f"/proc/{pid}/status").read_text()
         idle = int(status.split("VmSize:")[1].split()[0]) * 1024
-    limit = idle + (16 << 20)
+    limit = idle + (4 << 20)
     app = create_app(Settings(cache_url=url, workers=1, worker_memory_bytes=limit))
-    nodes = [{"op": "exp", "inputs": ["x" if i == 0 else f"t{i - 1}"], "outputs": [f"t{i}"]}
-             for i in range(200)]
-    big = {"name": "chain", "inputs": [{"name": "x", "shape": [64, 64]}], "nodes": nodes,
-           "outputs": ["t199"]}
+    # a broadcast add in every node: fusion asks isl (elementwise chains are answered
+    # without it, and fit in far less)
+    nodes = [{"op": "add", "inputs": ["x" if i == 0 else f"t{i - 1}", "v"],
+              "outputs": [f"t{i}"]} for i in range(200)]
+    big = {"name": "chain", "inputs": [{"name": "x", "shape": [64, 64]},
+                                       {"name": "v", "shape": [64]}],
+           "nodes": nodes, "outputs": ["t199"]}
     with TestClient(app) as c:
         pid = next(iter(app.state.service.pool._all)).pid
         assert f"{limit}" in Path(f"/proc/{pid}/limits").read_text()

@@ -3,8 +3,9 @@
 A `Toolchain` is the compiler command and the flags a target builds with (each backend
 makes its own: -march for the cpu, the simulator's include path for the chips).
 `compile_c` runs it once, with a time limit, and sorts its failures: a full disk
-(OSError ENOSPC), exhausted memory (MemoryError), anything else a BuildError (generated
-C that does not compile is a polyc bug). `build_shared_object` caches objects on disk by
+(OSError ENOSPC), exhausted memory (MemoryError), a compiler killed by a signal
+(BuildInterrupted: not the code's fault), anything else a BuildError (generated C that
+does not compile is a polyc bug). `build_shared_object` caches objects on disk by
 content: the key covers the source, the command, the flags, the compiler's version and
 the headers it includes (a simulator's runtime), so a toolchain upgrade never serves a
 stale object; objects are written to a temporary
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BuildError
+from ..errors import BuildError, BuildInterrupted
 from ..paths import cache_dir
 
 BUILD_TIMEOUT_S = 120
@@ -89,6 +90,10 @@ def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float 
             proc.kill()
             proc.communicate()
             raise BuildError(f"{toolchain.cc} took longer than {timeout_s:g} s") from None
+    if proc.returncode < 0:
+        raise BuildInterrupted(f"{toolchain.cc} was killed by signal {-proc.returncode}")
+    if "signal terminated program" in stderr:  # the driver outlived its cc1 or as
+        raise BuildInterrupted(f"{toolchain.cc}: {stderr.strip().splitlines()[-1]}")
     if proc.returncode != 0:
         if "No space left on device" in stderr:
             raise OSError(errno.ENOSPC, f"{toolchain.cc}: no space left on device")

@@ -16,11 +16,15 @@ shared loop, whatever the cost, and is otherwise an error carrying the oracle's 
 (the dependence that would reverse); a forbidden pair is never merged.
 
 A merge that would make the kernel graph cyclic (a path from one group to the other
-through a third) is never proposed: no loop schedule could order such kernels. Every
+through a third) is never proposed: no loop schedule could order such kernels, nor one
+that would make a group larger than the fusion budget (MAX_GROUP_NODES): the oracle and
+the kernel's passes cost more than linearly in a group's size, so a 1,000-node chain
+becomes kernels of at most that many nodes and compiles in linear time. Every
 proposal, answer and decision is one line of the fusion report.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -61,35 +65,35 @@ class FusionPlan:
 
 
 class _Partition:
+    """Groups of nodes and the DAG between them, kept up to date merge by merge: each
+    question (a group's successors, a path between two groups, the execution order)
+    costs what the groups' edges cost, never a scan of every node."""
+
     def __init__(self, graph: Graph):
         self.graph = graph
         self.order = {n.name: k for k, n in enumerate(graph.nodes)}
         self.group_of = {n.name: n.name for n in graph.nodes}  # node -> group id
         self.members = {n.name: (n.name,) for n in graph.nodes}
-        self.producer = {n.output: n.name for n in graph.nodes}
+        self.succ: dict[str, set[str]] = {n.name: set() for n in graph.nodes}
+        self.pred: dict[str, set[str]] = {n.name: set() for n in graph.nodes}
+        for n in graph.nodes:
+            for c in graph.consumers(n.output):
+                self.succ[n.name].add(c.name)
+                self.pred[c.name].add(n.name)
 
     def group(self, node: str) -> tuple[str, ...]:
         return self.members[self.group_of[node]]
 
-    def successors(self, gid: str) -> set[str]:
-        out = set()
-        for name in self.members[gid]:
-            node_output = self.graph.nodes[self.order[name]].output
-            for c in self.graph.consumers(node_output):
-                if self.group_of[c.name] != gid:
-                    out.add(self.group_of[c.name])
-        return out
-
     def reaches(self, src: str, dst: str, skip_direct: bool) -> bool:
         """Is there a path src -> ... -> dst between groups (of length >= 2 when
         skip_direct)?"""
-        frontier = [s for s in self.successors(src) if not (skip_direct and s == dst)]
+        frontier = [s for s in self.succ[src] if not (skip_direct and s == dst)]
         seen = set(frontier)
         while frontier:
             g = frontier.pop()
             if g == dst:
                 return True
-            for s in self.successors(g) - seen:
+            for s in self.succ[g] - seen:
                 seen.add(s)
                 frontier.append(s)
         return False
@@ -98,32 +102,46 @@ class _Partition:
         return self.reaches(ga, gb, True) or self.reaches(gb, ga, True)
 
     def merge(self, ga: str, gb: str) -> None:
-        merged = tuple(sorted(self.members[ga] + self.members[gb], key=self.order.__getitem__))
-        del self.members[gb]
-        self.members[ga] = merged
-        for n in merged:
-            self.group_of[n] = ga
+        """Merge group `gb` into `ga` (both members lists stay in graph order)."""
+        self.members[ga] = tuple(heapq.merge(self.members[ga], self.members.pop(gb),
+                                             key=self.order.__getitem__))
+        for n in self.members[ga]:
+            if self.group_of[n] == gb:
+                self.group_of[n] = ga
+        for edges, back in ((self.succ, self.pred), (self.pred, self.succ)):
+            for other in edges.pop(gb):
+                back[other].discard(gb)
+                if other != ga:
+                    back[other].add(ga)
+                    edges[ga].add(other)
+            edges[ga].discard(gb)
 
     def groups(self) -> tuple[tuple[str, ...], ...]:
-        """Groups in an execution order: topological over the group DAG."""
-        pending = dict(self.members)
-        preds = {g: set() for g in pending}
-        for g in pending:
-            for s in self.successors(g):
-                preds[s].add(g)
+        """Groups in an execution order: topological over the group DAG, the ready group
+        whose first node comes first in the graph first."""
+        first = {g: self.order[m[0]] for g, m in self.members.items()}
+        waiting = {g: len(self.pred[g]) for g in self.members}
+        ready = [(first[g], g) for g, n in waiting.items() if n == 0]
+        heapq.heapify(ready)
         done: list[tuple[str, ...]] = []
-        placed: set[str] = set()
-        while pending:
-            ready = sorted((g for g in pending if preds[g] <= placed),
-                           key=lambda g: self.order[self.members[g][0]])
-            g = ready[0]
-            done.append(pending.pop(g))
-            placed.add(g)
+        while ready:
+            _, g = heapq.heappop(ready)
+            done.append(self.members[g])
+            for s in self.succ[g]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    heapq.heappush(ready, (first[s], s))
         return tuple(done)
 
 
 def group_label(group: tuple[str, ...]) -> str:
     return group[0] if len(group) == 1 else f"{{{', '.join(group)}}}"
+
+
+# nodes one fusion group may hold: the oracle's answer and the kernel's own passes
+# cost about their node count each, so long chains are cut into kernels of this size
+# (an intermediate tensor between two of them is the price) and compile in linear time
+MAX_GROUP_NODES = 32
 
 
 def _check_names(graph: Graph, pairs, option: str) -> None:
@@ -137,8 +155,11 @@ def _check_names(graph: Graph, pairs, option: str) -> None:
 
 def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
                forbid: tuple[tuple[str, str], ...] = (),
-               force_oracle: Oracle | None = None) -> FusionPlan:
-    """Grow fusion groups by asking `oracle` (see the module docstring).
+               force_oracle: Oracle | None = None,
+               max_group_nodes: int = MAX_GROUP_NODES) -> FusionPlan:
+    """Grow fusion groups by asking `oracle` (see the module docstring); a merge that
+    would make a group of more than `max_group_nodes` nodes is not proposed, and the
+    report says so.
 
     Before: softmax as reduce_max, sub, exp, reduce_sum, div (five kernels). After: one
     group of all five, with report lines such as "fused sub into {reduce_max}: legal at
@@ -164,6 +185,11 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         pair = f"{group_label(b)} + {group_label(a)}"
         if forbidden(a, b):
             report.append((involved, f"{kind}: {pair}: rejected: forbidden by options.fuse_forbid"))
+            return False
+        if len(a) + len(b) > max_group_nodes:
+            report.append((involved, f"{kind}: {pair}: kept apart: together they would "
+                           f"be {len(a) + len(b)} nodes, over the fusion budget of "
+                           f"{max_group_nodes} per kernel"))
             return False
         if p.would_cycle(ga, gb):
             cycle = "another kernel sits between them (fusing would create a cycle)"
@@ -224,10 +250,9 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
                 merged |= propose(first, other, f"horizontal (both read {t})")
 
     groups = p.groups()
-    outside = set(graph.outputs)
-    local = []
-    for g in groups:
-        needed = outside | {t for n in graph.nodes if n.name not in g for t in n.inputs}
-        local += [graph.nodes[p.order[n]].output for n in g
-                  if graph.nodes[p.order[n]].output not in needed]
-    return FusionPlan(groups, tuple(report), tuple(local))
+    # a tensor stays inside its kernel when it is no output and every reader is there
+    local = tuple(graph.nodes[p.order[n]].output for g in groups for n in g
+                  if graph.nodes[p.order[n]].output not in graph.outputs
+                  and all(p.group_of[c.name] == p.group_of[n]
+                          for c in graph.consumers(graph.nodes[p.order[n]].output)))
+    return FusionPlan(groups, tuple(report), local)

@@ -8,6 +8,7 @@ never re-run shape inference to learn a shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterator, Mapping
 
 DTYPES = ("float32", "float64", "int32", "float16")
@@ -145,13 +146,35 @@ class Graph:
         return self.types[tensor]
 
     def producer(self, tensor: str) -> Node | None:
-        for n in self.nodes:
-            if n.output == tensor:
-                return n
-        return None
+        return self._producers.get(tensor)
 
     def consumers(self, tensor: str) -> tuple[Node, ...]:
-        return tuple(n for n in self.nodes if tensor in n.inputs)
+        return self._consumers.get(tensor, ())
+
+    def node(self, name: str) -> Node:
+        """The node named `name` (KeyError if there is none)."""
+        return self._by_name[name]
+
+    # indexes built on first use (the graph never changes): passes ask for producers and
+    # consumers per node, which scanning the nodes would make quadratic in graph size
+    @cached_property
+    def _producers(self) -> dict[str, Node]:
+        out: dict[str, Node] = {}
+        for n in self.nodes:
+            out.setdefault(n.output, n)
+        return out
+
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def _consumers(self) -> dict[str, tuple[Node, ...]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for t in dict.fromkeys(n.inputs):
+                out.setdefault(t, []).append(n)
+        return {t: tuple(ns) for t, ns in out.items()}
 
     @property
     def constant_map(self) -> dict[str, Tensor]:

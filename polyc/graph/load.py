@@ -28,6 +28,9 @@ class Limits:
     max_elements: int = 1 << 28  # per tensor (1 GiB of float32)
     max_total_elements: int = 1 << 30  # over all tensors of the graph
     max_nodes: int = 10_000
+    # inputs of one node (a concat): each becomes a case of one statement, and isl's
+    # model of a statement with thousands of cases takes minutes
+    max_node_inputs: int = 256
     max_rank: int = 8
     max_name_length: int = 256
 
@@ -277,6 +280,10 @@ class _Loader:
         if "inputs" in d and (not isinstance(ins, list)
                               or not all(self._is_name(x) for x in ins)):
             self.error(f"must be a list of tensor names, got {ins!r}", label, op, "inputs")
+        elif isinstance(ins, list) and len(ins) > self.limits.max_node_inputs:
+            self.error(f"{len(ins)} inputs exceed the limit of {self.limits.max_node_inputs} "
+                       "per node (concatenate in steps: a concat of concats)", label, op,
+                       "inputs")
         if "outputs" in d and (not isinstance(outs, list) or len(outs) != 1
                                or not self._is_name(outs[0])):
             self.error(f"every op has exactly one output: expected a list of one tensor name, "

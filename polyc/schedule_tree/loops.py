@@ -19,17 +19,21 @@ def only_statements(node: isl.ScheduleNode) -> bool:
     return False
 
 
-def same(schedule: isl.UnionMap) -> isl.UnionMap:
-    """Pairs of instances to which `schedule` gives the same value."""
-    return schedule.apply_range(schedule.reverse())
+def equal_at(pairs: isl.UnionMap, schedule: isl.MultiUnionPwAff) -> isl.UnionMap:
+    """The pairs of instances in `pairs` to which `schedule` gives equal values. (Asked
+    of the pairs themselves: forming every pair of instances with equal values first,
+    schedule . schedule^-1, is quadratic in the statements of a kernel.)"""
+    return pairs.eq_at_multi_union_pw_aff(schedule)
 
 
-def carried(band: isl.ScheduleNode, member: isl.UnionMap, deps: isl.UnionMap) -> isl.UnionMap:
+def carried(band: isl.ScheduleNode, member: isl.MultiUnionPwAff,
+            deps: isl.UnionMap) -> isl.UnionMap:
     """The dependences among `band`'s statements that its loop `member` (a schedule of
     them) carries: equal in every loop outside the band, not in this one."""
     domain = band.get_domain()
-    return (deps.intersect_domain(domain).intersect_range(domain)
-            .intersect(same(band.get_prefix_schedule_union_map())).subtract(same(member)))
+    inside = equal_at(deps.intersect_domain(domain).intersect_range(domain),
+                      band.get_prefix_schedule_multi_union_pw_aff())
+    return inside.subtract(equal_at(inside, member))
 
 
 def inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
@@ -42,7 +46,7 @@ def inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
         return None
     n = band.band_n_member()
     last = band.band_split(n - 1).child(0) if n > 1 else band
-    across = carried(last, last.band_get_partial_schedule_union_map(), deps)
+    across = carried(last, last.band_get_partial_schedule(), deps)
     if across.is_empty():
         return marks.Simd()
     maps = across.get_map_list()

@@ -28,6 +28,7 @@ import islpy as isl
 
 from ..graph.fuse import group_label
 from ..graph.ir import Graph
+from ..graph.ops import OPS
 from ..kernel import Kernel, build_kernels
 from ..machine import Machine
 from .dependences import compute_dependences
@@ -85,6 +86,40 @@ def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> i
 def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
                microkernels: Microkernels = lambda kernel, flops: None) -> FusionAnswer:
     """Can groups `a` and `b` (node names) share outer loops, and is it worth it?"""
+    if (answer := _pointwise_answer(graph, a, b, machine)) is not None:
+        return answer
+    return _isl_answer(graph, a, b, machine, microkernels)
+
+
+def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
+                      machine: Machine) -> FusionAnswer | None:
+    """The answer for groups of elementwise nodes over one shape, without isl (None
+    for any other groups). Each statement instance reads and writes its own point of
+    every tensor, so every dependence stays at one point: all loops are shared and
+    permutable, and one iteration touches one element of each tensor. It is what isl
+    answers for such groups (a test compares them), at a cost linear in the groups'
+    size rather than isl's model of the merged kernel."""
+    shape = graph.types[graph.node(a[0]).output].shape
+    if not shape:
+        return None
+    constants = {c.name for c in graph.constants}
+    tensors: dict[str, int] = {}
+    for name in a + b:
+        node = graph.node(name)
+        if OPS[node.op].family not in ("unary", "binary"):
+            return None
+        for t in (*node.inputs, node.output):
+            kind = graph.types[t]
+            if kind.shape != shape or kind.dtype == "float16" or t in constants:
+                return None
+            tensors[t] = kind.itemsize
+    depth = len(shape)
+    return _loop_answer(graph, a, b, machine, depth, True, sum(tensors.values()), 0)
+
+
+def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
+                microkernels: Microkernels) -> FusionAnswer:
+    """The answer from isl's model of the merged kernel (see the module docstring)."""
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     merged = tuple(sorted(a + b, key=order.__getitem__))
     (kernel,) = build_kernels(graph, (merged,))
@@ -117,6 +152,13 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Ma
                             "for several values (a reduction across it, or a transposed read)"
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, depth, block)
+    return _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
+
+
+def _loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
+                 depth: int, permutable: bool, foot: int, block: int) -> FusionAnswer:
+    """A legal merge sharing `depth` loops, weighed by its footprint."""
+    capacity = machine.fusion_level.capacity
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
     level = machine.fusion_level.name
@@ -187,21 +229,22 @@ def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microk
 def _saved_bytes(graph: Graph, a: tuple[str, ...], b: tuple[str, ...]) -> int:
     """Traffic the merge removes. A tensor that becomes local is no longer written to
     memory nor read back by its consumers in the group; siblings read a shared input
-    once instead of twice."""
-    by_name = {n.name: n for n in graph.nodes}
+    once instead of twice. (Costs the groups' size: the graph's consumer index answers
+    who reads what.)"""
+    nodes = {n: graph.node(n) for n in a + b}
+    own = {**dict.fromkeys(a, set(a)), **dict.fromkeys(b, set(b))}
+    merged = set(nodes)
 
-    def outside(group: set[str]) -> set[str]:
-        return set(graph.outputs) | {t for n in graph.nodes if n.name not in group for t in n.inputs}
+    def leaves(tensor: str, group: set[str]) -> bool:
+        return tensor in graph.outputs or any(c.name not in group
+                                              for c in graph.consumers(tensor))
 
-    def leaving(group: set[str]) -> set[str]:
-        return {by_name[n].output for n in group} & outside(group)
-
-    merged = set(a) | set(b)
-    produced = {by_name[n].output for n in merged}
-    newly_local = (leaving(set(a)) | leaving(set(b))) - outside(merged)
-    saved = sum(graph.types[t].nbytes * (1 + sum(t in by_name[n].inputs for n in merged))
+    newly_local = {nodes[n].output for n in merged
+                   if leaves(nodes[n].output, own[n]) and not leaves(nodes[n].output, merged)}
+    saved = sum(graph.types[t].nbytes * (1 + sum(t in nodes[n].inputs for n in merged))
                 for t in newly_local)
-    shared = {t for n in a for t in by_name[n].inputs} & {t for n in b for t in by_name[n].inputs}
+    produced = {nodes[n].output for n in merged}
+    shared = {t for n in a for t in nodes[n].inputs} & {t for n in b for t in nodes[n].inputs}
     return saved + sum(graph.types[t].nbytes for t in shared - produced)
 
 

@@ -9,6 +9,7 @@ messages are cut to a bounded length.
 from __future__ import annotations
 
 import re
+from itertools import islice
 from typing import Any, Iterable
 
 import orjson
@@ -84,30 +85,41 @@ _INDEXED = re.compile(r"(inputs|constants|nodes)\[(\d+)\]")
 _SECTIONS = ("inputs", "constants", "nodes")
 
 
-def _find(doc: Any, label: str, *, node_first: bool) -> tuple[str, int] | None:
-    """Where the loader's label (a node or tensor name, or 'nodes[3]') is in the document."""
-    if m := _INDEXED.fullmatch(label):
-        return m.group(1), int(m.group(2))
-    if not isinstance(doc, dict):
-        return None
-    order = ("nodes", "inputs", "constants") if node_first else ("inputs", "constants", "nodes")
-    for section in order:
-        items = doc.get(section)
-        if not isinstance(items, list):
-            continue
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
+class _Places:
+    """Where each name is in the client's document: built once per answer, so wording
+    many problems costs one pass over the nodes, not one pass per problem."""
+
+    def __init__(self, doc: Any):
+        self.by_section: dict[str, dict[str, int]] = {s: {} for s in _SECTIONS}
+        if not isinstance(doc, dict):
+            return
+        for section in _SECTIONS:
+            items = doc.get(section)
+            if not isinstance(items, list):
                 continue
-            if item.get("name") == label:
+            names = self.by_section[section]
+            for i, item in enumerate(items):
+                if not isinstance(item, dict):
+                    continue
+                name, outs = item.get("name"), item.get("outputs")
+                if isinstance(name, str):
+                    names.setdefault(name, i)
+                elif (section == "nodes" and "name" not in item and isinstance(outs, list) and outs
+                      and isinstance(outs[0], str)):
+                    names.setdefault(outs[0], i)  # an unnamed node goes by its output
+
+    def find(self, label: str, *, node_first: bool) -> tuple[str, int] | None:
+        """Where the loader's label (a node or tensor name, or 'nodes[3]') is."""
+        if m := _INDEXED.fullmatch(label):
+            return m.group(1), int(m.group(2))
+        order = ("nodes", "inputs", "constants") if node_first else ("inputs", "constants", "nodes")
+        for section in order:
+            if (i := self.by_section[section].get(label)) is not None:
                 return section, i
-            outs = item.get("outputs")
-            if (section == "nodes" and "name" not in item and isinstance(outs, list)
-                    and outs and outs[0] == label):
-                return section, i
-    return None
+        return None
 
 
-def graph_pointer(doc: Any, p: Problem, root: tuple = ("graph",)) -> str:
+def graph_pointer(places: _Places, p: Problem, root: tuple = ("graph",)) -> str:
     """Best-effort JSON pointer of the field a loader problem is about."""
     field = p.field or ""
     if m := _INDEXED.fullmatch(field):  # e.g. an entry of `inputs` that is not an object
@@ -115,12 +127,14 @@ def graph_pointer(doc: Any, p: Problem, root: tuple = ("graph",)) -> str:
     tokens = field.split(".") if field else []
     if p.node is None:
         return pointer(*root, *tokens)
-    found = _find(doc, p.node, node_first=p.op is not None)
+    found = places.find(p.node, node_first=p.op is not None)
     if found is None:
         return pointer(*root, *tokens)
     return pointer(*root, *found, *tokens)
 
 
 def graph_errors(doc: Any, problems: Iterable[Problem]) -> list[dict]:
-    return [{"pointer": graph_pointer(doc, p), "message": _cut(str(p)), "node": p.node,
-             "op": p.op, "field": p.field} for p in problems]
+    """The first MAX_ERRORS problems as items (no more are answered)."""
+    places = _Places(doc)
+    return [{"pointer": graph_pointer(places, p), "message": _cut(str(p)), "node": p.node,
+             "op": p.op, "field": p.field} for p in islice(problems, MAX_ERRORS)]

@@ -4,20 +4,25 @@
     polyc's loader) -> content key -> in-memory entry | stored entry | single-flight
     compile in a worker -> publish the bundle -> response bytes
 
-Everything here runs on the event loop except parsing and validating a large body
-(offloaded to a thread) and the compile itself (a worker process).
+Everything here runs on the event loop except parsing and validating a body and the
+compile itself (a worker process). Validation runs on one thread at a time: the GIL is
+shared, and one busy thread delays the loop by at most a switch interval where four
+would delay it four times as long (`/healthz` stays prompt under any mix of bodies).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import orjson
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from .. import targets
 from ..errors import GraphError, Problem
@@ -30,16 +35,16 @@ from .keys import Toolchain, canonical_graph
 from .models import CompileRequest
 from .problems import ApiProblem, graph_errors, pointer, pydantic_errors
 from .settings import Settings
+from .verdicts import Verdict, Verdicts
 from .singleflight import SingleFlight, across_replicas
 from .workers import CompileTimeout, QueueFull, WorkerCrashed, WorkerPool
 
 log = logging.getLogger("polyc.server")
 
 MEMO_ENTRIES = 8192
-# a graph that kills its worker this many times is refused (422) instead of retried: a
-# crash is usually memory exhaustion (RLIMIT_AS), and the same graph would do it again
-CRASH_LIMIT = 2
-CRASH_ENTRIES = 1024
+# a compile whose worker (or gcc) was killed from outside runs again on a fresh worker,
+# up to this many times, before the client is asked to retry (503)
+RETRIES = 2
 HIT, COALESCED, COMPILED = "hit", "coalesced", "compiled"
 
 
@@ -79,7 +84,9 @@ class CompileService:
         # sha256 of a request body -> its content key: a repeated identical request skips
         # parsing and validation (the mapping is a pure function of the bytes)
         self._memo: OrderedDict[bytes, tuple[str, tuple[str, ...]]] = OrderedDict()
-        self._crashes: OrderedDict[str, int] = OrderedDict()  # key -> workers it killed
+        # time-outs and repeated crashes, by key: answered at once while remembered
+        self.verdicts = Verdicts(settings.remember_failures_s)
+        self._validating = anyio.CapacityLimiter(1)
 
     # -- the compile endpoint ---------------------------------------------------------------
     async def compile_request(self, body: bytes) -> bytes:
@@ -90,10 +97,8 @@ class CompileService:
             if entry is not None:
                 self.metrics.cache_hits.inc()
                 return self.compile_body(entry, HIT, seen[1])
-        if len(body) > self.settings.offload_bytes:
-            prepared = await run_in_threadpool(self.prepare, body)
-        else:
-            prepared = self.prepare(body)
+        prepared = await anyio.to_thread.run_sync(self.prepare, body,
+                                                  limiter=self._validating)
         entry, how = await self.resolve(prepared)
         self._memo[digest] = (prepared.key, prepared.notes)
         if len(self._memo) > MEMO_ENTRIES:
@@ -161,41 +166,64 @@ class CompileService:
             produce=lambda: self._compile(p),
             ttl_s=self.settings.compile_timeout_s + 30, poll_s=self.settings.lock_poll_s)
 
-    def _crash_problem(self, key: str, cause: str) -> ApiProblem:
-        n = self._crashes[key]
+    def _remembered(self, verdict: Verdict) -> ApiProblem:
+        ago = time.monotonic() - verdict.at
+        left = max(1, math.ceil(verdict.expires - time.monotonic()))
+        when = (f"{verdict.detail} {ago:.0f} s ago; it is not compiled again for another "
+                f"{left} s (remembered with its target, options and polyc's versions)")
+        if verdict.kind == "timeout":
+            return ApiProblem(504, "compile-timeout", "Compile Timed Out", when)
         return ApiProblem(422, "compile-crashed", "Graph Crashes The Compiler",
-                          f"{cause}; this graph has crashed a compile worker {n} times and is "
-                          "refused (most likely it needs more memory than the "
-                          f"{self.settings.worker_memory_bytes} bytes a worker may use)")
+                          f"{when}; most likely it needs more memory than the "
+                          f"{self.settings.worker_memory_bytes} bytes a worker may use")
 
     async def _compile(self, p: Prepared) -> Entry:
-        if self._crashes.get(p.key, 0) >= CRASH_LIMIT:
-            raise self._crash_problem(p.key, "not compiled")
+        if (verdict := self.verdicts.get(p.key)) is not None:
+            self.metrics.compiles.inc(outcome=f"remembered-{verdict.kind}")
+            raise self._remembered(verdict)
         job = {"key": p.key, "graph": p.canonical, "target": p.target, "options": p.options,
                "limits": self.settings.limits, "timeout_s": self.settings.compile_timeout_s,
                "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target)}
-        try:
-            reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
-        except QueueFull as e:
-            self.metrics.rejected.inc()
-            raise ApiProblem(503, "queue-full", "Service Unavailable",
-                             f"every compile worker is busy and the queue is full; retry in "
-                             f"{e.retry_after_s} s",
-                             headers={"Retry-After": str(e.retry_after_s)}) from None
-        except CompileTimeout as e:
-            self.metrics.compiles.inc(outcome="timeout")
-            raise ApiProblem(504, "compile-timeout", "Compile Timed Out",
-                             f"{e}; the worker was stopped and nothing was cached") from None
-        except WorkerCrashed as e:
-            self.metrics.compiles.inc(outcome="crash")
-            self._crashes[p.key] = self._crashes.pop(p.key, 0) + 1
-            if len(self._crashes) > CRASH_ENTRIES:
-                self._crashes.popitem(last=False)
-            if self._crashes[p.key] >= CRASH_LIMIT:
-                raise self._crash_problem(p.key, str(e)) from None
-            raise ApiProblem(503, "worker-crashed", "Service Unavailable",
-                             f"{e} while compiling; it was replaced and nothing was cached; "
-                             "retry", headers={"Retry-After": "1"}) from None
+        crashed: WorkerCrashed | None = None  # how a clean attempt crashed
+        for _attempt in range(RETRIES + 1):
+            try:
+                reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
+            except QueueFull as e:
+                self.metrics.rejected.inc()
+                raise ApiProblem(503, "queue-full", "Service Unavailable",
+                                 f"every compile worker is busy and the queue is full; retry "
+                                 f"in {e.retry_after_s} s",
+                                 headers={"Retry-After": str(e.retry_after_s)}) from None
+            except CompileTimeout as e:
+                self.metrics.compiles.inc(outcome="timeout")
+                self.verdicts.mark(p.key, "timeout", str(e))
+                raise ApiProblem(504, "compile-timeout", "Compile Timed Out",
+                                 f"{e}; the worker was stopped and nothing was cached (the "
+                                 "time-out is remembered: the same request is answered at "
+                                 "once for a while)") from None
+            except WorkerCrashed as e:
+                self.metrics.compiles.inc(outcome="crash")
+                if e.from_outside:  # never the graph's doing: run it again
+                    log.warning("compile %s: %s from outside; retrying on a fresh worker",
+                                p.key, e)
+                    continue
+                if crashed is not None and crashed.code == e.code:
+                    self.verdicts.mark(p.key, "crash", f"this graph crashed a compile worker "
+                                       f"twice the same way ({e})")
+                    raise self._remembered(self.verdicts.get(p.key)) from None
+                crashed = e
+                continue
+            if reply[0] == "error" and reply[1] == wm.INTERRUPTED:
+                self.metrics.compiles.inc(outcome=wm.INTERRUPTED)
+                log.warning("compile %s: %s; building again", p.key, reply[2])
+                continue
+            return await self._publish(p, reply)
+        raise ApiProblem(503, "worker-crashed", "Service Unavailable",
+                         f"the compile was interrupted {RETRIES + 1} times (its worker or the "
+                         "C compiler was killed, not by anything in this graph); nothing was "
+                         "cached; retry", headers={"Retry-After": "1"})
+
+    async def _publish(self, p: Prepared, reply: tuple) -> Entry:
         if reply[0] == "ok":
             blob = reply[1]
             try:

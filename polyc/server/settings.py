@@ -48,10 +48,10 @@ class Settings:
     hot_cache_bytes: int = 256 << 20
     # graph size limits, as the loader defines them
     limits: Limits = field(default_factory=Limits)
+    # how long a time-out or a repeated crash is remembered for its key (answered at once)
+    remember_failures_s: float = 600.0
     # how often a replica waiting on another replica's compile looks for its result
     lock_poll_s: float = 0.05
-    # bodies above this are parsed and validated off the event loop
-    offload_bytes: int = 256 << 10
 
     def __post_init__(self):
         if self.workers < 1:

@@ -27,8 +27,10 @@ INVALID_GRAPH = "invalid-graph"  # GraphError: the client's graph (422)
 TOO_COMPLEX = "schedule-too-complex"  # isl's operation budget ran out (422)
 OUT_OF_MEMORY = "out-of-memory"  # the graph needs more memory than a worker may use (422)
 DISK_FULL = "disk-full"  # the server's disk is full (503, never cached)
+INTERRUPTED = "interrupted"  # gcc was killed from outside: build again (503 if it recurs)
 INTERNAL = "internal"  # a polyc bug: BuildError, InternalError, anything else (500)
-ERROR_KINDS = (INVALID_GRAPH, TOO_COMPLEX, OUT_OF_MEMORY, DISK_FULL, INTERNAL)
+ERROR_KINDS = (INVALID_GRAPH, TOO_COMPLEX, OUT_OF_MEMORY, DISK_FULL, INTERRUPTED,
+               INTERNAL)
 
 GCC_OUTPUT_LIMIT = 256 << 20  # RLIMIT_FSIZE of gcc: no object is anywhere near this
 
@@ -68,12 +70,15 @@ def main(fd: int, memory_bytes: int, parent_pid: int) -> None:
 
 def run_job(job: dict) -> tuple:
     """Compile `job["graph"]` (canonical JSON text) and build it; never raises."""
-    from ..errors import BuildError, GraphError, InternalError, ScheduleTooComplex
+    from ..errors import (BuildError, BuildInterrupted, GraphError, InternalError,
+                          ScheduleTooComplex)
     try:
         if job.get("kind") == "run":  # a stored result on random inputs
             from .run_worker import run_job as run_stored
             return ("ok", run_stored(job))
         return ("ok", _compile_bundle(job))
+    except BuildInterrupted as e:
+        return ("error", INTERRUPTED, str(e), [])
     except GraphError as e:
         return ("error", INVALID_GRAPH, str(e), [
             {"message": p.message, "node": p.node, "op": p.op, "field": p.field}

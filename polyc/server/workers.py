@@ -44,7 +44,21 @@ class CompileTimeout(Exception):
 
 
 class WorkerCrashed(Exception):
-    pass
+    """The worker died mid-job; `code` is its exit status (negative: the signal)."""
+
+    def __init__(self, message: str, code: int | None):
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def from_outside(self) -> bool:
+        """Killed by a signal no graph sends: an operator's kill, the OOM killer, a
+        shutdown. (A graph's own crash is a SIGSEGV or SIGABRT, or an exit; the pool's
+        own time-out kill is a CompileTimeout.)"""
+        return self.code is not None and -self.code in OUTSIDE_SIGNALS
+
+
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class _Worker:
@@ -241,7 +255,7 @@ class WorkerPool:
             self._replace(w, "crash")
             how = (f"killed by signal {-code}" if code is not None and code < 0
                    else f"exit code {code}" if code is not None else str(e) or "pipe closed")
-            raise WorkerCrashed(f"the compile worker died ({how})") from None
+            raise WorkerCrashed(f"the compile worker died ({how})", code) from None
         except BaseException:  # cancelled while running: the worker's state is unknown
             self._busy.discard(w)
             self._replace(w, "cancelled")

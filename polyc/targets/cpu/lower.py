@@ -37,7 +37,7 @@ from ...kernel.comprehension import loads
 from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.interchange import access_moves, step_pairs, unit_step
-from ...schedule_tree.loops import carried, inner_loop_kind, same
+from ...schedule_tree.loops import carried, equal_at, inner_loop_kind
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.state import KernelState, Pass
 
@@ -97,9 +97,9 @@ def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
         partial = node.band_get_partial_schedule()
         for m in range(node.band_n_member()):
             upa = partial.get_union_pw_aff(m)
-            u = isl.UnionMap.from_union_pw_aff(upa)
-            if not deps.is_subset(same(u)):
+            if not equal_at(deps, isl.MultiUnionPwAff.from_union_pw_aff(upa)).is_equal(deps):
                 continue
+            u = isl.UnionMap.from_union_pw_aff(upa)
             values = u.intersect_domain(domain).range()
             if values.n_set() != 1:
                 continue
@@ -116,7 +116,8 @@ def _blocks_outside(band: isl.ScheduleNode, deps: isl.UnionMap,
 def _reductions_across(band: isl.ScheduleNode, deps: isl.UnionMap, kernel: Kernel) -> list[str]:
     """The arrays of one element each that every dependence the first member of `band`
     carries reduces into (a reduction statement's on itself), or [] if it carries others."""
-    first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
+    first = isl.MultiUnionPwAff.from_union_pw_aff(
+        band.band_get_partial_schedule().get_union_pw_aff(0))
     across = carried(band, first, deps)
     by_name = {s.name: s for s in kernel.statements}
     targets: list[str] = []

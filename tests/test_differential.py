@@ -93,7 +93,7 @@ def _run(make, target: str = "cpu") -> None:
 POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
 
 for _op in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "relu",
-            "reciprocal"):
+            "reciprocal", "floor", "ceil"):
     @case(f"{_op}-7x13", _op)
     def _unary(b, x, op=_op):
         a = x.positive("a", (7, 13)) if op in POSITIVE_ONLY else x.real("a", (7, 13), -3, 3)

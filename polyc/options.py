@@ -73,7 +73,10 @@ class Options:
             what = f"an option of target {target!r}" if target else f"an option of {cls.__name__}"
             raise GraphError([Problem(f"is not {what}", field=f"options.{k}") for k in unknown])
         hints = typing.get_type_hints(cls)
-        return cls(**{k: _tuples(v) if "tuple" in str(hints[k]) else v for k, v in doc.items()})
+        # null is the default, as the service's schema says of an option whose default
+        # differs between targets (cores)
+        given = {k: v for k, v in doc.items() if v is not None or known[k].default is None}
+        return cls(**{k: _tuples(v) if "tuple" in str(hints[k]) else v for k, v in given.items()})
 
     def to_json(self) -> dict:
         return {f.name: _lists(getattr(self, f.name)) for f in dataclasses.fields(self)}

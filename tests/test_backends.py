@@ -123,3 +123,10 @@ def test_the_cpu_packs_the_blocks_its_promotions_size():
         "(i1 - (i1) mod 32, i0 - (i0) mod 48)"]
     assert "polyc_scratch(1, 7680)" in compiled.c_source
     assert "polyc_scratch(0, 6144)" in compiled.c_source
+
+
+def test_a_null_option_takes_the_targets_default():
+    # the service's schema shows `cores` as nullable (its default differs by target)
+    from polyc.targets import backend
+    assert backend("manycore").options({"cores": None}).cores == 64
+    assert backend("npu").options({"cores": None}).cores == 1

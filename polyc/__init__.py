@@ -2,6 +2,7 @@
 
     import polyc
     compiled = polyc.compile(graph, target="cpu")   # a Graph, a dict, JSON text or a path
+    graph = polyc.import_akg("kernel.info")          # a MindSpore/AKG composite kernel
     outputs = compiled(x=np.ones(...))               # numpy arrays in and out, by name
 """
 from .errors import GraphError, PolycError
@@ -9,9 +10,9 @@ from .graph import GraphBuilder, Limits, load_graph
 from .version import __version__  # noqa: F401 (re-exported)
 
 __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
-           "load_graph"]
+           "import_akg", "load_graph"]
 
-_LAZY = {"compile": "compiler", "Options": "compiler"}  # islpy and cgen load on first use
+_LAZY = {"compile": "compiler", "Options": "compiler", "import_akg": "frontends"}  # islpy and cgen load on first use
 
 
 def __getattr__(name: str):

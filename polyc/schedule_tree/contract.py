@@ -113,7 +113,10 @@ def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) ->
             depth, kept = _plan(model, schedule, a)
             element = a.type.itemsize
             size = element * math.prod(a.type.shape[k] for k in kept)
-            if depth > 0 and size <= MAX_BUFFER_BYTES:
+            # a buffer that drops no dim saves nothing, and its per-thread copies would
+            # break when the loops it was fused under have extent 1 and vanish (the
+            # parallel marks then land on the sibling loops inside, each with copies)
+            if depth > 0 and size <= MAX_BUFFER_BYTES and size < a.type.nbytes:
                 a = replace(a, kept=kept)
         arrays.append(a)
     return replace(kernel, arrays=tuple(arrays))

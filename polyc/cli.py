@@ -28,7 +28,11 @@ def _options(args):
 def _compile(args, build: bool):
     from .compiler import compile
     echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
-    return compile(args.graph, args.target, options=_options(args), build=build,
+    graph = args.graph
+    if args.format == "akg":
+        from .frontends import import_akg
+        graph = import_akg(graph)
+    return compile(graph, args.target, options=_options(args), build=build,
                    print_after_all=echo, dump_dir=args.dump_dir)
 
 
@@ -180,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p):
         p.add_argument("graph", help="subgraph JSON file")
+        p.add_argument("--format", default="polyc", choices=("polyc", "akg"),
+                       help="the file's format: polyc's subgraph JSON, or a MindSpore/AKG "
+                            "composite kernel (.info)")
         p.add_argument("--target", default="cpu", choices=targets.names())
         p.add_argument("--print-after-all", action="store_true",
                        help="print the IR after every pass to stderr")

@@ -121,6 +121,6 @@ def graph_pointer(doc: Any, p: Problem, root: tuple = ("graph",)) -> str:
     return pointer(*root, *found, *tokens)
 
 
-def graph_errors(doc: Any, problems: Iterable[Problem]) -> list[dict]:
-    return [{"pointer": graph_pointer(doc, p), "message": _cut(str(p)), "node": p.node,
+def graph_errors(doc: Any, problems: Iterable[Problem], root: tuple = ("graph",)) -> list[dict]:
+    return [{"pointer": graph_pointer(doc, p, root), "message": _cut(str(p)), "node": p.node,
              "op": p.op, "field": p.field} for p in problems]

@@ -253,3 +253,42 @@ def test_unknown_op_and_constant_of_the_wrong_size():
                                                        t("y", [4, 8]))))
     msg = error(small(op("Mul", [t("x", [4, 8]), t("c", [2], value=[1.0])], t("y", [4, 8]))))
     assert "node 'y' (Mul)" in msg and "value of 'c'" in msg
+
+
+# --- the command line and the service take the format -----------------------------------
+
+NEG = kernel([t("x", [4, 8])], [op("Neg", [t("x", [4, 8])], t("y", [4, 8]))], [t("y", [4, 8])])
+
+
+def test_cli_format_akg(tmp_path, capsys):
+    from polyc.cli import main
+    path = tmp_path / "k.info"
+    path.write_text(json.dumps(NEG))
+    assert main(["compile", "--format", "akg", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert "void polyc_k0" in (tmp_path / "out" / "kernels.c").read_text()
+    bad = tmp_path / "bad.info"
+    bad.write_text(json.dumps(small(op("Neg", [t("x", [4, 8])], t("y", [4, 8]), axis=1))))
+    assert main(["run", "--format", "akg", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "'y' (Neg)" in err and "attr.axis" in err and "Traceback" not in err
+
+
+def test_service_compiles_akg(tmp_path):
+    import warnings
+
+    from polyc.server import Settings, create_app
+    with warnings.catch_warnings():  # starlette's notice about its httpx dependency
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/cache.sqlite3", workers=1))
+    with TestClient(app) as client:
+        r = client.post("/v1/compile", json={"akg": NEG})
+        assert r.status_code == 200, r.text
+        assert "void polyc_k0" in r.json()["c_source"]
+        bad = client.post("/v1/compile", json={"akg": small(
+            op("Neg", [t("x", [4, 8])], t("y", [4, 8]), axis=1))})
+        assert bad.status_code == 422 and "attr.axis" in bad.json()["detail"]
+        assert bad.json()["errors"][0]["pointer"].startswith("/akg")
+        both = client.post("/v1/compile", json={"akg": NEG, "graph": {}})
+        assert both.status_code == 422 and "exactly one" in both.text
+        assert client.post("/v1/compile", json={}).status_code == 422

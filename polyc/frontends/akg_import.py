@@ -98,7 +98,7 @@ class Importer:
             if name not in self.types:
                 raise AkgError(f"output {name!r} is produced by no op and is not an input",
                                where)
-            if not same_type(self.types[name], ttype):
+            if self.types[name] != ttype:
                 raise AkgError(f"declared {ttype}, but the tensor is {self.types[name]}", where)
             if name in names:
                 raise AkgError(f"output {name!r} is listed twice", where)
@@ -133,7 +133,7 @@ class Importer:
         attrs = self.attrs(op.get("attr"), handler.attrs)
         handler.emit(self, ins, attrs, declared)
         got = self.types.get(self.out)
-        if got is not None and got != declared and same_type(got, declared):
+        if got == TensorType((), declared.dtype) and declared.shape == (1,):
             self.as_declared_scalar(declared)
         elif got != declared:
             raise AkgError(f"declared {declared}, but {self.op} of "
@@ -161,20 +161,16 @@ class Importer:
         if name not in self.types:
             raise AkgError(f"tensor {name!r} is neither a kernel input nor the output of an "
                            "earlier op", where)
-        if not same_type(self.types[name], ttype):
+        if self.types[name] != ttype:
             raise AkgError(f"declared {ttype}, but tensor {name!r} is {self.types[name]}", where)
         if name in self.assigned:
             raise AkgError(f"reads {name!r} after a value was stored into it (unsupported)",
                            where)
-        if self.types[name] != ttype:  # a scalar seen as [1] here, or the other way round
-            return self.identity(name, self.fresh(f"{name}.as{list(ttype.shape)}"),
-                                 ttype.shape)
         return name
 
     def as_declared_scalar(self, declared: TensorType) -> None:
-        """MindSpore writes a scalar's shape [1] or []: the op's result, a polyc scalar
-        of the other shape, is computed under another name and reshaped under the AKG
-        one."""
+        """The op's result, a polyc scalar [], is computed under another name and
+        reshaped to MindSpore's [1] under the AKG one."""
         last = self.nodes[-1]
         inner = self.fresh(f"{self.out}.scalar")
         last["outputs"] = [inner]
@@ -203,7 +199,10 @@ class Importer:
         if t.get("format") not in PLAIN_FORMATS:
             raise AkgError(f"tensor {name!r}: format {t.get('format')!r} is not supported "
                            "(only plain row-major layouts)", where)
-        return name, TensorType(tuple(shape), dtype)
+        # MindSpore writes a scalar's shape [] or [1], even for one tensor in one file;
+        # polyc gives all of them [1] (the same bytes), so no reshape sits between the
+        # scalar ops (and splits their kernels)
+        return name, TensorType(tuple(shape) or (1,), dtype)
 
     def constant(self, name: str, ttype: TensorType, value: Any, where: str) -> str:
         data = value if isinstance(value, list) else [value]

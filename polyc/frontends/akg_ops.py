@@ -213,7 +213,10 @@ def _reduce(op: str) -> Handler:
         axes = attrs.get("axis", [])
         # MindSpore: an empty axis list reduces every axis (polyc: no 'axes')
         kw = {"axes": axes} if axes else {}
-        imp.emit(op, x, out=imp.out, keepdims=attrs.get("keep_dims", False), **kw)
+        keep = attrs.get("keep_dims", False)
+        if imp.types[x].ndim == 1 and declared.shape == (1,):
+            keep = True  # MindSpore's scalar [1] is the kept axis: no reshape from []
+        imp.emit(op, x, out=imp.out, keepdims=keep, **kw)
     return Handler(emit, {"axis": _int_or_ints, "keep_dims": _bool})
 
 

@@ -78,6 +78,11 @@ def _plan(model: PolyModel, schedule: isl.Schedule, array: Array) -> tuple[int, 
         when = touching.reverse().apply_range(_prefix(bands, d))  # element -> iterations
         if not when.is_single_valued():
             continue
+        if when.range().is_equal(when.range().lexmin()):
+            # the outer loops run once: contracting under them saves nothing, and the
+            # per-thread copies would break, since the parallel loops are then the
+            # sibling nests inside, each with copies of its own
+            return 0, tuple(range(array.type.ndim))
         kept = tuple(k for k in range(array.type.ndim) if array.type.shape[k] > 1
                      and not any(_pins(when, k, t) for t in range(d)))
         return d, kept
@@ -113,10 +118,7 @@ def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) ->
             depth, kept = _plan(model, schedule, a)
             element = a.type.itemsize
             size = element * math.prod(a.type.shape[k] for k in kept)
-            # a buffer that drops no dim saves nothing, and its per-thread copies would
-            # break when the loops it was fused under have extent 1 and vanish (the
-            # parallel marks then land on the sibling loops inside, each with copies)
-            if depth > 0 and size <= MAX_BUFFER_BYTES and size < a.type.nbytes:
+            if depth > 0 and size <= MAX_BUFFER_BYTES:
                 a = replace(a, kept=kept)
         arrays.append(a)
     return replace(kernel, arrays=tuple(arrays))

@@ -227,9 +227,11 @@ def report(results: list[dict], corpus: Path | None) -> str:
             lines += [f"  {c:5}  {why}" for why, c in reasons.most_common(15)]
     compiled = [r for r in results if "kernels" in r]
     one = sum(1 for r in compiled if r["kernels"] == 1)
-    lines.append(f"\nfusion: {one} of {len(compiled)} compiled graphs are one kernel "
-                 f"({100 * one / max(len(compiled), 1):.1f} %); kernels per graph: "
-                 + ", ".join(f"{k}: {c}" for k, c in sorted(
+    none = sum(1 for r in compiled if r["kernels"] == 0)
+    lines.append(f"\nfusion: {one} of {len(compiled)} compiled graphs are one kernel and "
+                 f"{none} need none (every output folds to a constant or is an input): "
+                 f"{100 * (one + none) / max(len(compiled), 1):.1f} % in at most one kernel; "
+                 "kernels per graph: " + ", ".join(f"{k}: {c}" for k, c in sorted(
                      Counter(r["kernels"] for r in compiled).items())))
     why = Counter(reason for r in compiled if r["kernels"] > 1 for reason in set(r["rejections"]))
     if why:

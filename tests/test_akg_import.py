@@ -292,3 +292,37 @@ def test_service_compiles_akg(tmp_path):
         both = client.post("/v1/compile", json={"akg": NEG, "graph": {}})
         assert both.status_code == 422 and "exactly one" in both.text
         assert client.post("/v1/compile", json={}).status_code == 422
+
+
+def test_mutated_corpus_files_get_graph_errors_never_crashes():
+    """Real kernels with fields replaced by values of other kinds, or removed: every
+    outcome is a graph or a GraphError."""
+    import copy
+    import random
+    from pathlib import Path
+    sample = sorted((Path(__file__).parent / "data" / "akg").rglob("*.info"))
+    docs = [json.loads(p.read_text()) for p in sample]
+    junk = [None, 0, -1, 1.5, "x", [], {}, [1], [[]], {"a": 1}, True, "bool", "NHWC", [-1, 2],
+            2 ** 40]
+    rng = random.Random(23)
+
+    def places(o, path=()):
+        yield path
+        items = o.items() if isinstance(o, dict) else enumerate(o) if isinstance(o, list) else ()
+        for k, v in items:
+            yield from places(v, path + (k,))
+
+    for _ in range(1500):
+        doc = copy.deepcopy(rng.choice(docs))
+        path = rng.choice(list(places(doc))[1:])
+        parent = doc
+        for k in path[:-1]:
+            parent = parent[k]
+        if rng.random() < 0.2 and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = rng.choice(junk)
+        try:
+            polyc.import_akg(doc)
+        except GraphError:
+            pass

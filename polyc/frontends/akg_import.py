@@ -22,6 +22,10 @@ _TENSOR_KEYS = {"tensor_name", "shape", "data_type", "format", "name", "value"}
 PLAIN_FORMATS = {None, "DefaultFormat", "NCHW", "NHWC", "ND"}
 
 
+def plain_format(f: Any) -> bool:
+    return f is None or (isinstance(f, str) and f in PLAIN_FORMATS)
+
+
 class AkgError(Exception):
     """A problem in the op being imported; `field` names where."""
 
@@ -53,8 +57,8 @@ class Importer:
         if not isinstance(doc, dict):
             raise GraphError(f"a composite kernel must be a JSON object, got "
                              f"{type(doc).__name__}")
-        for key in sorted(set(doc) - _TOP_KEYS):
-            raise GraphError(Problem("unknown field of a composite kernel", field=key))
+        for key in sorted(set(doc) - _TOP_KEYS, key=str):
+            raise GraphError(Problem("unknown field of a composite kernel", field=str(key)))
         for key in ("op_desc", "output_desc"):
             if not isinstance(doc.get(key), list):
                 raise GraphError(Problem(f"must be a list, got {doc.get(key)!r}", field=key))
@@ -116,8 +120,8 @@ class Importer:
         if not isinstance(op, dict) or not isinstance(op.get("name"), str):
             raise AkgError("must be an object with a 'name' (the MindSpore primitive)", where)
         self.op = op["name"]
-        for key in sorted(set(op) - _OP_KEYS):
-            raise AkgError("unknown field of an op", key)
+        for key in sorted(set(op) - _OP_KEYS, key=str):
+            raise AkgError("unknown field of an op", str(key))
         outs = op.get("output_desc")
         if not isinstance(outs, list) or len(outs) != 1:
             raise AkgError(f"expected a list of one tensor, got {outs!r}", "output_desc")
@@ -182,7 +186,7 @@ class Importer:
         """The name and type of a tensor description (validated)."""
         if not isinstance(t, dict):
             raise AkgError(f"a tensor must be an object, got {t!r}", where)
-        for key in sorted(set(t) - _TENSOR_KEYS):
+        for key in sorted(set(t) - _TENSOR_KEYS, key=str):
             raise AkgError(f"unknown field {key!r} of a tensor", where)
         name = t.get("tensor_name")
         if not isinstance(name, str) or not name:
@@ -196,7 +200,7 @@ class Importer:
         if dtype not in DTYPES:
             raise AkgError(f"tensor {name!r}: data_type {dtype!r} is not supported (polyc "
                            f"has {', '.join(DTYPES)})", where)
-        if t.get("format") not in PLAIN_FORMATS:
+        if not plain_format(t.get("format")):
             raise AkgError(f"tensor {name!r}: format {t.get('format')!r} is not supported "
                            "(only plain row-major layouts)", where)
         # MindSpore writes a scalar's shape [] or [1], even for one tensor in one file;

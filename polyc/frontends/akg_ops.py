@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..graph.ir import DTYPES, TensorType
-from .akg_import import PLAIN_FORMATS, AkgError, Importer, same_type
+from .akg_import import AkgError, Importer, plain_format, same_type
 
 Emit = Callable[[Importer, list, dict, TensorType], None]
 
@@ -76,7 +76,7 @@ def _shapes(v: Any) -> list:
 
 def _plain_formats(v: Any) -> Any:
     for f in v if isinstance(v, list) else [v]:
-        if f not in PLAIN_FORMATS:
+        if not plain_format(f):
             raise ValueError(f"layout {f!r} is not supported (only plain row-major layouts)")
     return v
 

@@ -2,6 +2,7 @@
 
     import polyc
     compiled = polyc.compile(graph, target="cpu")   # a Graph, a dict, JSON text or a path
+    graph = polyc.import_akg("kernel.info")          # a MindSpore/AKG composite kernel
     outputs = compiled(x=np.ones(...))               # numpy arrays in and out, by name
 """
 from .errors import GraphError, PolycError
@@ -9,10 +10,11 @@ from .graph import GraphBuilder, Limits, load_graph
 from .version import __version__  # noqa: F401 (re-exported)
 
 __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "compile",
-           "import_onnx", "load_graph"]
+           "import_akg", "import_onnx", "load_graph"]
 
 # islpy and cgen load on first use, onnx only when a model is imported
-_LAZY = {"compile": "compiler", "Options": "compiler", "import_onnx": "frontends.onnx"}
+_LAZY = {"compile": "compiler", "Options": "compiler", "import_onnx": "frontends.onnx",
+         "import_akg": "frontends"}
 
 
 def __getattr__(name: str):

@@ -25,8 +25,12 @@ def _options(args):
     return backend(args.target).options(given)
 
 
-def _graph(path: str):
-    """A subgraph file: polyc's JSON, or an ONNX model (by its .onnx suffix)."""
+def _graph(path: str, format: str = "polyc"):
+    """A subgraph file: polyc's JSON, an AKG composite kernel, or an ONNX model (by its
+    .onnx suffix)."""
+    if format == "akg":
+        from .frontends import import_akg
+        return import_akg(path)
     if path.endswith(".onnx"):
         from .frontends.onnx import import_onnx
         return import_onnx(path)
@@ -36,8 +40,8 @@ def _graph(path: str):
 def _compile(args, build: bool):
     from .compiler import compile
     echo = (lambda text: print(text, file=sys.stderr)) if args.print_after_all else None
-    return compile(_graph(args.graph), args.target, options=_options(args), build=build,
-                   print_after_all=echo, dump_dir=args.dump_dir)
+    return compile(_graph(args.graph, args.format), args.target, options=_options(args),
+                   build=build, print_after_all=echo, dump_dir=args.dump_dir)
 
 
 def cmd_import_onnx(args) -> int:
@@ -192,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p):
         p.add_argument("graph", help="subgraph JSON file, or an ONNX model (.onnx)")
+        p.add_argument("--format", default="polyc", choices=("polyc", "akg"),
+                       help="the file's format: polyc's subgraph JSON (or ONNX, by the .onnx "
+                            "suffix), or a MindSpore/AKG composite kernel (.info)")
         p.add_argument("--target", default="cpu", choices=targets.names())
         p.add_argument("--print-after-all", action="store_true",
                        help="print the IR after every pass to stderr")

@@ -65,7 +65,17 @@ def _attention(lq, lk, batch_q=(2,), batch_k=(2,), **attrs):
     return build
 
 
+def _one_hot(axis):
+    def build(b):
+        indices = b.constant("indices", [2, 3], [0, 3, 1, -1, 4, 2], "int32")  # 4, -1: off
+        return [b.one_hot(indices, b.input("on", []), b.input("off", []), depth=4, axis=axis,
+                          out="y")]
+    return build
+
+
 CASES = {
+    "one_hot": _one_hot(-1),
+    "one_hot_axis0": _one_hot(0),
     "softmax": _unary("softmax", [3, 7]),
     "softmax_axis0": _unary("softmax", [3, 7], axis=0),
     "log_softmax": _unary("log_softmax", [2, 3, 7], axis=1),

@@ -147,6 +147,20 @@ def _(b, x):
     return [b.equal(a, c)]
 
 
+@case("compare-or-equal-broadcast", "greater_equal", "less_equal", "not_equal")
+def _(b, x):
+    a = x.add("a", x.rng.integers(0, 3, (6, 4)).astype(np.float32))
+    c = x.add("c", x.rng.integers(0, 3, (4,)).astype(np.float32))
+    return [b.greater_equal(a, c), b.less_equal(a, c), b.not_equal(a, c)]
+
+
+@case("one-hot", "one_hot")
+def _(b, x):
+    indices = x.ints("i", (5, 3), -1, 6)  # out of [0, 4): off everywhere
+    on, off = b.constant("on", [1], [2.5]), b.constant("off", [], [-1.0])
+    return [b.one_hot(indices, on, off, depth=4), b.one_hot(indices, on, off, depth=4, axis=1)]
+
+
 @case("select-broadcast-3", "select", "greater")
 def _(b, x):
     cond = b.greater(x.real("p", (7, 1)), x.real("q", (13,)))

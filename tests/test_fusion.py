@@ -91,8 +91,11 @@ def test_column_composites_become_one_kernel_of_column_blocks(op, shape, axis):
     assert fused and all("the columns in blocks of" in line for line in fused), k.fusion_report
     assert 'mark: "column_block ' in k.to_json()["schedule_text"]
     # nothing the size of x is stored: what a block's later pass needs is recomputed
+    # (a buffer is not contracted where the blocks' loop runs once: nothing to save)
+    size = graph.types[graph.inputs[0].name].size
     locals_ = [a for a in k.kernel.arrays if a.role == "local"]
-    assert all(a.kept is not None for a in locals_), [(a.tensor, a.kept) for a in locals_]
+    assert all(a.kept is not None or a.type.size < size for a in locals_), \
+        [(a.tensor, a.kept) for a in locals_]
     _check(graph, compiled)
 
 

@@ -2,7 +2,7 @@
 and no set of modules imports itself round in a cycle (function-level imports count).
 
     errors paths options machine version
-      -> graph -> kernel -> schedule_tree -> tiling, microkernels -> codegen
+      -> graph -> frontends -> kernel -> schedule_tree -> tiling, microkernels -> codegen
       -> targets -> compiler -> cli, tune, server, the package itself
 """
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_attribute_on_an_op_without_attributes():
     ("layer_norm", {"epsilon": True}, "attrs.epsilon", "expected a finite number"),
     ("layer_norm", {"epsilon": math.inf}, "attrs.epsilon", "expected a finite number"),
     ("gelu", {"approximate": "fast"}, "attrs.approximate", "'none', 'tanh', got 'fast'"),
-    ("cast", {"to": "bfloat16"}, "attrs.to", "float64, int32, float16, got 'bfloat16'"),
+    ("cast", {"to": "bfloat16"}, "attrs.to", "float64, int32, float16, bool, got 'bfloat16'"),
     ("pad", {"pads": [1, 1]}, "attrs.pads", "[before, after] integer pairs"),
     ("pad", {"pads": [[0, 1], [2.0, 0]]}, "attrs.pads", "[before, after] integer pairs"),
     ("transpose", {"perm": [1.0, 0.0]}, "attrs.perm", "expected a list of integers"),

@@ -12,8 +12,11 @@ from ..kernel import Array
 from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
 # float16 (a storage type: only loads, stores and casts touch it) is gcc's _Float16, the
-# IEEE binary16 numpy's float16 holds; a conversion to it rounds to nearest even
-C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "float16": "_Float16"}
+# IEEE binary16 numpy's float16 holds; a conversion to it rounds to nearest even. bool
+# (a storage type too) is _Bool, one byte holding 0 or 1 as numpy's bool does; a
+# conversion to it is "nonzero", as numpy's astype(bool)
+C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "float16": "_Float16",
+          "bool": "_Bool"}
 
 # Helpers every target's generated C relies on (ExprPrinter's calls, isl's AST helpers),
 # emitted once per translation unit after the target's own prelude.
@@ -136,13 +139,16 @@ _INT_FNS = {
     "mul": "(int32_t)((uint32_t){a} * (uint32_t){b})", "div": "polyc_idiv({a}, {b})",
     "maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})",
 }
-_COMPARE = {"greater": ">", "less": "<", "equal": "=="}
+_COMPARE = {"greater": ">", "less": "<", "equal": "==", "greater_equal": ">=",
+            "less_equal": "<=", "not_equal": "!="}
 
 
 def c_literal(value: float | int, dtype: str) -> str:
     """A C constant of `dtype`; a negative one is parenthesised, because the op
     templates put values right after a minus (`(-{a})`, `exp(-{a})`), and `--2.0f` is a
     decrement, not a number."""
+    if dtype == "bool":
+        return "1" if value else "0"
     if dtype == "int32":
         v = int(value)
         text = "-2147483647 - 1" if v == -2**31 else str(v)  # -2147483648 is not an int literal

@@ -89,7 +89,7 @@ class _Emitter:
               dtype: str | None = None) -> str:
         dtype = dtype or self.dtype
         data = tuple(values) if isinstance(values, Iterable) else (values,)
-        convert = int if dtype == "int32" else float
+        convert = {"int32": int, "bool": bool}.get(dtype, float)
         t = TensorType(shape, dtype)
         name = self.fresh(role)
         self.constants.append(Tensor(name, t, tuple(convert(v) for v in data)))
@@ -284,6 +284,20 @@ def _linear(e: _Emitter, n: Node) -> None:
         e.last("matmul", x, w)
 
 
+def _one_hot(e: _Emitter, n: Node) -> None:
+    # out[.., j, ..] = on if indices[..] == j else off, j on the new axis: the index j is
+    # an int32 constant [depth] along that axis, compared with the indices broadcast to it
+    indices, on, off = n.inputs
+    shape = e.type(n.output).shape
+    axis = norm_axis(n.attrs["axis"], len(shape))
+    along = tuple(d if k == axis else 1 for k, d in enumerate(shape))
+    iota = e.const("iota", range(shape[axis]), along, "int32")
+    lifted = e.op("reshape", indices, shape=tuple(1 if k == axis else d
+                                                  for k, d in enumerate(shape)))
+    hot = e.op("equal", lifted, iota, role="hot")
+    e.last("select", hot, e.op("reshape", on, shape=()), e.op("reshape", off, shape=()))
+
+
 def _attention(e: _Emitter, n: Node) -> None:
     q, k, v = n.inputs
     tq, tk = e.type(q), e.type(k)
@@ -314,4 +328,5 @@ _RULES: dict[str, Callable[[_Emitter, Node], None]] = {
     "silu": _silu,
     "linear": _linear,
     "attention": _attention,
+    "one_hot": _one_hot,
 }

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Mapping
 
-DTYPES = ("float32", "float64", "int32", "float16")
-ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4}
+DTYPES = ("float32", "float64", "int32", "float16", "bool")
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "bool": 1}
 
 
 class FrozenDict(Mapping):

@@ -70,6 +70,12 @@ def _looks_like_json(src: str | bytes) -> bool:
 
 def load_graph(src: str | os.PathLike | dict, *, limits: Limits = Limits()) -> Graph:
     """Load and validate a subgraph from a path, a JSON string or a dict."""
+    return _Loader(limits).load(read_document(src))
+
+
+def read_document(src: str | bytes | os.PathLike | dict, what: str = "graph") -> Any:
+    """The parsed JSON of a path, a JSON string or a dict (returned as is); every
+    failure to read or parse is a GraphError. `what` names the document in messages."""
     if isinstance(src, dict):
         doc = src
     elif isinstance(src, (str, bytes)) and _looks_like_json(src):
@@ -79,15 +85,15 @@ def load_graph(src: str | os.PathLike | dict, *, limits: Limits = Limits()) -> G
         try:
             text = Path(src).read_text(encoding="utf-8")
         except OSError as e:
-            raise GraphError(f"cannot read graph file {str(src)!r}: {e.strerror}") from None
+            raise GraphError(f"cannot read {what} file {str(src)!r}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise GraphError(f"graph file {str(src)!r} is not UTF-8 text") from None
+            raise GraphError(f"{what} file {str(src)!r} is not UTF-8 text") from None
         except ValueError as e:  # e.g. a NUL byte in the path
-            raise GraphError(f"cannot read graph file {str(src)!r}: {e}") from None
+            raise GraphError(f"cannot read {what} file {str(src)!r}: {e}") from None
         doc = parse_json(text)
     else:
         raise GraphError(f"expected a path, a JSON string or a dict, got {type(src).__name__}")
-    return _Loader(limits).load(doc)
+    return doc
 
 
 class _Loader:
@@ -242,10 +248,14 @@ class _Loader:
                        name, field="data")
             return None
         for v in data:
-            ok = (not isinstance(v, bool) and isinstance(v, (int, float))
-                  and math.isfinite(v) and (t.dtype != "int32" or isinstance(v, int)))
+            if t.dtype == "bool":
+                ok = v in (0, 1)  # true, false, 0 or 1
+            else:
+                ok = (not isinstance(v, bool) and isinstance(v, (int, float))
+                      and math.isfinite(v) and (t.dtype != "int32" or isinstance(v, int)))
             if not ok:
-                kind = "an integer" if t.dtype == "int32" else "a finite number"
+                kind = {"int32": "an integer", "bool": "true, false, 0 or 1"}.get(
+                    t.dtype, "a finite number")
                 self.error(f"every value must be {kind}, got {v!r}", name, field="data")
                 return None
         if t.dtype == "int32" and any(not -2**31 <= v < 2**31 for v in data):

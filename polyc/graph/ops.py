@@ -324,6 +324,21 @@ def _pad(spec, attrs, ts):
     return TensorType(tuple(d + a + b for d, (a, b) in zip(ts[0].shape, pads)), ts[0].dtype)
 
 
+def _one_hot(spec, attrs, ts):
+    indices, on, off = ts
+    if indices.dtype != "int32":
+        raise OpError(f"indices must be int32, got {indices.dtype}", "inputs")
+    if on.size != 1 or off.size != 1:
+        raise OpError(f"on_value and off_value must hold one value each, got "
+                      f"{list(on.shape)} and {list(off.shape)}", "inputs")
+    if attrs["depth"] < 1:
+        raise OpError(f"must be >= 1, got {attrs['depth']}", "depth")
+    # the new axis is placed among the output's dims, so -1 appends it
+    axis = norm_axis(attrs["axis"], indices.ndim + 1)
+    shape = indices.shape[:axis] + (attrs["depth"],) + indices.shape[axis:]
+    return TensorType(shape, _same_dtype([on, off]))
+
+
 def _norm_params(ts: list[TensorType], axis: int, what: tuple[str, ...]):
     x = ts[0]
     ax = norm_axis(axis, x.ndim)
@@ -404,7 +419,7 @@ def _spec(name, arity, infer, attrs=None, **kw) -> OpSpec:
 UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "relu",
          "reciprocal", "floor", "ceil")
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
-COMPARE = ("greater", "less", "equal")
+COMPARE = ("greater", "less", "equal", "greater_equal", "less_equal", "not_equal")
 REDUCE = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 INT_OK_UNARY = ("neg", "abs", "relu")
 
@@ -460,6 +475,8 @@ OPS.update({
                   composite=True, float_only=True),
     "silu": _spec("silu", (1, 1), _unary, composite=True, float_only=True),
     "linear": _spec("linear", (2, 3), _linear, composite=True),
+    "one_hot": _spec("one_hot", (3, 3), _one_hot, {"depth": Attr(_int, REQUIRED),
+                                                   "axis": Attr(_int, -1)}, composite=True),
     "attention": _spec("attention", (3, 3), _attention, {"scale": Attr(_float),
                                                          "causal": Attr(_bool, False)},
                        composite=True, float_only=True),

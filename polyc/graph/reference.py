@@ -2,7 +2,8 @@
 
 Every generated kernel is checked against it, so it aims to be obviously right and more
 accurate than the kernels: float32 and float16 values are computed in float64 and
-rounded once at the end of each op (to nearest even: float16 is a storage type); int32 stays exact integer arithmetic (wrapping like C). `eval_node`
+rounded once at the end of each op (to nearest even: float16 is a storage type); int32 stays exact integer arithmetic (wrapping like C); bool holds
+numpy's bool (a cast to it is "nonzero", as C's _Bool). `eval_node`
 runs one op and is shared with constant folding; `run_reference` runs a whole graph.
 """
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _div(attrs, a, b):
 
 
 def _compare(fn: Callable) -> Callable:
-    # There is no bool dtype: the result holds 0/1 in the inputs' dtype.
+    # DESIGN.md: the result holds 0/1 in the inputs' dtype (a bool one is a cast of it).
     return lambda attrs, a, b: fn(a, b).astype(a.dtype)
 
 
@@ -238,6 +239,13 @@ def _attention(attrs, q, k, v):
     return np.matmul(_softmax_along(s, -1), v)
 
 
+def _one_hot(attrs, indices, on, off):
+    axis = norm_axis(attrs["axis"], indices.ndim + 1)
+    hot = np.expand_dims(indices, axis) == np.arange(attrs["depth"]).reshape(
+        (-1,) + (1,) * (indices.ndim - axis))
+    return np.where(hot, on.reshape(()), off.reshape(()))
+
+
 # --- data movement --------------------------------------------------------------------
 
 def _slice(attrs, x):
@@ -285,6 +293,9 @@ IMPLS: dict[str, Impl] = {
     "greater": _compare(np.greater),
     "less": _compare(np.less),
     "equal": _compare(np.equal),
+    "greater_equal": _compare(np.greater_equal),
+    "less_equal": _compare(np.less_equal),
+    "not_equal": _compare(np.not_equal),
     "select": _elementwise(lambda cond, a, b: np.where(cond != 0, a, b)),
     # reductions
     "reduce_sum": _reduction(np.sum),
@@ -313,18 +324,21 @@ IMPLS: dict[str, Impl] = {
     "gelu": _gelu,
     "silu": _elementwise(lambda x: x * _sigmoid(x)),
     "linear": _linear,
+    "one_hot": _one_hot,
     "attention": _attention,
 }
 
 
 def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
-    small nonzero integers for int32 (div)."""
+    small nonzero integers for int32 (div), 0 and 1 for bool."""
     rng = np.random.default_rng(seed)
     out = {}
     for t in graph.inputs:
         if t.type.dtype == "int32":
             v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
+        elif t.type.dtype == "bool":
+            v = rng.integers(0, 2, size=t.type.shape)
         else:
             v = rng.uniform(0.5, 2.0, size=t.type.shape)
         out[t.name] = np.asarray(v, dtype=t.type.dtype)

@@ -27,7 +27,9 @@ from dataclasses import replace
 from .ir import FrozenDict, Graph, Node, TensorType
 from .ops import OPS
 
-STORAGE = {"float16": "float32"}  # storage type -> the type it is computed in
+# storage type -> the type it is computed in; bool's 0 and 1 are exact in float32, so an
+# op on bool (select's condition, a logical op written as maximum) computes there too
+STORAGE = {"float16": "float32", "bool": "float32"}
 
 
 def widen_storage(graph: Graph) -> Graph:

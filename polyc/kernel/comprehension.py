@@ -386,7 +386,7 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
 
 
 def _typed(v: float, dtype: str) -> float | int:
-    return int(v) if dtype == "int32" else float(v)
+    return int(v) if dtype in ("int32", "bool") else float(v)
 
 
 def reduce_identity(kind: str, dtype: str) -> float | int:

@@ -78,6 +78,11 @@ def _plan(model: PolyModel, schedule: isl.Schedule, array: Array) -> tuple[int, 
         when = touching.reverse().apply_range(_prefix(bands, d))  # element -> iterations
         if not when.is_single_valued():
             continue
+        if when.range().is_equal(when.range().lexmin()):
+            # the outer loops run once: contracting under them saves nothing, and the
+            # per-thread copies would break, since the parallel loops are then the
+            # sibling nests inside, each with copies of its own
+            return 0, tuple(range(array.type.ndim))
         kept = tuple(k for k in range(array.type.ndim) if array.type.shape[k] > 1
                      and not any(_pins(when, k, t) for t in range(d)))
         return d, kept

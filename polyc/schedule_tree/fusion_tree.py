@@ -34,11 +34,12 @@ last cache level (a core's share of it); one block per core at least.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import islpy as isl
 
-from ..kernel.comprehension import Statement
+from ..kernel.comprehension import Statement, isl_index
 from . import marks
 from .model import PolyModel
 
@@ -111,6 +112,16 @@ def _loops(s: Statement, level: int) -> bool:
     return _rank(s) > level and s.extents[level] > 1
 
 
+def _unit(s: Statement, level: int) -> bool:
+    """Does `s` have a loop of one iteration at `level` (a dim of size 1) along which it
+    writes (not a reduction's axis: the passes after scheduling take a reduction's
+    loops for its reduction)?"""
+    if _rank(s) <= level or s.extents[level] != 1:
+        return False
+    written = " ".join(isl_index(e, s.iter_name) for e in s.index)
+    return re.search(rf"\b{s.iter_name(level)}\b", written) is not None
+
+
 def _hoisted(statements: list[Statement], level: int, deps: _Deps) -> list[Statement]:
     """Statements that do not loop at `level` (a reduction's init, a per-row scalar)
     moved up to just after the last statement they depend on, so they run before a
@@ -131,8 +142,12 @@ def _runs(statements: list[Statement], level: int, deps: _Deps) -> list[list[Sta
     runs: list[list[Statement]] = []
     for s in _hoisted(statements, level, deps):
         last = runs[-1] if runs else None
-        if (last is not None and _loops(s, level) and all(_loops(r, level) for r in last)
-                and not any(deps.has(m, level, "<") for m in deps.between(last, [s]))):
+        # statements share a loop when all of them iterate at this level, or when it is
+        # a dim of size 1 for all of them ([1, N, C] tensors: the loops below it may
+        # still be shared)
+        alike = ((_loops(s, level) and all(_loops(r, level) for r in last))
+                 or (_unit(s, level) and all(_unit(r, level) for r in last))) if last else False
+        if alike and not any(deps.has(m, level, "<") for m in deps.between(last, [s])):
             last.append(s)
         else:
             runs.append([s])

@@ -21,6 +21,7 @@ question.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +45,10 @@ Microkernels = Callable[[Kernel, int], "str | None"]
 # in one kernel) beat a microkernel call between separate kernels
 KEEP_MICROKERNEL_FLOPS = 1 << 20
 
+# a group of statements that run at most this many times in all may join a neighbour it
+# shares no loop with (in sequence, in one kernel)
+TINY_INSTANCES = 64
+
 
 @dataclass(frozen=True)
 class FusionAnswer:
@@ -58,6 +63,19 @@ class FusionAnswer:
     @property
     def profitable(self) -> bool:
         return self.legal and self.footprint <= self.capacity
+
+
+def _tiny_side(kernel: Kernel, *groups: tuple[tuple[str, ...], set[str]]
+               ) -> tuple[str, ...] | None:
+    """The group whose statements run at most TINY_INSTANCES times in all (scalars
+    computed before the loops that broadcast them, or after a whole reduction), if any:
+    sharing no loop with it costs nothing, while a kernel of its own costs a call and a
+    round trip through memory (MindSpore's fused kernels are full of them)."""
+    for nodes, names in groups:
+        if sum(math.prod(s.extents) for s in kernel.statements
+               if s.name in names) <= TINY_INSTANCES:
+            return nodes
+    return None
 
 
 def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
@@ -144,6 +162,12 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
                             "their loops traverse it differently, nothing would be reused")
+    if depth == 0 and (tiny := _tiny_side(kernel, (a, kept_a), (b, kept_b))):
+        saved = _saved_bytes(graph, a, b)
+        return FusionAnswer(True, 0, True, 0, capacity, saved,
+                            f"no loop is shared, but {group_label(tiny)} computes at most "
+                            f"{TINY_INSTANCES} values: it runs once, in sequence with the "
+                            f"other's loops, in one kernel; saves {_mib(saved)}")
     if depth == 0:
         blocking = reversed_dependence(model, kernel, kept_a, kept_b)
         return FusionAnswer(False, 0, False, 0, capacity, 0,

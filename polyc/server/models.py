@@ -15,7 +15,8 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
+from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model,
+                      model_validator)
 
 from .. import targets
 from ..graph.ir import DTYPES
@@ -128,9 +129,17 @@ Target = Literal[targets.names()]  # type: ignore[valid-type]
 class CompileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    graph: dict[str, Any] = Field(json_schema_extra=GRAPH_SCHEMA)
+    graph: dict[str, Any] | None = Field(None, json_schema_extra=GRAPH_SCHEMA)
+    akg: dict[str, Any] | None = Field(None, description="instead of 'graph': a MindSpore/AKG "
+                                       "composite kernel (the .info JSON), see polyc.import_akg")
     target: Target = Field("cpu", description="the target to compile for")
     options: CompileOptions = Field(default_factory=CompileOptions)  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.graph is None) == (self.akg is None):
+            raise ValueError("give exactly one of 'graph' and 'akg'")
+        return self
 
 
 class KernelSummary(BaseModel):

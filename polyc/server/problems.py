@@ -133,8 +133,8 @@ def graph_pointer(places: _Places, p: Problem, root: tuple = ("graph",)) -> str:
     return pointer(*root, *found, *tokens)
 
 
-def graph_errors(doc: Any, problems: Iterable[Problem]) -> list[dict]:
+def graph_errors(doc: Any, problems: Iterable[Problem], root: tuple = ("graph",)) -> list[dict]:
     """The first MAX_ERRORS problems as items (no more are answered)."""
     places = _Places(doc)
-    return [{"pointer": graph_pointer(places, p), "message": _cut(str(p)), "node": p.node,
+    return [{"pointer": graph_pointer(places, p, root), "message": _cut(str(p)), "node": p.node,
              "op": p.op, "field": p.field} for p in islice(problems, MAX_ERRORS)]

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from .. import targets
 from ..errors import GraphError, Problem
+from ..frontends import import_akg
 from ..graph.load import load_graph
 from . import worker_main as wm
 from .body import parse_body
@@ -58,6 +59,7 @@ class Prepared:
     options: dict
     graph_doc: dict  # as the client sent it, for error pointers
     notes: tuple[str, ...]  # the loader's warnings (the canonical graph has no dead nodes)
+    root: str = "graph"  # the request's field that holds it ('graph' or 'akg')
 
 
 def _invalid_request(errors: list[dict]) -> ApiProblem:
@@ -110,7 +112,7 @@ class CompileService:
         doc = parse_body(body, max_depth=self.settings.max_json_depth)
         if not isinstance(doc, dict):
             raise ApiProblem(422, "invalid-request", "Invalid Request",
-                             f"the body must be a JSON object with 'graph' (and optionally "
+                             f"the body must be a JSON object with 'graph' or 'akg' (and optionally "
                              f"'target' and 'options'), not {_json_type(doc)}",
                              errors=[{"pointer": "", "message": "expected an object"}])
         try:
@@ -124,11 +126,12 @@ class CompileService:
         except GraphError as e:  # a value the schema's types allow but polyc does not
             raise _invalid_request([{"pointer": pointer(*p.field.split(".")),
                                      "message": p.message} for p in e.problems]) from None
+        root, doc = ("akg", request.akg) if request.akg is not None else ("graph", request.graph)
         try:
-            graph = load_graph(request.graph, limits=self.settings.limits)
+            graph = (import_akg if root == "akg" else load_graph)(doc, limits=self.settings.limits)
             canonical = canonical_graph(graph)
         except GraphError as e:
-            raise self._graph_problem(request.graph, e.problems) from None
+            raise self._graph_problem(doc, e.problems, root) from None
         except Exception as e:  # the validator broke on this input: a polyc bug, logged;
             # still the input's doing, so a 4xx (no client input may produce a 500)
             log.exception("polyc's graph validator failed on a request")
@@ -137,14 +140,15 @@ class CompileService:
                              "this is a polyc bug and was logged") from None
         key = self.toolchain.key(canonical, request.target, options,
                                  target.key_parts(self.machines[request.target]))
-        return Prepared(key, canonical, request.target, options, request.graph, graph.notes)
+        return Prepared(key, canonical, request.target, options, doc, graph.notes, root)
 
     @staticmethod
-    def _graph_problem(doc: dict, problems: tuple[Problem, ...]) -> ApiProblem:
+    def _graph_problem(doc: dict, problems: tuple[Problem, ...],
+                       root: str = "graph") -> ApiProblem:
         n = len(problems)
         return ApiProblem(422, "invalid-graph", "Invalid Graph",
                           str(problems[0]) + (f" (and {n - 1} more problems)" if n > 1 else ""),
-                          errors=graph_errors(doc, problems))
+                          errors=graph_errors(doc, problems, (root,)))
 
     async def resolve(self, p: Prepared) -> tuple[Entry, str]:
         """The entry for a prepared request and how it was obtained."""
@@ -249,7 +253,8 @@ class CompileService:
                 {"pointer": pointer(*x["field"].split(".")), "message": x["message"],
                  "field": x["field"]} for x in problems])
         if kind == wm.INVALID_GRAPH and problems:
-            return self._graph_problem(p.graph_doc, tuple(Problem(**x) for x in problems))
+            return self._graph_problem(p.graph_doc, tuple(Problem(**x) for x in problems),
+                                       p.root)
         if kind == wm.TOO_COMPLEX:
             return ApiProblem(422, "schedule-too-complex", "Schedule Too Complex",
                               f"{message}; raise options.max_operations or simplify the graph",

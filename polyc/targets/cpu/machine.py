@@ -104,8 +104,13 @@ def cpu_machine(arch: str | None = None) -> Machine:
 
 
 def cpu_toolchain(machine: Machine) -> Toolchain:
-    """gcc with the flags code for `machine` is built with: its -march and the rest."""
-    return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}"))
+    """gcc with the flags code for `machine` is built with: its -march and the rest.
+
+    Without native float16 arithmetic: with it gcc turns float16 -> float32 -> op ->
+    float16 into a float16 op, which -fassociative-math may then reassociate across the
+    rounding each op owes (x * (y * z) computed as (x * y) * z in float16)."""
+    fp16 = ("-mno-avx512fp16",) if "avx512fp16" in machine.features else ()
+    return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}", *fp16))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,417 @@
+"""The AKG op table: each MindSpore primitive of the composite-kernel corpus as polyc ops,
+with MindSpore's semantics (its operator documentation is the reference).
+
+A handler names the attributes it takes (with their kinds) and emits polyc nodes
+through the `Importer`, the last one producing the AKG op's output tensor. Notes on
+semantics where polyc's ops differ:
+- compare ops and IsInf / IsNan give bool: polyc's compare (0/1 in the inputs' dtype)
+  then a cast to bool. LogicalOr / LogicalAnd / LogicalNot on bool are maximum,
+  minimum and equal-to-false (bool is computed as 0.0 / 1.0, `graph.storage`).
+- IsInf(x) is |x| > the largest finite value of x's dtype; IsNan(x) is x != x.
+- MatMul with a `dst_type` wider than its inputs (float16 -> float32) casts the inputs
+  (exactly) and multiplies in `dst_type`, as the cube accumulates in float32.
+- Conv2D takes NHWC data and an [O, KH, KW, C] weight when its tensors are NHWC
+  (NCHW / OIHW otherwise); `pad_list` is [top, bottom, left, right]; `stride` and
+  `dilation` are 4 values in NCHW order; only `groups` 1.
+- PadAkg(head, tail, pad_val) pads each axis; UnPadAkg(tail) cuts `tail` off its end.
+- ElemAny(x) is 1 in `dst_type`, shape [1], when any element of x is nonzero, else 0.
+- AddN sums its inputs; BroadcastTo's -1 keeps that dim.
+Refused by name: Custom (user code), CReal / CImag / Complex (complex numbers),
+Gather (an index read from a tensor is not an affine access).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..graph.ir import DTYPES, TensorType
+from .akg_import import AkgError, Importer, plain_format, same_type
+
+Emit = Callable[[Importer, list, dict, TensorType], None]
+
+
+# --- attribute kinds: value -> checked value, or ValueError naming what was expected ---
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError("expected an integer")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("expected true or false")
+    return v
+
+
+def _ints(v: Any) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                          for x in v):
+        raise ValueError("expected a list of integers")
+    return v
+
+
+def _int_or_ints(v: Any) -> list[int]:
+    return [_int(v)] if not isinstance(v, list) else _ints(v)
+
+
+def _dtype(v: Any) -> str:
+    if v not in DTYPES:
+        raise ValueError(f"expected one of {', '.join(DTYPES)}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("expected a string")
+    return v
+
+
+def _shapes(v: Any) -> list:
+    if not isinstance(v, list):
+        raise ValueError("expected a shape or a list of shapes")
+    return v
+
+
+def _plain_formats(v: Any) -> Any:
+    for f in v if isinstance(v, list) else [v]:
+        if not plain_format(f):
+            raise ValueError(f"layout {f!r} is not supported (only plain row-major layouts)")
+    return v
+
+
+@dataclass(frozen=True)
+class Handler:
+    emit: Emit
+    attrs: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    refusal: str | None = None  # why polyc does not take this op (before any other check)
+
+
+def _one(ins: list, n: int | None = None) -> list[str]:
+    """The op's tensors, one per input_desc entry; `n` of them when given."""
+    flat = [t for group in ins for t in group]
+    if n is not None and len(flat) != n:
+        raise AkgError(f"expects {n} inputs, got {len(flat)}", "input_desc")
+    return flat
+
+
+# --- handlers ----------------------------------------------------------------------------
+
+def _elementwise(op: str, arity: int) -> Handler:
+    def emit(imp, ins, attrs, declared):
+        imp.emit(op, *_one(ins, arity), out=imp.out)
+    return Handler(emit)
+
+
+def _to_bool(imp: Importer, x: str) -> None:
+    """The AKG op's bool output from a 0/1 tensor `x` (itself when already bool)."""
+    if imp.types[x].dtype == "bool":
+        imp.identity(x, imp.out)
+    else:
+        imp.emit("cast", x, out=imp.out, to="bool")
+
+
+def _compare(op: str) -> Handler:
+    def emit(imp, ins, attrs, declared):
+        _to_bool(imp, imp.emit(op, *_one(ins, 2)))
+    return Handler(emit)
+
+
+def _need_bool(imp: Importer, xs: list[str]) -> list[str]:
+    for x in xs:
+        if imp.types[x].dtype != "bool":
+            raise AkgError(f"{imp.op} takes bool, got {imp.types[x]}", "input_desc")
+    return xs
+
+
+def _logical(op: str) -> Handler:
+    def emit(imp, ins, attrs, declared):
+        imp.emit(op, *_need_bool(imp, _one(ins, 2)), out=imp.out)
+    return Handler(emit)
+
+
+def _logical_not(imp, ins, attrs, declared):
+    (x,) = _need_bool(imp, _one(ins, 1))
+    imp.emit("equal", x, imp.scalar(0, "bool"), out=imp.out)
+
+
+_FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38,
+              "float64": 1.7976931348623157e308}
+
+
+def _float_input(imp: Importer, ins: list) -> str:
+    (x,) = _one(ins, 1)
+    if imp.types[x].dtype not in _FLOAT_MAX:
+        raise AkgError(f"{imp.op} takes a float tensor, got {imp.types[x]}", "input_desc")
+    return x
+
+
+def _is_inf(imp, ins, attrs, declared):
+    x = _float_input(imp, ins)
+    big = imp.scalar(_FLOAT_MAX[imp.types[x].dtype], imp.types[x].dtype)
+    _to_bool(imp, imp.emit("greater", imp.emit("abs", x), big))
+
+
+def _is_nan(imp, ins, attrs, declared):
+    x = _float_input(imp, ins)
+    _to_bool(imp, imp.emit("not_equal", x, x))
+
+
+def _cast(imp, ins, attrs, declared):
+    to = attrs.get("dst_type", attrs.get("DstT"))
+    if to is None:
+        raise AkgError("missing required attribute", "attr.dst_type")
+    if "DstT" in attrs and attrs["DstT"] != to:
+        raise AkgError(f"DstT {attrs['DstT']!r} contradicts dst_type {to!r}", "attr.DstT")
+    (x,) = _one(ins, 1)
+    if "SrcT" in attrs and attrs["SrcT"] != imp.types[x].dtype:
+        raise AkgError(f"SrcT {attrs['SrcT']!r} contradicts the input's "
+                       f"{imp.types[x].dtype}", "attr.SrcT")
+    imp.emit("cast", x, out=imp.out, to=to)
+
+
+def _broadcast_to(imp, ins, attrs, declared):
+    (x,) = _one(ins, 1)
+    shape = list(attrs.get("shape", declared.shape))
+    src = imp.types[x].shape
+    for k in range(1, len(shape) + 1):  # -1 keeps the input's dim (aligned from the right)
+        if shape[-k] == -1:
+            if k > len(src):
+                raise AkgError(f"-1 in {shape} has no input dim to keep", "attr.shape")
+            shape[-k] = src[-k]
+    imp.emit("broadcast_to", x, out=imp.out, shape=shape)
+
+
+def _reshape(imp, ins, attrs, declared):
+    (x,) = _one(ins, 1)
+    # The declared output shape is the reshape's; the attribute, where given, must agree
+    # with it (it may hold a -1, and writes a scalar [1] as [])
+    shape = attrs.get("shape")
+    if shape is not None:
+        known = [d for d in shape if d != -1]
+        size = imp.types[x].size
+        fits = shape.count(-1) <= 1 and all(d >= 1 for d in known) and size % max(
+            1, math.prod(known)) == 0
+        resolved = [size // math.prod(known) if d == -1 else d for d in shape] if fits else None
+        if resolved is None or not same_type(TensorType(tuple(resolved), declared.dtype),
+                                             declared):
+            raise AkgError(f"{shape} contradicts the declared output {declared}",
+                           "attr.shape")
+    imp.emit("reshape", x, out=imp.out, shape=list(declared.shape))
+
+
+def _transpose(imp, ins, attrs, declared):
+    if "perm" not in attrs:
+        raise AkgError("missing required attribute", "attr.perm")
+    imp.emit("transpose", *_one(ins, 1), out=imp.out, perm=attrs["perm"])
+
+
+def _reduce(op: str) -> Handler:
+    def emit(imp, ins, attrs, declared):
+        (x,) = _one(ins, 1)
+        axes = attrs.get("axis", [])
+        # MindSpore: an empty axis list reduces every axis (polyc: no 'axes')
+        kw = {"axes": axes} if axes else {}
+        keep = attrs.get("keep_dims", False)
+        if imp.types[x].ndim == 1 and declared.shape == (1,):
+            keep = True  # MindSpore's scalar [1] is the kept axis: no reshape from []
+        imp.emit(op, x, out=imp.out, keepdims=keep, **kw)
+    return Handler(emit, {"axis": _int_or_ints, "keep_dims": _bool})
+
+
+def _select(imp, ins, attrs, declared):
+    imp.emit("select", *_one(ins, 3), out=imp.out)
+
+
+def _widened(imp: Importer, xs: list[str], dtype: str) -> list[str]:
+    return [x if imp.types[x].dtype == dtype else imp.emit("cast", x, to=dtype) for x in xs]
+
+
+def _matmul(imp, ins, attrs, declared):
+    ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
+    for old, new, value in (("transpose_x1", "transpose_a", ta),
+                            ("transpose_x2", "transpose_b", tb)):
+        if old in attrs and attrs[old] != value:
+            raise AkgError(f"contradicts {new}", f"attr.{old}")
+    a, b = _one(ins, 2)
+    dtype = attrs.get("dst_type", imp.types[a].dtype)
+    if attrs.get("cast_type", dtype) != dtype:
+        raise AkgError(f"{attrs['cast_type']!r} differs from dst_type {dtype!r}",
+                       "attr.cast_type")
+    a, b = _widened(imp, [a, b], dtype)
+    imp.emit("matmul", a, b, out=imp.out, transpose_a=ta, transpose_b=tb)
+
+
+def _conv2d(imp, ins, attrs, declared):
+    x, w = _one(ins, 2)
+    if attrs.get("groups", 1) != 1 or attrs.get("group", 1) != 1:
+        raise AkgError("only groups 1 (a dense convolution) is supported", "attr.groups")
+    if attrs.get("mode", 1) != 1:
+        raise AkgError(f"mode {attrs['mode']} is not a plain convolution", "attr.mode")
+    for key, n in (("stride", 4), ("dilation", 4), ("pad_list", 4)):
+        if key in attrs and len(attrs[key]) != n:
+            raise AkgError(f"expected {n} integers, got {attrs[key]}", f"attr.{key}")
+    sh, sw = attrs.get("stride", [1, 1, 1, 1])[2:]
+    dh, dw = attrs.get("dilation", [1, 1, 1, 1])[2:]
+    top, bottom, left, right = attrs.get("pad_list", [0, 0, 0, 0])
+    nhwc = imp.formats[x] == "NHWC"
+    dtype = attrs.get("dst_type", imp.types[x].dtype)
+    x, w = _widened(imp, [x, w], dtype)
+    if nhwc:
+        x = imp.emit("transpose", x, perm=[0, 3, 1, 2])
+        w = imp.emit("transpose", w, perm=[0, 3, 1, 2])
+    wt = imp.types[w]
+    if "kernel_size" in attrs and list(attrs["kernel_size"]) != list(wt.shape[2:]):
+        raise AkgError(f"{attrs['kernel_size']} contradicts the weight {wt}", "attr.kernel_size")
+    if "out_channel" in attrs and attrs["out_channel"] != wt.shape[0]:
+        raise AkgError(f"{attrs['out_channel']} contradicts the weight {wt}", "attr.out_channel")
+    y = imp.emit("conv2d", x, w, out=None if nhwc else imp.out, strides=[sh, sw],
+                 pads=[top, left, bottom, right], dilations=[dh, dw])
+    if nhwc:
+        imp.emit("transpose", y, out=imp.out, perm=[0, 2, 3, 1])
+
+
+def _pad(imp, ins, attrs, declared):
+    (x,) = _one(ins, 1)
+    head, tail = attrs.get("head"), attrs.get("tail")
+    if head is None or tail is None:
+        raise AkgError("missing required attribute", "attr.head" if head is None else "attr.tail")
+    if len(head) != len(tail):
+        raise AkgError(f"head {head} and tail {tail} differ in length", "attr.tail")
+    imp.emit("pad", x, out=imp.out, pads=[[h, t] for h, t in zip(head, tail)],
+             value=attrs.get("pad_val", 0))
+
+
+def _unpad(imp, ins, attrs, declared):
+    (x,) = _one(ins, 1)
+    shape, tail = imp.types[x].shape, attrs.get("tail")
+    if tail is None:
+        raise AkgError("missing required attribute", "attr.tail")
+    if len(tail) != len(shape) or any(t < 0 or t >= d for t, d in zip(tail, shape)):
+        raise AkgError(f"{tail} does not fit {imp.types[x]}", "attr.tail")
+    imp.emit("slice", x, out=imp.out, starts=[0] * len(shape),
+             ends=[d - t for d, t in zip(shape, tail)])
+
+
+def _one_hot(imp, ins, attrs, declared):
+    if "depth" not in attrs:
+        raise AkgError("missing required attribute", "attr.depth")
+    imp.emit("one_hot", *_one(ins, 3), out=imp.out, depth=attrs["depth"],
+             axis=attrs.get("axis", -1))
+
+
+def _counted(imp: Importer, xs: list[str], attrs: dict, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None and value not in (len(xs), [len(xs)]):
+            raise AkgError(f"{value} contradicts the {len(xs)} inputs", f"attr.{key}")
+
+
+def _concat(imp, ins, attrs, declared):
+    xs = _one(ins)
+    _counted(imp, xs, attrs, ("N", "inputNums", "dyn_input_sizes"))
+    if "axis" not in attrs:
+        raise AkgError("missing required attribute", "attr.axis")
+    imp.emit("concat", *xs, out=imp.out, axis=attrs["axis"])
+
+
+def _add_n(imp, ins, attrs, declared):
+    xs = _one(ins)
+    _counted(imp, xs, attrs, ("n", "dyn_input_sizes"))
+    if len(xs) == 1:
+        imp.identity(xs[0], imp.out)
+        return
+    total = xs[0]
+    for k, x in enumerate(xs[1:], 2):
+        total = imp.emit("add", total, x, out=imp.out if k == len(xs) else None)
+
+
+def _elem_any(imp, ins, attrs, declared):
+    (x,) = _one(ins, 1)
+    if imp.types[x].dtype != "bool":
+        x = imp.emit("cast", x, to="bool")
+    as_number = imp.emit("cast", x, to=attrs.get("dst_type", declared.dtype))
+    imp.emit("reshape", imp.emit("reduce_max", as_number), out=imp.out, shape=[1])
+
+
+def _assign(imp, ins, attrs, declared):
+    target, value = _one(ins, 2)
+    _store(imp, target, value)
+    imp.identity(value, imp.out)
+
+
+def _inplace_assign(imp, ins, attrs, declared):
+    target, value, result = _one(ins, 3)
+    _store(imp, target, value)
+    imp.identity(result, imp.out)
+
+
+def _store(imp: Importer, target: str, value: str) -> None:
+    if target not in {t["name"] for t in imp.inputs}:
+        raise AkgError(f"stores into {target!r}, which is not a kernel input", "input_desc")
+    if imp.types[target] != imp.types[value]:
+        raise AkgError(f"stores {imp.types[value]} into {target!r}: {imp.types[target]}",
+                       "input_desc")
+    if target in imp.assigned:
+        raise AkgError(f"stores into {target!r} a second time", "input_desc")
+    imp.assigned[target] = value
+
+
+def _refused(reason: str) -> Handler:
+    def emit(imp, ins, attrs, declared):
+        raise AssertionError("a refused op is never emitted")
+    return Handler(emit, refusal=reason)
+
+
+_BINARY = {"Add": "add", "TensorAdd": "add", "Sub": "sub", "Mul": "mul", "RealDiv": "div",
+           "Div": "div", "Maximum": "maximum", "Minimum": "minimum", "Pow": "pow"}
+_UNARY = {"Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Rsqrt": "rsqrt",
+          "Tanh": "tanh", "Abs": "abs", "Reciprocal": "reciprocal"}
+_COMPARE = {"Greater": "greater", "Less": "less", "Equal": "equal",
+            "GreaterEqual": "greater_equal", "LessEqual": "less_equal",
+            "NotEqual": "not_equal"}
+# Mul sometimes carries its operands' shapes and layouts, repeating its tensors
+_MUL_ECHO = {"x_shape": _shapes, "y_shape": _shapes, "data_format": _plain_formats}
+
+HANDLERS: dict[str, Handler] = {
+    **{name: _elementwise(op, 2) for name, op in _BINARY.items()},
+    **{name: _elementwise(op, 1) for name, op in _UNARY.items()},
+    **{name: _compare(op) for name, op in _COMPARE.items()},
+    "Mul": Handler(_elementwise("mul", 2).emit, _MUL_ECHO),
+    "LogicalOr": _logical("maximum"),
+    "LogicalAnd": _logical("minimum"),
+    "LogicalNot": Handler(_logical_not),
+    "IsInf": Handler(_is_inf),
+    "IsNan": Handler(_is_nan),
+    "Cast": Handler(_cast, {"dst_type": _dtype, "DstT": _dtype, "SrcT": _str}),
+    "BroadcastTo": Handler(_broadcast_to, {"shape": _ints}),
+    "Reshape": Handler(_reshape, {"shape": _ints}),
+    "Transpose": Handler(_transpose, {"perm": _ints}),
+    "ReduceSum": _reduce("reduce_sum"),
+    "ReduceMax": _reduce("reduce_max"),
+    "ReduceMin": _reduce("reduce_min"),
+    "Select": Handler(_select),
+    "MatMul": Handler(_matmul, {
+        "transpose_a": _bool, "transpose_b": _bool, "transpose_x1": _bool,
+        "transpose_x2": _bool, "dst_type": _dtype, "cast_type": _dtype,
+        "left_format": _plain_formats, "right_format": _plain_formats}),
+    "Conv2D": Handler(_conv2d, {
+        "stride": _ints, "dilation": _ints, "pad_list": _ints, "pad": _ints,
+        "pad_mode": _str, "groups": _int, "group": _int, "mode": _int, "format": _str,
+        "kernel_size": _ints, "out_channel": _int, "dst_type": _dtype}),
+    "PadAkg": Handler(_pad, {"head": _ints, "tail": _ints, "pad_val": _int}),
+    "UnPadAkg": Handler(_unpad, {"tail": _ints}),
+    "OneHot": Handler(_one_hot, {"depth": _int, "axis": _int}),
+    "Concat": Handler(_concat, {"axis": _int, "N": _int, "inputNums": _int,
+                                "dyn_input_sizes": _ints}),
+    "AddN": Handler(_add_n, {"n": _int, "dyn_input_sizes": _ints}),
+    "ElemAny": Handler(_elem_any, {"dst_type": _dtype}),
+    "Assign": Handler(_assign),
+    "InplaceAssign": Handler(_inplace_assign, {"fake_output": _bool}),
+    "Custom": _refused("it runs user-written code (func_source_str) polyc cannot analyse"),
+    "CReal": _refused("complex numbers are not a polyc dtype"),
+    "CImag": _refused("complex numbers are not a polyc dtype"),
+    "Complex": _refused("complex numbers are not a polyc dtype"),
+    "Gather": _refused("its index is read from a tensor, which is not an affine access"),
+}

@@ -1,0 +1,80 @@
+"""The AKG corpus as conformance (benchmarks/akg_corpus.py), on the sample vendored in
+tests/data/akg (Apache-2.0, see its LICENSE and NOTICE) and, when `POLYC_AKG_CORPUS`
+names the whole corpus, on a spread sample of it."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SAMPLE = HERE / "data" / "akg"
+_spec = importlib.util.spec_from_file_location(
+    "akg_corpus", HERE.parent / "benchmarks" / "akg_corpus.py")
+akg_corpus = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(akg_corpus)
+
+# The vendored files polyc refuses, and why (every other one must match).
+REFUSED = {
+    "Fused_Custom_add_parallel_1.info": "Custom is not supported",
+    "Fused_MatMul_split_16954896143381380691.info": "format 'FRACTAL_NZ' is not supported",
+    "complex_add.info": "data_type 'complex64' is not supported",
+}
+
+
+@pytest.mark.slow
+def test_vendored_sample_matches():
+    files = akg_corpus.corpus_files(SAMPLE)
+    assert len(files) >= 30
+    results = [akg_corpus.check_file(f) for f in files]
+    for r in results:
+        name = Path(r["file"]).name
+        if name in REFUSED:
+            assert r["verdict"] == "refused" and REFUSED[name] in r["reason"], r
+        else:
+            assert r["verdict"] == "match", r
+    table = akg_corpus.report(results, SAMPLE)
+    assert f"match     {len(files) - len(REFUSED):5}" in table
+    assert "fusion: " in table and "compile time p50" in table
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("POLYC_AKG_CORPUS"),
+                    reason="set POLYC_AKG_CORPUS to the corpus folder to check a sample of it")
+def test_corpus_sample_from_environment():
+    corpus = Path(os.environ["POLYC_AKG_CORPUS"])
+    results = []
+    akg_corpus.run_files(akg_corpus.sample(akg_corpus.corpus_files(corpus), 24), timeout=120,
+                         jobs=1, run_limit_mib=256, on_result=results.append)
+    bad = [r for r in results if r["verdict"] in ("wrong", "crashed", "timeout")]
+    assert not bad, bad
+
+
+def test_without_a_corpus_the_script_says_so(capsys, monkeypatch):
+    monkeypatch.delenv("POLYC_AKG_CORPUS", raising=False)
+    assert akg_corpus.main([]) == 0
+    assert "no corpus" in capsys.readouterr().out
+
+
+def test_the_worker_survives_a_file_that_kills_it(tmp_path, monkeypatch):
+    """A file whose check kills the process is 'crashed' and the next gets a new worker."""
+    monkeypatch.setattr(akg_corpus, "check_file", lambda path, **kw: (
+        os._exit(3) if path.name == "die.info" else {"file": str(path), "verdict": "match"}))
+    files = [tmp_path / "die.info", tmp_path / "ok.info"]
+    results = []
+    akg_corpus.run_files(files, timeout=30, jobs=1, run_limit_mib=1, on_result=results.append)
+    assert [r["verdict"] for r in results] == ["crashed", "match"]
+    assert "exit code 3" in results[0]["reason"]
+
+
+def test_compare_tolerances():
+    import numpy as np
+    ref = np.array([1.0, 2.0, np.nan], np.float32)
+    assert akg_corpus.compare(ref.copy(), ref) is None
+    assert akg_corpus.compare(ref * np.float32(1 + 1e-6), ref) is None
+    assert akg_corpus.compare(ref * np.float32(1.01), ref) > 1
+    h = np.array([1.0, 1000.0], np.float16)
+    assert akg_corpus.compare(h + np.float16(0.0005), h) is None
+    assert akg_corpus.compare(np.array([True]), np.array([False])) == float("inf")

@@ -186,7 +186,7 @@ def test_compile_options_are_every_targets_options():
     assert CompileOptions().model_dump(mode="json") == {
         name: json.loads(next(iter(v))) if len(v) == 1 else None for name, v in fields.items()}
     assert "manycore 64, npu 1" in CompileOptions.model_fields["cores"].description
-    assert set(CompileRequest.model_fields) == {"graph", "target", "options"}
+    assert set(CompileRequest.model_fields) == {"graph", "akg", "target", "options"}
 
 
 # -- pointers ----------------------------------------------------------------------------------

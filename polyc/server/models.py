@@ -129,11 +129,19 @@ Target = Literal[targets.names()]  # type: ignore[valid-type]
 class CompileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    graph: dict[str, Any] | None = Field(None, json_schema_extra=GRAPH_SCHEMA)
+    # required (null only beside 'akg'), so a request without either is told 'graph'
+    graph: dict[str, Any] | None = Field(json_schema_extra=GRAPH_SCHEMA)
     akg: dict[str, Any] | None = Field(None, description="instead of 'graph': a MindSpore/AKG "
                                        "composite kernel (the .info JSON), see polyc.import_akg")
     target: Target = Field("cpu", description="the target to compile for")
     options: CompileOptions = Field(default_factory=CompileOptions)  # type: ignore[valid-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _akg_instead_of_graph(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("akg") is not None and "graph" not in data:
+            return {**data, "graph": None}
+        return data
 
     @model_validator(mode="after")
     def _one_source(self):

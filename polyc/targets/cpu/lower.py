@@ -53,6 +53,13 @@ def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
     return sum(sizes[n] for n in names)
 
 
+def _runs_once(band: isl.ScheduleNode) -> bool:
+    """Does the first member of `band` take a single value over its domain?"""
+    upa = band.band_get_partial_schedule().get_union_pw_aff(0)
+    values = isl.UnionMap.from_union_pw_aff(upa).intersect_domain(band.get_domain()).range()
+    return values.n_set() == 1 and values.as_set().count_val().to_python() == 1
+
+
 def _below_mark(node: isl.ScheduleNode, *kinds: type[marks.Mark]) -> bool:
     return (node.has_parent() and node.parent().get_type() == isl.schedule_node_type.mark
             and marks.word(node.parent().mark_get_id().get_name()) in {k.word for k in kinds})
@@ -158,6 +165,14 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, mac
         return node
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
+        if node.get_type() == _BAND and _runs_once(node):
+            # a loop of one iteration (a dim of size 1) is dropped by the AST build, and
+            # the marks above it would land on the loops below it, which may carry
+            # dependences it did not (a parallel reduction): it gets none, the band
+            # below it is marked as if it came first
+            if node.band_n_member() > 1:
+                node = node.band_split(1)
+            return visit(node.child(0), in_band).parent()
         inserted = 0
         if (parallel and threads > 1 and not in_band and node.get_type() == _BAND
                 and not node.band_member_get_coincident(0)

@@ -18,17 +18,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import json
 import os
-import platform
-import tempfile
-from pathlib import Path
 
 from ...codegen.build import build_shared_object, compiler_version
 from ...machine import Machine
 from ...microkernels.registry import c_source
-from ...paths import cache_dir
-from .machine import cpu_toolchain, host_can_run
+from ...paths import read_cache_json, write_cache_json
+from .machine import cpu_model, cpu_toolchain, host_can_run
 
 KC = 256  # panel depth: the memory model's usual kc
 ROWS, COLS = 96, 192  # the block of C each round sweeps (rounded up to whole tiles)
@@ -80,14 +76,7 @@ def _up(n: int, unit: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _key(machine: Machine) -> str:
     from ...version import __version__
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     toolchain = cpu_toolchain(machine)
     text = "\n".join([model, str(os.cpu_count()), machine.arch, ",".join(sorted(machine.features)),
                       compiler_version(toolchain.cc), __version__])
@@ -97,15 +86,7 @@ def _key(machine: Machine) -> str:
 _seen: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}  # this process's answers
 
 
-def _path() -> Path:
-    return cache_dir() / "calibration.json"
-
-
-def _load() -> dict:
-    try:
-        return json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
+FILE = "calibration.json"
 
 
 def measure(machine: Machine, kernels) -> dict[str, float]:
@@ -133,7 +114,7 @@ def rates(machine: Machine, kernels) -> dict[str, float]:
     names = tuple(m.name for m in kernels)
     if (key, names) in _seen:
         return dict(_seen[key, names])
-    entry = _load().get(key)
+    entry = read_cache_json(FILE).get(key)
     if entry is not None and all(n in entry["rates"] for n in names):
         _seen[key, names] = entry["rates"]
         return dict(entry["rates"])
@@ -141,11 +122,7 @@ def rates(machine: Machine, kernels) -> dict[str, float]:
     if not measured:
         return {}
     _seen[key, names] = measured
-    data = _load()
+    data = read_cache_json(FILE)
     data[key] = {"arch": machine.arch, "rates": measured}
-    path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(f.name, path)
+    write_cache_json(FILE, data)
     return measured

@@ -114,6 +114,20 @@ def cpu_toolchain(machine: Machine) -> Toolchain:
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The CPU's model name (where a measurement of speed holds)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return model
+
+
+@functools.lru_cache(maxsize=None)
 def host_cpu() -> str:
     """The lines of /proc/cpuinfo that decide what -march=native generates."""
     wanted = ("vendor_id", "cpu family", "model", "model name", "flags")

@@ -10,28 +10,18 @@ graph that produces the same kernel reuses the measurement.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import platform
-import tempfile
-from pathlib import Path
 
 from ...kernel import Kernel
 from ...machine import Machine
-from ...paths import cache_dir
+from ...paths import cache_dir, read_cache_json, write_cache_json
+from .machine import cpu_model
 
 
 def machine_id(machine: Machine) -> str:
     """The CPU model, core count, and the arch and features the code is built for: where
     a measurement holds."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     feats = ",".join(sorted(f for f in machine.features if f.startswith(("avx", "fma", "sse"))))
     return (f"{model}|{os.cpu_count()}|{machine.arch}|"
             f"{hashlib.sha256(feats.encode()).hexdigest()[:12]}")
@@ -52,15 +42,7 @@ def kernel_key(kernel: Kernel, machine: Machine, threads: int) -> str:
     return hashlib.sha256(f"{text}\n{where}".encode()).hexdigest()
 
 
-def _path() -> Path:
-    return cache_dir() / "tuning.json"
-
-
-def _load() -> dict:
-    try:
-        return json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
+FILE = "tuning.json"
 
 
 def fingerprint() -> str:
@@ -68,7 +50,7 @@ def fingerprint() -> str:
     never served code built with older tiles. A stat, not a read: it is on the path of
     every cache hit."""
     try:
-        st = _path().stat()
+        st = (cache_dir() / FILE).stat()
     except OSError:
         return ""
     return f"{st.st_mtime_ns}:{st.st_size}"
@@ -77,19 +59,15 @@ def fingerprint() -> str:
 def lookup(kernel: Kernel, machine: Machine, threads: int) -> dict | None:
     """The stored measurement of `kernel`: {"microkernel": name, "tiles": {...},
     "seconds": ...}, or None."""
-    return _load().get(kernel_key(kernel, machine, threads))
+    return read_cache_json(FILE).get(kernel_key(kernel, machine, threads))
 
 
 def store(kernel: Kernel, machine: Machine, threads: int, microkernel: str,
           tiles: dict[str, int], seconds: float) -> None:
     """Record the fastest microkernel and tiles for `kernel` run by `threads` threads
     (written atomically: tuners may race)."""
-    data = _load()
+    data = read_cache_json(FILE)
     data[kernel_key(kernel, machine, threads)] = {
         "kernel": kernel.name, "microkernel": microkernel, "tiles": tiles, "seconds": seconds,
         "machine": machine_id(machine), "threads": threads}
-    path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(f.name, path)
+    write_cache_json(FILE, data)

@@ -214,7 +214,9 @@ class WorkerPool:
         return self._waiting
 
     def busy_pids(self) -> list[int]:
-        return [w.pid for w in self._busy]
+        # read from other threads (tests, monitors) while the loop mutates the set: copy()
+        # runs under one GIL hold, a Python-level iteration does not
+        return [w.pid for w in self._busy.copy()]
 
     def retry_after(self) -> int:
         """Seconds until a queued job can expect a worker, from recent compile times."""

@@ -65,3 +65,15 @@ def test_a_scalar_chain_joins_the_loop_that_broadcasts_it():
     compiled = _check(b.build([b.sub(v, b.mul(step, v))]))
     assert len(compiled.kernels) == 1
     assert any("no loop is shared, but" in line for line in compiled.fusion.report)
+
+
+def test_a_scalar_chain_runs_before_a_large_broadcast_in_one_kernel():
+    # bert's gradient clipping: a [1, 1] chain shared its loop of one iteration with the
+    # [1, 1024, 4096] division it feeds, so one iteration touched 32 MiB and the oracle
+    # kept them apart; in sequence the scalar runs once and the division keeps its loops
+    b = polyc.GraphBuilder("clip")
+    norm, x = b.input("norm", [1, 1]), b.input("x", [1024, 4096])
+    s = b.maximum(b.sqrt(b.abs(norm)), b.constant("eps", [1], [1e-6]))
+    compiled = _check(b.build([b.div(x, b.reshape(s, shape=[1, 1, 1]))]))
+    assert len(compiled.kernels) == 1
+    assert "computes at most" in "\n".join(compiled.kernels[0].fusion_report)

@@ -162,12 +162,9 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
                             "their loops traverse it differently, nothing would be reused")
-    if depth == 0 and (tiny := _tiny_side(kernel, (a, kept_a), (b, kept_b))):
-        saved = _saved_bytes(graph, a, b)
-        return FusionAnswer(True, 0, True, 0, capacity, saved,
-                            f"no loop is shared, but {group_label(tiny)} computes at most "
-                            f"{TINY_INSTANCES} values: it runs once, in sequence with the "
-                            f"other's loops, in one kernel; saves {_mib(saved)}")
+    tiny = _tiny_side(kernel, (a, kept_a), (b, kept_b))
+    if depth == 0 and tiny:
+        return _tiny_answer(graph, a, b, tiny, capacity, "no loop is shared")
     if depth == 0:
         blocking = reversed_dependence(model, kernel, kept_a, kept_b)
         return FusionAnswer(False, 0, False, 0, capacity, 0,
@@ -176,7 +173,22 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                             "for several values (a reduction across it, or a transposed read)"
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, depth, block)
-    return _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
+    answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
+    if not answer.profitable and tiny:
+        # sharing a loop of one iteration with a scalar puts the whole of the other
+        # side under it; in sequence the other keeps its own loops and tiles
+        return _tiny_answer(graph, a, b, tiny, capacity,
+                            f"sharing {depth} loop(s) touches {_mib(foot)} per iteration")
+    return answer
+
+
+def _tiny_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
+                 tiny: tuple[str, ...], capacity: int, why: str) -> FusionAnswer:
+    saved = _saved_bytes(graph, a, b)
+    return FusionAnswer(True, 0, True, 0, capacity, saved,
+                        f"{why}, but {group_label(tiny)} computes at most "
+                        f"{TINY_INSTANCES} values: it runs once, in sequence with the "
+                        f"other's loops, in one kernel; saves {_mib(saved)}")
 
 
 def _loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,

@@ -76,4 +76,34 @@ def test_a_scalar_chain_runs_before_a_large_broadcast_in_one_kernel():
     s = b.maximum(b.sqrt(b.abs(norm)), b.constant("eps", [1], [1e-6]))
     compiled = _check(b.build([b.div(x, b.reshape(s, shape=[1, 1, 1]))]))
     assert len(compiled.kernels) == 1
-    assert "computes at most" in "\n".join(compiled.kernels[0].fusion_report)
+    assert "computes at most 64 values" in "\n".join(compiled.kernels[0].fusion_report)
+
+
+def test_a_reduction_over_a_unit_axis_shares_its_loops_with_its_readers():
+    # cyclegan / sponge: a sum over the axes [0, 2, 3] of [1, C, H, W] iterated its unit
+    # batch axis first, so the per-channel reshapes after it took a kernel of their own
+    b = polyc.GraphBuilder("channel_sums")
+    x = b.input("x", [1, 16, 20, 24])
+    s = b.reduce_sum(x, axes=[0, 2, 3])
+    compiled = _check(b.build([b.reshape(s, shape=[16]), b.neg(s)]))
+    assert len(compiled.kernels) == 1
+
+
+def test_a_small_producer_runs_in_sequence_before_its_broadcast():
+    # cyclegan's BiasAdd: the bias reshaped to [C, 1, 1] loops over C first, the image
+    # over its batch of one; the reshape is 1/961 of the work and its result 2 KiB
+    b = polyc.GraphBuilder("bias_add")
+    x, bias = b.input("x", [1, 512, 31, 31]), b.input("bias", [512])
+    compiled = _check(b.build([b.add(x, b.reshape(bias, shape=[512, 1, 1]))]))
+    assert len(compiled.kernels) == 1
+    assert "at most 1/16 of the other's" in "\n".join(compiled.kernels[0].fusion_report)
+
+
+def test_a_scalar_set_under_an_if_and_selected_after_it_is_not_miscompiled():
+    # AKG's concat.info: with AVX-512, gcc 12's if-conversion loaded the second input's
+    # first rows as zeros in `if (i < 4) t = a[i] * 2; out = i < 4 ? t : b[i - 4] + 1`
+    b = polyc.GraphBuilder("concat")
+    x, y = b.input("x", [4, 2]), b.input("y", [8, 2])
+    two, one = b.constant("two", [1], [2.0]), b.constant("one", [1], [1.0])
+    compiled = _check(b.build([b.concat(b.mul(x, two), b.add(y, one), axis=0)]), rtol=0)
+    assert 'optimize("no-tree-loop-if-convert")' in compiled.c_source

@@ -264,11 +264,18 @@ class _Lowering:
         # sum over rows (axis 0) walks each row contiguously, its columns vectorise, and
         # every statement of a fused column softmax keeps the column as its last
         # iterator (fusion_tree's column blocks)
-        out_index = tuple(Aff() if d in axes else Aff.it(d)
+        # a reduced axis of one element is no loop: kept as a loop of one iteration it
+        # would stand first in the update's order and share nothing with the consumers
+        # (a sum over the axes [0, 2, 3] of an [1, C, H, W] image, read per channel)
+        looped = [d for d in range(x.ndim) if not (d in axes and x.shape[d] == 1)]
+        pos = {d: k for k, d in enumerate(looped)}
+        out_index = tuple(Aff() if d in axes else Aff.it(pos[d])
                           for d in range(x.ndim) if keep or d not in axes)
         init = self.stmt(self.out.shape, identity(self.out.ndim),
                          Const(reduce_identity(kind, x.dtype), x.dtype), suffix="_init")
-        update = self.stmt(x.shape, out_index, self.load(0, identity(x.ndim)), kind)
+        read = tuple(Aff.it(pos[d]) if d in pos else Aff() for d in range(x.ndim))
+        update = self.stmt(tuple(x.shape[d] for d in looped), out_index, self.load(0, read),
+                           kind)
         return [init, update]
 
     def op_matmul(self) -> list[Statement]:

@@ -45,11 +45,6 @@ Microkernels = Callable[[Kernel, int], "str | None"]
 # in one kernel) beat a microkernel call between separate kernels
 KEEP_MICROKERNEL_FLOPS = 1 << 20
 
-# a group of statements that run at most this many times in all may join a neighbour it
-# shares no loop with (in sequence, in one kernel)
-TINY_INSTANCES = 64
-
-
 @dataclass(frozen=True)
 class FusionAnswer:
     legal: bool  # a legal schedule shares at least one outer loop between the groups
@@ -65,16 +60,32 @@ class FusionAnswer:
         return self.legal and self.footprint <= self.capacity
 
 
-def _tiny_side(kernel: Kernel, *groups: tuple[tuple[str, ...], set[str]]
-               ) -> tuple[str, ...] | None:
-    """The group whose statements run at most TINY_INSTANCES times in all (scalars
-    computed before the loops that broadcast them, or after a whole reduction), if any:
-    sharing no loop with it costs nothing, while a kernel of its own costs a call and a
-    round trip through memory (MindSpore's fused kernels are full of them)."""
-    for nodes, names in groups:
-        if sum(math.prod(s.extents) for s in kernel.statements
-               if s.name in names) <= TINY_INSTANCES:
-            return nodes
+# a group of statements that run at most this many times in all may join a neighbour it
+# shares no loop with (in sequence, in one kernel)
+TINY_INSTANCES = 64
+# ... and so may one that does at most this share of its neighbour's work, when what it
+# hands over fits the fusion level: its loops cost little next to the other's, and one
+# kernel saves a call and keeps its result in cache (a reduction's per-channel result
+# reshaped, a bias reshaped before it is broadcast over an image)
+SMALL_SHARE = 1 / 16
+
+
+def _small_side(graph: Graph, kernel: Kernel, capacity: int,
+                *groups: tuple[tuple[str, ...], set[str]]) -> tuple[tuple[str, ...], str] | None:
+    """The group that may run in sequence with the other in one kernel, and why (see
+    TINY_INSTANCES and SMALL_SHARE), if any: scalars computed before the loops that
+    broadcast them, or after a whole reduction (MindSpore's fused kernels are full of
+    them), cost a call and a round trip through memory in a kernel of their own."""
+    work = [sum(math.prod(s.extents) for s in kernel.statements if s.name in names)
+            for _, names in groups]
+    for (nodes, _), mine, theirs in zip(groups, work, reversed(work)):
+        if mine <= TINY_INSTANCES:
+            return nodes, f"computes at most {TINY_INSTANCES} values: it runs once"
+        handed = sum(graph.types[graph.node(n).output].nbytes for n in nodes)
+        if mine <= SMALL_SHARE * theirs and handed <= capacity:
+            return nodes, (f"does {mine} iterations, at most 1/{round(1 / SMALL_SHARE)} of "
+                           f"the other's {theirs}, and its results ({_mib(handed)}) stay in "
+                           "cache: it runs")
     return None
 
 
@@ -162,9 +173,9 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
                             "their loops traverse it differently, nothing would be reused")
-    tiny = _tiny_side(kernel, (a, kept_a), (b, kept_b))
-    if depth == 0 and tiny:
-        return _tiny_answer(graph, a, b, tiny, capacity, "no loop is shared")
+    small = _small_side(graph, kernel, capacity, (a, kept_a), (b, kept_b))
+    if depth == 0 and small:
+        return _sequence_answer(graph, a, b, small, capacity, "no loop is shared")
     if depth == 0:
         blocking = reversed_dependence(model, kernel, kept_a, kept_b)
         return FusionAnswer(False, 0, False, 0, capacity, 0,
@@ -174,20 +185,21 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, depth, block)
     answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
-    if not answer.profitable and tiny:
+    if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other
         # side under it; in sequence the other keeps its own loops and tiles
-        return _tiny_answer(graph, a, b, tiny, capacity,
+        return _sequence_answer(graph, a, b, small, capacity,
                             f"sharing {depth} loop(s) touches {_mib(foot)} per iteration")
     return answer
 
 
-def _tiny_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
-                 tiny: tuple[str, ...], capacity: int, why: str) -> FusionAnswer:
+def _sequence_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
+                     small: tuple[tuple[str, ...], str], capacity: int, why: str
+                     ) -> FusionAnswer:
     saved = _saved_bytes(graph, a, b)
+    side, because = small
     return FusionAnswer(True, 0, True, 0, capacity, saved,
-                        f"{why}, but {group_label(tiny)} computes at most "
-                        f"{TINY_INSTANCES} values: it runs once, in sequence with the "
+                        f"{why}, but {group_label(side)} {because} in sequence with the "
                         f"other's loops, in one kernel; saves {_mib(saved)}")
 
 

@@ -50,6 +50,7 @@ class CpuBuilder(CBuilder):
         self.parallel: list[str] = []  # those of them that threads share out
         self.microkernels = MicrokernelEmitter(self)
         self.streamed = False  # has a loop stored with non-temporal stores
+        self.guarded_scalar = False  # a loop assigns a contracted scalar under an if
 
     def node(self, n: isl.AstNode, marks: tuple = ()) -> cgen.Generable:
         if n.get_type() != _T.for_:
@@ -105,6 +106,13 @@ class CpuBuilder(CBuilder):
         return sorted(set(scalars))
 
 
+    def emit_if(self, cond, then, other):
+        scalars = [a.c_name for a in self.kernel.arrays if a.kept == ()]
+        text = str(then)
+        if self.loops and any(re.search(rf"^\s*{re.escape(c)} = ", text, re.M) for c in scalars):
+            self.guarded_scalar = True
+        return super().emit_if(cond, then, other)
+
     def promotion(self, buffer: str) -> Promotion:
         return self.promotions[buffer]
 
@@ -120,6 +128,13 @@ class CpuBuilder(CBuilder):
             # output; each worker thread's are drained by the locked instructions of the
             # barrier that ends the parallel loop
             fn.body.contents.append(cgen.Statement("polyc_stream_fence()"))
+        if self.guarded_scalar:
+            # gcc 12's if-conversion for AVX-512 masked loads miscompiles a scalar set
+            # under an if and read in a select after it (AKG's concat.info: the other
+            # operand's first rows loaded as zeros); no other pattern of ours is known
+            # to meet the bug, so only such kernels go without if-conversion
+            fn.fdecl = cgen.DeclSpecifier(
+                fn.fdecl, '__attribute__((optimize("no-tree-loop-if-convert")))')
         kernels = self.microkernels.sources()  # include-guarded: pasted once per kernel
         return cgen.Module([cgen.Line(kernels), fn]) if kernels else fn
 

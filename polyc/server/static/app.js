@@ -56,7 +56,7 @@ async function microkernelChoices(rec) {
 
 // -- the page ----------------------------------------------------------------------------
 function render() {
-  $("graph").value = JSON.stringify(record.graph, null, 1);
+  $("graph").value = graphText(record.graph);
   $("options").value = JSON.stringify(edits(record.options));
   $("target").value = record.target;
   renderSummary();
@@ -67,6 +67,15 @@ function render() {
   renderSource();
   clear($("run"));
   $("result").hidden = false;
+}
+
+// indented while it reads well; a large graph one node a line, since laying out a
+// textarea of tens of thousands of lines holds the tab for a good fraction of a second
+function graphText(graph) {
+  if (graph.nodes.length <= 100) return JSON.stringify(graph, null, 1);
+  const { nodes, ...rest } = graph;
+  const head = JSON.stringify({ ...rest, nodes: [] });
+  return `${head.slice(0, -2)}[\n${nodes.map((n) => JSON.stringify(n)).join(",\n")}\n]}`;
 }
 
 function edits(options) {
@@ -114,11 +123,17 @@ function timingTable(timings, cls, name = (n) => n) {
 }
 
 const PROPOSAL = /^(vertical|horizontal|forced|widening)/;
+const SHOWN_DECISIONS = 100; // a graph of thousands of nodes: laying out every line freezes the tab
 
 function renderFusion() {
   const lines = [...new Set(record.kernels.flatMap((k) => k.fusion_report.filter((l) => PROPOSAL.test(l))))];
-  const list = el("ul", { class: "fusion" }, lines.map((l) =>
-    el("li", { class: l.startsWith("forced") ? "forced" : l.includes(": rejected: ") ? "rejected" : "fused", text: l })));
+  const item = (l) => el("li", { class: l.startsWith("forced") ? "forced" : l.includes(": rejected: ") ? "rejected" : "fused", text: l });
+  const list = el("ul", { class: "fusion" }, lines.slice(0, SHOWN_DECISIONS).map(item));
+  if (lines.length > SHOWN_DECISIONS) { // the rest are built when asked for
+    const rest = el("details", {}, el("summary", { text: `${lines.length - SHOWN_DECISIONS} more decisions` }));
+    rest.addEventListener("toggle", () => { if (rest.children.length === 1) rest.appendChild(el("ul", { class: "fusion" }, lines.slice(SHOWN_DECISIONS).map(item))); });
+    list.appendChild(el("li", { class: "more" }, rest));
+  }
   clear($("fusion")).appendChild(lines.length ? list : el("p", { class: "hint", text: "one node: nothing to fuse" }));
   const names = [...new Set(record.kernels.flatMap((k) => k.nodes))];
   clear($("node-names"));

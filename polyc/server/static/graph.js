@@ -76,9 +76,10 @@ function primitives(record) {
   for (const k of record.kernels) (k.provenance || []).forEach((p, i) => {
     if (!p.node) return;
     const id = "p:" + p.node;
-    const prim = prims.get(id) || { id, node: p.node, origin: p.origin, kernel: k.name, reads: new Set(), writes: new Set(), statement: k.statements[i] };
+    const prim = prims.get(id) || { id, node: p.node, origin: p.origin, kernel: k.name, reads: new Set(), writes: new Set() };
     for (const t of p.reads) prim.reads.add(t);
     prim.writes.add(p.writes);
+    prim.statement = k.statements[i]; // the last: a reduction's update, after its init
     prims.set(id, prim);
     writer.set(p.writes, id);
   });
@@ -86,7 +87,8 @@ function primitives(record) {
 }
 
 // a statement's right-hand side, short: what a primitive computes, under its name
-const rhs = (statement) => (statement || "").replace(/^[^=]*=\s*/, "").replace(/\s+for .*$/, "");
+// ("S0: n.sum[i0, i1] += x[i0, i1]  for ..." -> "+= x[i0, i1]")
+const rhs = (statement) => (statement || "").replace(/^[^=]*?(\S*)=\s*/, (_, op) => (op ? `${op}= ` : "")).replace(/\s+for .*$/, "");
 
 function sentPicture(record, prims, writer) {
   const g = record.graph;

@@ -14,13 +14,21 @@ function copies(node) {
   return node.kind === "filter" && node.filter ? [...node.filter.matchAll(COPY)] : [];
 }
 
+// a copy_in of a buffer the tile only writes moves nothing: it places the tile's box
+// (the targets' builders skip its transfer)
+function moves(dir, p) {
+  return !p || (dir === "in" ? p.direction === "in" : p.direction === "out") || p.direction === "inout";
+}
+
 // ctx: { promoted: the kernel's buffers (record.kernels[i].promoted), target }
 function label(node, ctx) {
   const kind = node.kind || "node";
   const found = copies(node);
   if (found.length) {
     const words = COPY_WORD[ctx.target] || { in: "copy in", out: "copy out" };
-    return [el("span", { class: "kind copy", text: words[found[0][1]] }), el("span", { text: ` ${found.map((m) => m[2]).join(", ")}` })];
+    const dir = found[0][1];
+    const moving = found.some(([, , b]) => moves(dir, ctx.promoted.find((p) => p.buffer === b)));
+    return [el("span", { class: "kind copy", text: moving ? words[dir] : "place tile" }), el("span", { text: ` ${found.map((m) => m[2]).join(", ")}` })];
   }
   const tile = kind === "mark" && /^tile (\S+) (\S+)$/.exec(node.mark || "");
   if (tile) {
@@ -35,15 +43,23 @@ function label(node, ctx) {
 function copyLines(node, ctx) {
   return copies(node).map(([, dir, buffer]) => {
     const p = ctx.promoted.find((b) => b.buffer === buffer);
-    const text = p ? `${buffer} [${p.level}] ${p.shape.join("x")} (${p.bytes.toLocaleString()} B) ${dir === "in" ? "<-" : "->"} ${p.array}` : buffer;
+    const what = !moves(dir, p) ? ": placed here, nothing to move (the tile writes it)" : ` ${dir === "in" ? "<-" : "->"} ${p.array}`;
+    const text = p ? `${buffer} [${p.level}] ${p.shape.join("x")} (${p.bytes.toLocaleString()} B)${what}` : buffer;
     return el("span", { class: `attr copy-line level-${p ? p.level : ""}`, text });
   });
+}
+
+// the chip targets' copies sit deep (below their tile's mark): the path to them starts open
+const toCopy = new WeakMap();
+function leadsToCopy(node) {
+  if (!toCopy.has(node)) toCopy.set(node, copies(node).length > 0 || (node.children || []).some(leadsToCopy));
+  return toCopy.get(node);
 }
 
 export function treeView(node, ctx = { promoted: [], target: "" }, depth = 0) {
   const box = el("details", { "data-kind": node.kind || "" });
   if (copies(node).length) box.classList.add("copy-node");
-  if (depth < MAX_OPEN_DEPTH) box.open = true;
+  if (depth < MAX_OPEN_DEPTH || (ctx.promoted.length && leadsToCopy(node))) box.open = true;
   box.appendChild(el("summary", {}, label(node, ctx)));
   for (const key of SHOWN) {
     if (key in node && key !== "members") {

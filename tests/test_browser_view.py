@@ -197,7 +197,8 @@ def test_stage_times_composites_and_microkernel_choice(server, page):
     opened = sent.locator("g.primitive").evaluate_all("gs => gs.map(g => g.dataset.node)")
     assert len(opened) >= 5 and "p:n.mean" in opened, opened
     assert sent.locator("g.composite-box").count() == 1 and sent.locator("g.composite").count() == 1
-    page.locator("#graph-view").screenshot(path=str(SHOTS / "06_composite_opened.png"))
+    page.locator("#graph-view").evaluate("e => e.parentElement.scrollIntoView()")
+    page.screenshot(path=str(SHOTS / "06_composite_opened.png"))  # docs/browser-view.png
     sent.locator("g.composite-box text").click()
     assert sent.locator("g.primitive").count() == 0 and sent.locator("g.composite").count() == 2
 
@@ -250,8 +251,8 @@ def test_chip_targets_show_promoted_buffers_and_copies(server, page, target, cop
     # buffer [level] shape (bytes) <- the array it holds a tile of
     assert any(re.fullmatch(rf"\w+ \[{level}\] \d+(x\d+)+ \([\d,]+ B\) <- \w+", t) for t in lines), lines
     assert tree.locator(".kind.level-mark").count() >= 1
-    tree.locator(".copy-node").first.scroll_into_view_if_needed()
-    page.screenshot(path=str(SHOTS / f"07_{target}_copies.png"))
+    kernel.locator(".promoted").evaluate("e => e.scrollIntoView()")
+    page.screenshot(path=str(SHOTS / f"07_{target}_copies.png"))  # docs/browser-view-chip.png
     assert page.errors == []
 
 

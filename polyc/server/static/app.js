@@ -81,7 +81,8 @@ function graphText(graph) {
 function edits(options) {
   const out = {};
   for (const k of ["kernel_tile_sizes", "fuse_force", "fuse_forbid"]) if (options[k] && options[k].length) out[k] = options[k];
-  if (options.gemm_kernel) out.gemm_kernel = options.gemm_kernel;
+  // the microkernel choice, and the ISA that narrows it, stay with the next compile
+  for (const k of ["microkernel_isa", "gemm_kernel"]) if (options[k]) out[k] = options[k];
   return out;
 }
 

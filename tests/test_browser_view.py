@@ -197,6 +197,9 @@ def test_stage_times_composites_and_microkernel_choice(server, page):
     opened = sent.locator("g.primitive").evaluate_all("gs => gs.map(g => g.dataset.node)")
     assert len(opened) >= 5 and "p:n.mean" in opened, opened
     assert sent.locator("g.composite-box").count() == 1 and sent.locator("g.composite").count() == 1
+    # the edges run from the graph's inputs into the primitives, and from the last into h
+    edges = sent.locator("path.edge").evaluate_all("ps => ps.map(p => p.dataset.from + ' ' + p.dataset.to)")
+    assert {"t:x p:n.sum", "p:n.sum p:n.mean", "p:n n:h", "t:w n:h", "n:h n:y"} <= set(edges), edges
     page.locator("#graph-view").evaluate("e => e.parentElement.scrollIntoView()")
     page.screenshot(path=str(SHOTS / "06_composite_opened.png"))  # docs/browser-view.png
     sent.locator("g.composite-box text").click()

@@ -39,7 +39,7 @@ function draw(title, items, deps, groups = []) {
   for (const [id, ps] of deps) for (const p of ps) {
     const a = pos.get(p), b = pos.get(id);
     if (!a || !b) continue;
-    root.appendChild(svg("path", { class: "edge", d: `M${a.x + W},${a.y + H / 2} C${a.x + W + GAP_X / 2},${a.y + H / 2} ${b.x - GAP_X / 2},${b.y + H / 2} ${b.x},${b.y + H / 2}` }));
+    root.appendChild(svg("path", { class: "edge", "data-from": p, "data-to": id, d: `M${a.x + W},${a.y + H / 2} C${a.x + W + GAP_X / 2},${a.y + H / 2} ${b.x - GAP_X / 2},${b.y + H / 2} ${b.x},${b.y + H / 2}` }));
   }
   for (const [name, ids, cls, onclick] of groups) {
     const ps = ids.map((id) => pos.get(id)).filter(Boolean);
@@ -92,7 +92,8 @@ const rhs = (statement) => (statement || "").replace(/^[^=]*?(\S*)=\s*/, (_, op)
 
 function sentPicture(record, prims, writer) {
   const g = record.graph;
-  const tensors = new Set([...(g.inputs || []), ...(g.constants || [])].map((t) => t.name));
+  const shapes = new Map([...(g.inputs || []), ...(g.constants || [])].map((t) => [t.name, `[${t.shape.join(", ")}]`]));
+  const tensors = new Set(shapes.keys());
   const nodes = g.nodes.map((n) => ({ n, name: n.name || n.outputs[0] }));
   if (nodes.length + tensors.size > MAX_DRAWN) return tooMany("as sent", nodes.length, "the kernels below list them");
   const producer = new Map(nodes.map(({ n, name }) => [n.outputs[0], "n:" + name]));
@@ -106,22 +107,26 @@ function sentPicture(record, prims, writer) {
   const expanded = new Set();
   const box = el("div", { class: "sent" });
 
-  // where an edge into something expanded starts: the primitive writing the tensor, else
-  // (the tensor was inlined away) the sent node, or the expanded node's last primitives
+  // where an edge for `tensor` read by sent node `reader` starts: the sent node that made
+  // it, or when that one is open, the primitive writing it, else (the tensor was inlined
+  // into its readers) those of its primitives the reader's primitives read, else its last
   const sinks = (id) => {
     const ps = members.get(id);
     return ps.filter((p) => !ps.some((q) => q !== p && [...p.writes].some((t) => q.reads.has(t)))).map((p) => p.id);
   };
-  const source = (tensor) => {
+  const source = (tensor, reader) => {
     if (tensors.has(tensor)) return ["t:" + tensor];
     const w = writer.get(tensor), sent = producer.get(tensor) || (w && owner.get(w));
     if (!sent) return [];
     if (!expanded.has(sent)) return [sent];
-    return w && owner.get(w) === sent ? [w] : sinks(sent);
+    if (w && owner.get(w) === sent) return [w];
+    const read = (members.get(reader) || []).flatMap((p) => [...p.reads]).map((t) => writer.get(t))
+      .filter((x) => x && owner.get(x) === sent);
+    return read.length ? [...new Set(read)] : sinks(sent);
   };
 
   const redraw = () => {
-    const items = [...tensors].map((t) => ({ id: "t:" + t, label: t, sub: "input", kind: "tensor" }));
+    const items = [...tensors].map((t) => ({ id: "t:" + t, label: t, sub: shapes.get(t), kind: "tensor" }));
     const deps = new Map(), groups = [];
     for (const { n, name } of nodes) {
       const id = "n:" + name;
@@ -129,14 +134,14 @@ function sentPicture(record, prims, writer) {
         const ps = members.get(id);
         for (const p of ps) {
           items.push({ id: p.id, label: p.node, sub: rhs(p.statement), title: `${p.statement}\n(in ${p.kernel})`, kind: "node primitive" });
-          deps.set(p.id, [...new Set([...p.reads].flatMap((t) => writer.get(t) === p.id ? [] : source(t)))]);
+          deps.set(p.id, [...new Set([...p.reads].flatMap((t) => writer.get(t) === p.id ? [] : source(t, id)))]);
         }
         groups.push([`${n.op} ${name} (click to close)`, ps.map((p) => p.id), "composite-box", () => toggle(id)]);
       } else {
         const can = opens(id);
         items.push({ id, label: name, sub: can ? `${n.op} ▸ ${members.get(id).length} primitives` : n.op, title: `${n.op} ${name}${can ? " (click to open)" : ""}`,
           kind: can ? "node composite" : "node", onclick: can ? () => toggle(id) : null });
-        deps.set(id, [...new Set(n.inputs.flatMap(source))]);
+        deps.set(id, [...new Set(n.inputs.flatMap((t) => source(t, id)))]);
       }
     }
     box.replaceChildren(draw("as sent", items, deps, groups));

@@ -95,7 +95,7 @@ function renderSummary() {
   for (const n of record.notes || []) box.appendChild(el("p", { class: "hint", text: n }));
   const total = sum(record.timings);
   // kernels by the time their passes took, slowest first: where a compile's time went
-  const perKernel = Object.fromEntries(record.kernels.map((k) => [k.name, sum(k.timings)])
+  const perKernel = Object.fromEntries(record.kernels.filter((k) => k.timings).map((k) => [k.name, sum(k.timings)])
     .sort((a, b) => b[1] - a[1]));
   const build = record.timings.build;
   box.appendChild(el("details", { id: "timings" },
@@ -207,7 +207,8 @@ function kernelView(k, index) {
     el("div", { class: "edit" }, "diff ", from, " → ", to, el("button", { type: "button", class: "diff-button", text: "Diff", onclick: diff })), diffBox,
     el("h3", { text: "Edit and re-check" }), editRow, microkernel,
     other.length ? el("ul", {}, other.map((l) => el("li", { text: l }))) : null,
-    el("details", { class: "kernel-timing" }, el("summary", { text: `compile time: ${ms(sum(k.timings))}` }), timingTable(k.timings, "stage-times")),
+    k.timings ? el("details", { class: "kernel-timing" }, el("summary", { text: `compile time: ${ms(sum(k.timings))}` }), timingTable(k.timings, "stage-times"))
+      : el("p", { class: "hint", text: "compile time per kernel: not recorded (an older polyc stored this result)" }),
     el("details", {}, el("summary", { text: "dependences" }), el("pre", { text: k.dependences })));
   if (index < 4) view.open = true;
   // the tree is built when the kernel is first opened: many kernels stay cheap

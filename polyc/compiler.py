@@ -75,10 +75,17 @@ class Trace:
 
     @property
     def timings(self) -> dict[str, float]:
+        """Seconds per stage, summed over every kernel."""
+        return self.timings_of(None)
+
+    def timings_of(self, kernel: str | None) -> dict[str, float]:
+        """Seconds per stage of one kernel's passes (named "<pass> <kernel>"), or of the
+        whole compile when `kernel` is None."""
         out: dict[str, float] = {}
         for name, _, seconds in self.passes:
-            stage = name.split(" ")[0]
-            out[stage] = out.get(stage, 0.0) + seconds
+            stage, _, of = name.partition(" ")
+            if kernel is None or of == kernel:
+                out[stage] = out.get(stage, 0.0) + seconds
         return out
 
 
@@ -144,6 +151,11 @@ class KernelResult:
             "provenance": self.provenance(),
             "microkernels": self.microkernels,
             "promotions": [str(p) for p in self.promotions],
+            # the same, as fields: the browser view draws each copy at its place in the tree
+            "promoted": [{"buffer": p.buffer, "array": p.array, "level": p.level,
+                          "direction": p.direction, "shape": list(p.extents),
+                          "bytes": p.bytes, "layout": p.layout, "at": p.at}
+                         for p in self.promotions],
             "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},
         }

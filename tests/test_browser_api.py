@@ -188,3 +188,72 @@ def test_run_bad_input_names_the_field(client):
     assert r.status_code == 400
     r = client.post("/v1/kernels/" + "0" * 64 + "/run", json={})
     assert r.status_code == 404
+
+
+def test_each_kernel_carries_its_stage_times(client):
+    key = compile_(client, SOFTMAX).json()["key"]
+    rec = client.get(f"/v1/kernels/{key}").json()
+    whole = rec["timings"]
+    for k in rec["kernels"]:
+        assert {"schedule", "codegen"} <= set(k["timings"]), k["timings"]
+        assert all(s >= 0 for s in k["timings"].values())
+    # a kernel's stages are its share of the whole graph's: summed over the kernels,
+    # each kernel stage is the graph's figure for it (the graph stages are nobody's)
+    for stage in {s for k in rec["kernels"] for s in k["timings"]}:
+        assert sum(k["timings"].get(stage, 0) for k in rec["kernels"]) == pytest.approx(whole[stage])
+    assert "fuse" in whole and all("fuse" not in k["timings"] for k in rec["kernels"])
+
+
+def test_microkernels_lists_the_registry_for_a_target(client):
+    cpu = client.get("/v1/microkernels", params={"target": "cpu"}).json()
+    by_name = {m["name"]: m for m in cpu}
+    # the portable kernel needs nothing: every host offers it
+    assert by_name["sgemm_vec_6x16"]["offered"] is True and by_name["sgemm_vec_6x16"]["isa"] == "portable"
+    assert "mc_sgemm_64x64x32" not in by_name and by_name["row_sum_f32"]["kind"] == "row_sum"
+    portable = {m["name"]: m for m in client.get(
+        "/v1/microkernels", params={"target": "cpu", "isa": "portable"}).json()}
+    assert portable["sgemm_avx2_6x16"]["offered"] is False
+    assert portable["sgemm_vec_6x16"]["offered"] and portable["row_sum_f32"]["offered"]
+    (mc,) = client.get("/v1/microkernels", params={"target": "manycore"}).json()
+    assert mc["name"] == "mc_sgemm_64x64x32" and mc["offered"] and mc["tile"] == [64, 64]
+    r = client.get("/v1/microkernels", params={"target": "gpu"})
+    assert r.status_code == 422 and "unknown target 'gpu'" in r.json()["detail"]
+    r = client.get("/v1/microkernels", params={"isa": "sse"})
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/isa"
+
+
+def test_picking_another_microkernel_recompiles_and_checks(client):
+    r = compile_(client, gemm_kernel="sgemm_vec_6x16")
+    assert r.status_code == 200, r.text
+    rec = client.get(f"/v1/kernels/{r.json()['key']}").json()
+    assert any(k["microkernels"] == ["sgemm_vec_6x16"] for k in rec["kernels"])
+    assert "polyc_sgemm_vec_6x16(" in rec["c_source"]
+    run = client.post(f"/v1/kernels/{r.json()['key']}/run", json={"seed": 2}).json()
+    assert run["outputs"][0]["ok"] is True
+    assert compile_(client, gemm_kernel="sgemm_vec_6x16").json()["cache_hit"] is True
+    # a kernel the registry has but the target does not offer: the reason, and what it offers
+    r = compile_(client, microkernel_isa="portable", gemm_kernel="sgemm_avx2_6x16")
+    assert r.status_code == 422
+    assert "sgemm_avx2_6x16 needs avx2, fma" in r.json()["detail"]
+    assert "offers sgemm_vec_6x16" in r.json()["detail"]
+    r = compile_(client, gemm_kernel="sgemm_nope")
+    assert r.status_code == 422 and r.json()["errors"][0]["pointer"] == "/options/gemm_kernel"
+    assert "must be one of" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("target, level", [("manycore", "LDM"), ("npu", "UB")])
+def test_chip_kernels_record_their_promoted_buffers(client, target, level):
+    r = client.post("/v1/compile", json={"graph": GRAPH, "target": target})
+    assert r.status_code == 200, r.text
+    rec = client.get(f"/v1/kernels/{r.json()['key']}").json()
+    promoted = [p for k in rec["kernels"] for p in k["promoted"]]
+    assert any(p["level"] == level for p in promoted), promoted
+    for k in rec["kernels"]:
+        tree = str(k["schedule_tree"])
+        for p in k["promoted"]:
+            size = 1
+            for n in p["shape"]:
+                size *= n
+            assert p["bytes"] == size * 4  # float32
+            # its copies are statements of the final tree, where the page finds them
+            assert f"copy_in_{p['buffer']}[" in tree or f"copy_out_{p['buffer']}[" in tree

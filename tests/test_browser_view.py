@@ -5,7 +5,10 @@ isl's reason), open the shareable /k/{key}, run on random inputs, and render nam
 holding markup as text. Screenshots go to artifacts/screenshots/ (kept by CI)."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import time
 import shutil
 from pathlib import Path
 
@@ -31,8 +34,17 @@ GRAPH = {"name": "relu_transpose", "inputs": [{"name": "x", "shape": [32, 48]}],
          "outputs": ["out"]}
 EVIL = "<script>alert(1)</script>"
 EVIL_GRAPH = {"name": "x<img src=x>", "inputs": [{"name": EVIL, "shape": [4, 8]}],
-              "nodes": [{"op": "exp", "inputs": [EVIL], "outputs": ["<b>y</b>"]}],
-              "outputs": ["<b>y</b>"]}
+              "nodes": [{"op": "exp", "inputs": [EVIL], "outputs": ["<b>y</b>"]},
+                        {"op": "softmax", "inputs": ["<b>y</b>"], "outputs": ["<i>s</i>"]}],
+              "outputs": ["<i>s</i>"]}
+# a composite before and after a contraction: layer_norm and gelu open into primitives,
+# the matmul runs on a gemm microkernel
+LN_MM = {"name": "ln_mm_gelu", "inputs": [{"name": "x", "shape": [64, 128]},
+                                          {"name": "w", "shape": [128, 128]}],
+         "nodes": [{"op": "layer_norm", "inputs": ["x"], "outputs": ["n"]},
+                   {"op": "matmul", "inputs": ["n", "w"], "outputs": ["h"]},
+                   {"op": "gelu", "inputs": ["h"], "outputs": ["y"]}],
+         "outputs": ["y"]}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +73,13 @@ def page(server):
         browser.close()
 
 
-def compile_in_page(page, graph: dict) -> None:
-    page.fill("#graph", __import__("json").dumps(graph))
+def compile_in_page(page, graph: dict, target: str = "cpu", options: str = "{}") -> None:
+    page.fill("#graph", json.dumps(graph))
+    page.select_option("#target", target)
+    page.fill("#options", options)
+    before = page.url
     page.click("#compile-button")
-    page.wait_for_url("**/k/*")
+    page.wait_for_url(lambda url: "/k/" in url and url != before)
     page.wait_for_selector("#result:not([hidden]) details.kernel")
 
 
@@ -151,7 +166,144 @@ def test_names_holding_markup_render_as_text(server, page):
     assert EVIL in page.locator("#graph-view").text_content()
     assert "<b>y</b>" in page.locator("#kernels").text_content()
     assert "x<img src=x>" in page.locator("#summary").text_content()
+    page.click("#graph-view .open-all")  # the softmax opened: its primitives' names too
+    assert page.locator("#graph-view g.primitive").count() >= 3
+    assert "<i>s</i>" in page.locator("#graph-view").text_content()
+    assert page.locator("img, b, i").count() == 0
     page.screenshot(path=str(SHOTS / "05_markup_names.png"))
+    assert page.errors == []
+
+
+def test_stage_times_composites_and_microkernel_choice(server, page):
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready='1']")
+    compile_in_page(page, LN_MM)
+    kernels = page.locator("details.kernel").count()
+    # compile times: the whole graph's stages, and each kernel's passes
+    page.locator("#timings > summary").click()
+    stages = page.locator("#timings .graph-times td:first-child").all_text_contents()
+    assert {"fuse", "schedule", "codegen", "build"} <= set(stages), stages
+    assert page.locator("#timings .kernel-compile-times tr").count() == kernels
+    first = page.locator("details.kernel").first
+    assert re.fullmatch(r"compile time: \d+\.\d ms",
+                        first.locator(".kernel-timing > summary").text_content())
+    first.locator(".kernel-timing > summary").click()
+    assert first.locator(".stage-times tr", has_text="schedule").count() == 1
+
+    # composite ops open into their primitives in the picture of the graph as sent
+    sent = page.locator("#graph-view .sent")
+    assert sent.locator("g.composite").count() == 2  # layer_norm and gelu; matmul is primitive
+    sent.locator("g.composite[data-node='n:n']").click()
+    opened = sent.locator("g.primitive").evaluate_all("gs => gs.map(g => g.dataset.node)")
+    assert len(opened) >= 5 and "p:n.mean" in opened, opened
+    assert sent.locator("g.composite-box").count() == 1 and sent.locator("g.composite").count() == 1
+    # the edges run from the graph's inputs into the primitives, and from the last into h
+    edges = sent.locator("path.edge").evaluate_all("ps => ps.map(p => p.dataset.from + ' ' + p.dataset.to)")
+    assert {"t:x p:n.sum", "p:n.sum p:n.mean", "p:n n:h", "t:w n:h", "n:h n:y"} <= set(edges), edges
+    page.locator("#graph-view").evaluate("e => e.parentElement.scrollIntoView()")
+    page.screenshot(path=str(SHOTS / "06_composite_opened.png"))  # docs/browser-view.png
+    sent.locator("g.composite-box text").click()
+    assert sent.locator("g.primitive").count() == 0 and sent.locator("g.composite").count() == 2
+
+    # another microkernel, picked from the registry's list for the target
+    key = page.url.rsplit("/", 1)[1]
+    gemm = page.locator("details.kernel", has=page.locator("select.gemm-kernel"))
+    values = gemm.locator("select.gemm-kernel option").evaluate_all("os => os.map(o => o.value)")
+    assert "sgemm_vec_6x16" in values and "mc_sgemm_64x64x32" not in values
+    gemm.locator("select.gemm-kernel").select_option("sgemm_vec_6x16")
+    gemm.locator(".gemm-apply").click()
+    page.wait_for_url(lambda url: "/k/" in url and not url.endswith(key))
+    page.wait_for_selector("details.kernel > summary:has-text('sgemm_vec_6x16')")
+    assert '"gemm_kernel":"sgemm_vec_6x16"' in page.locator("#summary").text_content()
+    # one the target does not offer (microkernel_isa narrows it): the service's reason
+    compile_in_page(page, LN_MM, options='{"microkernel_isa": "portable"}')
+    key = page.url.rsplit("/", 1)[1]
+    refused = page.locator("optgroup[label^='not offered'] option[value='sgemm_avx2_6x16']")
+    assert refused.count() == 1
+    gemm.locator("select.gemm-kernel").select_option("sgemm_avx2_6x16")
+    gemm.locator(".gemm-apply").click()
+    page.wait_for_selector("#edit-error:not([hidden])")
+    reason = page.locator("#edit-error").text_content()
+    assert "sgemm_avx2_6x16 needs avx2, fma" in reason and "offers sgemm_vec_6x16" in reason
+    assert page.url.endswith(key)
+    assert page.errors == []
+
+
+# a matmul with a softmax after it: the chips promote the operands into their on-chip
+# levels and move them with DMA (manycore) or copies between levels (npu)
+MM_SOFTMAX = {"name": "mm_softmax", "inputs": [{"name": "x", "shape": [128, 256]},
+                                               {"name": "w", "shape": [256, 128]}],
+              "nodes": [{"op": "matmul", "inputs": ["x", "w"], "outputs": ["h"]},
+                        {"op": "softmax", "inputs": ["h"], "outputs": ["y"]}],
+              "outputs": ["y"]}
+
+
+@pytest.mark.parametrize("target, copy, level", [("manycore", "DMA get", "LDM"),
+                                                  ("npu", "copy in", "L0A")])
+def test_chip_targets_show_promoted_buffers_and_copies(server, page, target, copy, level):
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready='1']")
+    assert target in page.locator("#target option").all_text_contents()
+    compile_in_page(page, MM_SOFTMAX, target=target)
+    kernel = page.locator("details.kernel").first
+    rows = kernel.locator(".promoted tr").all_text_contents()
+    assert len(rows) >= 3 and any(level in r for r in rows), rows
+    tree = kernel.locator(".tree-box")
+    assert tree.locator(".copy-node .kind.copy", has_text=copy).count() >= 1
+    lines = tree.locator(".copy-line").all_text_contents()
+    # buffer [level] shape (bytes) <- the array it holds a tile of
+    assert any(re.fullmatch(rf"\w+ \[{level}\] \d+(x\d+)+ \([\d,]+ B\) <- \w+", t) for t in lines), lines
+    assert tree.locator(".kind.level-mark").count() >= 1
+    kernel.locator(".promoted").evaluate("e => e.scrollIntoView()")
+    page.screenshot(path=str(SHOTS / f"07_{target}_copies.png"))  # docs/browser-view-chip.png
+    assert page.errors == []
+
+
+def chain(n: int) -> dict:
+    """n elementwise nodes, every seventh adding in a value from three nodes back."""
+    ops, nodes, prev = ("exp", "neg", "tanh", "relu", "abs"), [], "x"
+    for i in range(n):
+        inputs = [prev, f"v{i - 3}"] if i % 7 == 6 else [prev]
+        nodes.append({"op": "add" if i % 7 == 6 else ops[i % 5], "inputs": inputs,
+                      "outputs": [f"v{i}"]})
+        prev = f"v{i}"
+    return {"name": "chain", "inputs": [{"name": "x", "shape": [16, 32]}], "nodes": nodes,
+            "outputs": [prev]}
+
+
+def test_large_graph_renders_collapsed_and_stays_responsive(server, page):
+    r = httpx.post(server.url + "/v1/compile", json={"graph": chain(2000)}, timeout=120)
+    assert r.status_code == 200, r.text
+    key, kernels = r.json()["key"], len(r.json()["kernels"])
+    start = time.perf_counter()
+    page.goto(f"{server.url}/k/{key}")
+    # every round trip to the page while it loads and renders: a long task in the tab
+    # (a freeze) holds one up
+    worst = 0.0
+    while True:
+        t = time.perf_counter()
+        shown = page.locator("details.kernel").count()
+        worst = max(worst, time.perf_counter() - t)
+        if shown == kernels:
+            break
+        assert time.perf_counter() - start < 30, f"{shown} of {kernels} kernels after 30 s"
+    rendered = time.perf_counter() - start
+    t = time.perf_counter()
+    assert page.evaluate("() => document.querySelectorAll('#csource span').length") > 2000
+    worst = max(worst, time.perf_counter() - t)
+    print(f"\n2,000 nodes, {kernels} kernels: rendered in {rendered:.2f} s, "
+          f"longest round trip {worst * 1e3:.0f} ms")
+    assert worst < 2.0 and rendered < 20.0
+    # collapsed: the graph as sent is not drawn, the primitives are drawn as their kernels
+    assert "2000 nodes, too many to draw" in page.locator("#graph-view .too-many").text_content()
+    assert page.locator("#graph-view svg.collapsed g.kernel-node").count() == kernels
+    assert page.locator("details.kernel[open]").count() == 4  # the others build when opened
+    last = page.locator("#graph-view g.kernel-node").last
+    name = last.get_attribute("data-node")[2:]
+    last.click()
+    opened = page.locator(f"details.kernel[data-kernel='{name}']")
+    assert opened.evaluate("d => d.open") and opened.locator(".tree-box details").count() > 0
+    page.screenshot(path=str(SHOTS / "08_large_graph.png"))
     assert page.errors == []
 
 

@@ -181,6 +181,19 @@ class ArrayInfo(BaseModel):
     dtype: str
 
 
+class PromotedBuffer(BaseModel):
+    buffer: str = Field(description="the buffer's C name; its copies are the statements "
+                                    "copy_in_<buffer> and copy_out_<buffer> in the tree")
+    array: str = Field(description="what is copied: an array's C name or an operand")
+    level: str = Field(description="the memory level it lives in (LDM, L1, L0A, UB, ...)")
+    direction: Literal["in", "out", "inout", "local"]
+    shape: list[int]
+    bytes: int
+    layout: str = Field(description="box | panels <width> <dim> | fractal <edge>")
+    at: str = Field(description="the mark whose subtree is one tile ('tile LDM block'): "
+                                "its copies run there; '' when copied once before everything")
+
+
 class KernelDetail(KernelSummary):
     statements: list[str]
     arrays: list[ArrayInfo]
@@ -189,6 +202,22 @@ class KernelDetail(KernelSummary):
     trees: dict[str, dict[str, Any]] = Field(
         description="the tree after each pass that changed it, by that pass's name, in "
                     "pipeline order (schedule, microkernels, tile, lower-cpu, ...)")
+    microkernels: list[str] = Field(default=[], description="the hand-written kernels it calls")
+    promoted: list[PromotedBuffer] = Field(
+        default=[], description="buffers in faster memory levels and their copies (DMA on "
+                                "manycore, copies between levels on npu)")
+    timings: dict[str, float] = Field(default={}, description="seconds per pipeline stage "
+                                                              "of this kernel's passes")
+
+
+class MicrokernelChoice(BaseModel):
+    name: str = Field(description="registry name (the value of options.gemm_kernel)")
+    kind: str
+    target: str
+    features: list[str] = Field(description="target features it needs")
+    tile: list[int] = Field(description="rows x columns of C per call")
+    isa: str = Field(description="the microkernel_isa it belongs to ('' none)")
+    offered: bool = Field(description="this service's target has its features")
 
 
 class BundlePart(BaseModel):

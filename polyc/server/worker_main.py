@@ -121,7 +121,8 @@ def _compile_bundle(job: dict) -> bytes:
         "options": job["options"],
         "graph": orjson.loads(job["graph"]),
         "graph_name": result.graph.name,
-        "kernels": [k.to_json() for k in result.kernels],
+        "kernels": [{**k.to_json(), "timings": result.trace.timings_of(k.name)}
+                    for k in result.kernels],
         "timings": timings,
         "notes": job["notes"],
         "toolchain": job["toolchain"],

@@ -1,5 +1,6 @@
-"""The browser view: the page at / and /k/{key}, its static files, and running a stored
-result on random inputs (POST /v1/kernels/{key}/run).
+"""The browser view: the page at / and /k/{key}, its static files, running a stored
+result on random inputs (POST /v1/kernels/{key}/run), and the microkernels a target
+offers (GET /v1/microkernels: what the page's microkernel choice lists).
 
 The page is static files shipped in the package (no build step): one HTML document and
 ES modules that call the public API, so every edit made in the page is a compile request
@@ -13,13 +14,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Path as PathParam, Request
+from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import Response
 
 from pydantic import ValidationError
 
 from ..body import parse_body, read_body
-from ..models import KEY_PATTERN, RunRequest, RunResult
+from ... import targets
+from ...microkernels import registry
+from ..models import KEY_PATTERN, MicrokernelChoice, RunRequest, RunResult
 from ..problems import ApiProblem, pydantic_errors
 from ..runs import run_entry
 from . import get_service, problem_responses
@@ -83,3 +86,30 @@ async def run_stored(key: Key, request: Request) -> Response:
                          errors=errors) from None
     entry = await service.lookup(key)
     return Response(await run_entry(service, entry, run), media_type="application/json")
+
+
+@router.get("/v1/microkernels", response_model=list[MicrokernelChoice],
+            responses=problem_responses(422),
+            summary="The registry's microkernels for a target, and which this service offers")
+def microkernels(request: Request,
+                 target: Annotated[str, Query(description="a target name")] = "cpu",
+                 isa: Annotated[str, Query(description="only this microkernel_isa's kernels "
+                                           "are offered ('' any)")] = "") -> list[dict]:
+    # a plain def: the first call may ask gcc for the target's features (off the loop)
+    if target not in targets.names():
+        raise ApiProblem(422, "invalid-request", "Invalid Request",
+                         f"/target: unknown target {target!r} (available: "
+                         f"{', '.join(targets.names())})",
+                         errors=[{"pointer": "/target", "message": "unknown target"}])
+    if isa and isa not in registry.ISAS:
+        raise ApiProblem(422, "invalid-request", "Invalid Request",
+                         f"/isa: must be one of {', '.join(map(repr, registry.ISAS))}, got {isa!r}",
+                         errors=[{"pointer": "/isa", "message": "unknown microkernel_isa"}])
+    features = get_service(request).machines[target].features
+    isa_of = {name: i for i, names in registry.ISAS.items() for name in names}
+    return [{"name": m.name, "kind": m.kind, "target": m.target, "features": list(m.features),
+             "tile": [m.mr, m.nr], "isa": isa_of.get(m.name, ""),
+             # microkernel_isa narrows the gemm kernels only
+             "offered": set(m.features) <= features
+             and (not isa or m.kind != "gemm" or isa_of.get(m.name) == isa)}
+            for m in registry.REGISTRY if m.target == target]

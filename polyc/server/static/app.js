@@ -3,11 +3,12 @@
 // fuse_force, fuse_forbid, gemm_kernel): the service re-checks it with isl, and the
 // result is cached under its own key like any other.
 import { append, clear, el } from "./dom.js";
-import { graphPictures } from "./graph.js";
+import { graphPictures, openKernel } from "./graph.js";
 import { diffLines, treeLines, treeView } from "./tree.js";
 
 const $ = (id) => document.getElementById(id);
 let record = null; // the result on screen (GET /v1/kernels/{key})
+let choices = []; // the microkernels the registry has for its target (GET /v1/microkernels)
 
 async function call(method, url, body) {
   const init = { method, headers: {} };
@@ -41,12 +42,21 @@ async function open(key) {
   const r = await call("GET", `/v1/kernels/${key}`);
   if (!r.ok) { showProblem($("error"), r.data); $("result").hidden = true; return; }
   record = r.data;
+  choices = await microkernelChoices(record);
   render();
+}
+
+// Only a target whose options pick the gemm kernel (cpu: gemm_kernel) offers a choice
+async function microkernelChoices(rec) {
+  if (!("gemm_kernel" in rec.options)) return [];
+  const q = new URLSearchParams({ target: rec.target, isa: rec.options.microkernel_isa || "" });
+  const r = await call("GET", `/v1/microkernels?${q}`);
+  return r.ok ? r.data : [];
 }
 
 // -- the page ----------------------------------------------------------------------------
 function render() {
-  $("graph").value = JSON.stringify(record.graph, null, 1);
+  $("graph").value = graphText(record.graph);
   $("options").value = JSON.stringify(edits(record.options));
   $("target").value = record.target;
   renderSummary();
@@ -59,10 +69,20 @@ function render() {
   $("result").hidden = false;
 }
 
+// indented while it reads well; a large graph one node a line, since laying out a
+// textarea of tens of thousands of lines holds the tab for a good fraction of a second
+function graphText(graph) {
+  if (graph.nodes.length <= 100) return JSON.stringify(graph, null, 1);
+  const { nodes, ...rest } = graph;
+  const head = JSON.stringify({ ...rest, nodes: [] });
+  return `${head.slice(0, -2)}[\n${nodes.map((n) => JSON.stringify(n)).join(",\n")}\n]}`;
+}
+
 function edits(options) {
   const out = {};
   for (const k of ["kernel_tile_sizes", "fuse_force", "fuse_forbid"]) if (options[k] && options[k].length) out[k] = options[k];
-  if (options.gemm_kernel) out.gemm_kernel = options.gemm_kernel;
+  // the microkernel choice, and the ISA that narrows it, stay with the next compile
+  for (const k of ["microkernel_isa", "gemm_kernel"]) if (options[k]) out[k] = options[k];
   return out;
 }
 
@@ -73,21 +93,48 @@ function renderSummary() {
   const applied = edits(record.options);
   if (Object.keys(applied).length) box.appendChild(el("p", { class: "mono", text: `edits: ${JSON.stringify(applied)}` }));
   for (const n of record.notes || []) box.appendChild(el("p", { class: "hint", text: n }));
-  const total = Object.values(record.timings).reduce((a, b) => a + b, 0) || 1;
-  const rows = Object.entries(record.timings).map(([stage, s]) => {
+  const total = sum(record.timings);
+  // kernels by the time their passes took, slowest first: where a compile's time went
+  const perKernel = Object.fromEntries(record.kernels.filter((k) => k.timings).map((k) => [k.name, sum(k.timings)])
+    .sort((a, b) => b[1] - a[1]));
+  const build = record.timings.build;
+  box.appendChild(el("details", { id: "timings" },
+    el("summary", { text: `compile time: ${ms(total)}${build !== undefined ? ` (gcc ${ms(build)})` : ""}` }),
+    el("div", { class: "timing-tables" },
+      el("div", {}, el("h3", { text: "whole graph, by stage" }), timingTable(record.timings, "graph-times")),
+      el("div", {}, el("h3", { text: `by kernel (${record.kernels.length}), its passes` }),
+        timingTable(perKernel, "kernel-compile-times", (name) => el("a", { href: "#", text: name, onclick: (ev) => { ev.preventDefault(); openKernel(name); } }))))));
+}
+
+const sum = (timings) => Object.values(timings || {}).reduce((a, b) => a + b, 0);
+const ms = (s) => `${(s * 1e3).toFixed(1)} ms`;
+const TIMING_ROWS = 40; // a graph of hundreds of kernels: the slowest, then a count
+
+// rows of name, milliseconds and a bar scaled to the largest
+function timingTable(timings, cls, name = (n) => n) {
+  const entries = Object.entries(timings || {});
+  const top = Math.max(1e-9, ...entries.map(([, s]) => s));
+  const rows = entries.slice(0, TIMING_ROWS).map(([stage, s]) => {
     const bar = el("span", { class: "bar" });
-    bar.style.width = `${Math.max(1, 200 * s / total)}px`; // CSSOM: allowed by the CSP
-    return el("tr", {}, el("td", { text: stage }), el("td", { class: "mono", text: `${(s * 1e3).toFixed(1)} ms` }), el("td", {}, bar));
+    bar.style.width = `${Math.max(1, 160 * s / top)}px`; // CSSOM: allowed by the CSP
+    return el("tr", {}, el("td", {}, name(stage)), el("td", { class: "mono", text: ms(s) }), el("td", {}, bar));
   });
-  box.appendChild(el("details", { id: "timings" }, el("summary", { text: `compile stages: ${(total * 1e3).toFixed(0)} ms` }), el("table", {}, rows)));
+  if (entries.length > TIMING_ROWS) rows.push(el("tr", {}, el("td", { class: "hint", text: `and ${entries.length - TIMING_ROWS} more` })));
+  return el("table", { class: cls }, rows);
 }
 
 const PROPOSAL = /^(vertical|horizontal|forced|widening)/;
+const SHOWN_DECISIONS = 100; // a graph of thousands of nodes: laying out every line freezes the tab
 
 function renderFusion() {
   const lines = [...new Set(record.kernels.flatMap((k) => k.fusion_report.filter((l) => PROPOSAL.test(l))))];
-  const list = el("ul", { class: "fusion" }, lines.map((l) =>
-    el("li", { class: l.startsWith("forced") ? "forced" : l.includes(": rejected: ") ? "rejected" : "fused", text: l })));
+  const item = (l) => el("li", { class: l.startsWith("forced") ? "forced" : l.includes(": rejected: ") ? "rejected" : "fused", text: l });
+  const list = el("ul", { class: "fusion" }, lines.slice(0, SHOWN_DECISIONS).map(item));
+  if (lines.length > SHOWN_DECISIONS) { // the rest are built when asked for
+    const rest = el("details", {}, el("summary", { text: `${lines.length - SHOWN_DECISIONS} more decisions` }));
+    rest.addEventListener("toggle", () => { if (rest.children.length === 1) rest.appendChild(el("ul", { class: "fusion" }, lines.slice(SHOWN_DECISIONS).map(item))); });
+    list.appendChild(el("li", { class: "more" }, rest));
+  }
   clear($("fusion")).appendChild(lines.length ? list : el("p", { class: "hint", text: "one node: nothing to fuse" }));
   const names = [...new Set(record.kernels.flatMap((k) => k.nodes))];
   clear($("node-names"));
@@ -123,7 +170,7 @@ function kernelView(k, index) {
   const buttons = el("div", { class: "passes" }, "tree after: ");
   const show = (name) => {
     for (const b of buttons.querySelectorAll("button")) b.classList.toggle("active", b.dataset.pass === name);
-    clear(treeBox).appendChild(treeView(k.trees[name]));
+    clear(treeBox).appendChild(treeView(k.trees[name], { promoted: k.promoted || [], target: record.target }));
   };
   for (const name of passes) buttons.appendChild(el("button", { type: "button", "data-pass": name, text: name, onclick: () => show(name) }));
 
@@ -144,11 +191,7 @@ function kernelView(k, index) {
     edit((o) => { o.kernel_tile_sizes = [...(o.kernel_tile_sizes || []).filter(([n]) => n !== k.name), [k.name, list]]; });
   } });
   const editRow = el("div", { class: "edit" }, tile, sizes);
-  if (record.target === "cpu" && k.microkernels.length) {
-    const gemm = el("input", { class: "gemm-kernel", placeholder: k.microkernels[0], size: "18" });
-    editRow.appendChild(el("button", { type: "button", text: "Use microkernel", onclick: () => edit((o) => { o.gemm_kernel = gemm.value.trim(); }) }));
-    editRow.appendChild(gemm);
-  }
+  const microkernel = microkernelEdit(k);
 
   const arrays = new Map(k.arrays.map((a) => [a.tensor, a.c_name]));
   const stmts = el("div", { class: "mono" }, (k.provenance || []).map((p, i) => el("span", {
@@ -160,16 +203,47 @@ function kernelView(k, index) {
     el("summary", { text: `${k.name} · ${k.nodes.length} node(s)${k.microkernels.length ? " · " + k.microkernels.join(", ") : ""}` }),
     el("div", { class: "hint", text: `nodes: ${k.nodes.join(", ")}` }),
     el("h3", { text: "Statements (click: mark in the C and the tree)" }), stmts,
-    el("h3", { text: "Schedule tree" }), buttons, treeBox,
+    el("h3", { text: "Schedule tree" }), buttons, promotedTable(k), treeBox,
     el("div", { class: "edit" }, "diff ", from, " → ", to, el("button", { type: "button", class: "diff-button", text: "Diff", onclick: diff })), diffBox,
-    el("h3", { text: "Edit and re-check" }), editRow,
+    el("h3", { text: "Edit and re-check" }), editRow, microkernel,
     other.length ? el("ul", {}, other.map((l) => el("li", { text: l }))) : null,
+    k.timings ? el("details", { class: "kernel-timing" }, el("summary", { text: `compile time: ${ms(sum(k.timings))}` }), timingTable(k.timings, "stage-times"))
+      : el("p", { class: "hint", text: "compile time per kernel: not recorded (an older polyc stored this result)" }),
     el("details", {}, el("summary", { text: "dependences" }), el("pre", { text: k.dependences })));
   if (index < 4) view.open = true;
   // the tree is built when the kernel is first opened: many kernels stay cheap
   const first = () => { if (!treeBox.firstChild && passes.length) show(passes[passes.length - 1]); };
   if (view.open) first(); else view.addEventListener("toggle", first);
   return view;
+}
+
+// A select of the gemm kernels the registry has for this target: those the target
+// offers (its features, options.microkernel_isa), and the others, which the service
+// refuses with its reason. The choice is options.gemm_kernel: every contraction.
+function microkernelEdit(k) {
+  const gemms = choices.filter((c) => c.kind === "gemm");
+  if (!gemms.some((c) => k.microkernels.includes(c.name))) return null;
+  const option = (c) => el("option", { value: c.name, text: `${c.name} (${c.tile.join("x")} tile${c.features.length ? ", needs " + c.features.join("+") : ""})` });
+  const offered = gemms.filter((c) => c.offered), other = gemms.filter((c) => !c.offered);
+  const select = el("select", { class: "gemm-kernel" },
+    el("option", { value: "", text: "the fastest measured (default)" }),
+    el("optgroup", { label: "offered by this target" }, offered.map(option)),
+    other.length ? el("optgroup", { label: "not offered here (the service says why)" }, other.map(option)) : null);
+  select.value = record.options.gemm_kernel || "";
+  return el("div", { class: "edit" }, "gemm microkernel (every contraction):", select,
+    el("button", { type: "button", class: "gemm-apply", text: "Use this microkernel", onclick: () => edit((o) => { o.gemm_kernel = select.value; }) }),
+    el("span", { class: "hint", text: `now: ${k.microkernels.join(", ")}` }));
+}
+
+// Chip targets: each buffer in a faster level, with its size and where its copies run
+function promotedTable(k) {
+  if (!(k.promoted || []).length) return null;
+  const head = el("tr", {}, ["buffer", "level", "of", "shape", "bytes", "copies", "tile mark"].map((h) => el("th", { text: h })));
+  const copies = { in: "in", out: "out", inout: "in and out", local: "none (lives there)" };
+  return el("details", { class: "promoted", open: "" }, el("summary", { text: `promoted buffers: ${k.promoted.length}` }),
+    el("table", {}, head, k.promoted.map((p) => el("tr", {}, el("td", { class: "mono", text: p.buffer }), el("td", { class: `level level-${p.level}`, text: p.level }),
+      el("td", { class: "mono", text: p.array }), el("td", { class: "mono", text: p.shape.join("x") }), el("td", { class: "mono", text: p.bytes.toLocaleString() }),
+      el("td", { text: copies[p.direction] || p.direction }), el("td", { class: "mono", text: p.at || "none: copied once, before everything" })))));
 }
 
 // -- provenance: statement <-> lines of C <-> tree nodes ----------------------------------

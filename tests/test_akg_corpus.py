@@ -78,3 +78,25 @@ def test_compare_tolerances():
     h = np.array([1.0, 1000.0], np.float16)
     assert akg_corpus.compare(h + np.float16(0.0005), h) is None
     assert akg_corpus.compare(np.array([True]), np.array([False])) == float("inf")
+
+
+def test_an_ill_conditioned_output_is_judged_against_float64():
+    # y = (x + 1e4) - 1e4 loses x's low bits in float32, whatever the order: an answer no
+    # further from the float64 value than the reference is no wrong answer; noise is
+    import numpy as np
+
+    import polyc
+    from polyc.graph.reference import run_reference
+    b = polyc.GraphBuilder("cancel")
+    x, big = b.input("x", [64]), b.constant("big", [1], [1e4])
+    graph = b.build([b.sub(b.add(x, big), big)])
+    inputs = {"x": np.random.default_rng(0).standard_normal(64).astype(np.float32) * 1e-3}
+    ref = run_reference(graph, inputs)
+    (name,) = ref
+    exact = {name: inputs["x"]}  # the float64 value, rounded once
+    errors = {name: akg_corpus.compare(exact[name], ref[name])}
+    assert errors[name] is not None  # beyond the tolerance of the reference
+    note = akg_corpus.ill_conditioned(graph, inputs, exact, ref, errors)
+    assert note.startswith("ill-conditioned: ") and name in note
+    noisy = {name: ref[name] + np.float32(0.01)}
+    assert akg_corpus.ill_conditioned(graph, inputs, noisy, ref, errors) == ""

@@ -2,6 +2,7 @@
 matmul chains, each once a way to hold a compile worker for the whole time limit."""
 from __future__ import annotations
 
+import resource
 import time
 
 import numpy as np
@@ -89,18 +90,25 @@ def test_a_long_chain_is_cut_into_kernels_within_the_fusion_budget():
     check(result.graph, result)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of the children it waited for (gcc): unlike the
+    wall clock, it does not count the time other tenants of a shared host hold a core."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def test_a_1000_node_chain_compiles_in_seconds():
     # the attack's figures: 25 / 50 / 100 / 200 nodes took 0.3 / 1.3 / 5.6 / 25 s in
     # fusion alone, and 500 ran into the 60 s limit
-    start = time.perf_counter()
+    start = cpu_seconds()
     result = compile(chain(1000), "cpu")
-    elapsed = time.perf_counter() - start
+    elapsed = cpu_seconds() - start
     check(result.graph, result)
     assert elapsed < 5.0, result.trace.timings
 
 
 def test_a_wide_fan_compiles_in_seconds():
-    start = time.perf_counter()
+    start = cpu_seconds()
     result = compile(fan(100), "cpu")  # was 14.8 s in fusion
-    assert time.perf_counter() - start < 5.0, result.trace.timings
+    assert cpu_seconds() - start < 5.0, result.trace.timings
     check(result.graph, result)

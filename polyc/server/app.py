@@ -46,14 +46,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         toolchain = await asyncio.to_thread(Toolchain.detect)
-        backend = open_backend(settings.cache_url)
+        backend = open_backend(settings.cache_url, timeout_s=settings.cache_timeout_s,
+                               cool_down_s=settings.cache_retry_s)
         pool = WorkerPool(settings.workers, memory_bytes=settings.worker_memory_bytes,
                           max_jobs=settings.max_jobs_per_worker,
                           queue_size=settings.queue_size, metrics=metrics)
         try:
             await backend.open()
             await pool.start()
-            cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics)
+            if (problem := backend.health()["problem"]) is not None:
+                log.warning("%s", problem)
+            cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics,
+                                secret=settings.cache_secret)
             app.state.service = CompileService(settings, cache, pool, toolchain, metrics)
             log.info("polyc service ready: cache %s, %d compile workers", backend.location,
                      settings.workers)
@@ -79,6 +83,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   service_value(lambda s: s.pool.waiting))
     metrics.gauge("polyc_cache_memory_entries", "verified entries held in memory",
                   service_value(lambda s: s.cache.memory_entries))
+    metrics.gauge("polyc_cache_ok", "1 if the cache backend has no problem (see /healthz?"
+                  "detail=1), 0 if it is read-only, lost its file or cannot be reached",
+                  service_value(lambda s: s.cache.backend.health()["ok"]))
+    metrics.gauge("polyc_cache_writable", "1 if results are stored by the cache backend, "
+                  "0 if they are kept in memory only",
+                  service_value(lambda s: s.cache.backend.health()["writable"]))
 
     _install_problem_handlers(app)
     app.include_router(compile_routes.router)
@@ -173,7 +183,7 @@ def _openapi(app: FastAPI) -> dict:
 
 
 async def _check_cache(url: str) -> None:
-    backend = open_backend(url)  # ValueError for a malformed URL
+    backend = open_backend(url, timeout_s=5.0)  # ValueError for a malformed URL
     try:
         await backend.open()
     except Exception as e:

@@ -30,7 +30,8 @@ from ..frontends import import_akg
 from ..graph.load import load_graph
 from . import worker_main as wm
 from .body import parse_body
-from .bundle import CorruptBundle, decode_bundle
+from .breaker import CacheUnavailable
+from .bundle import CorruptBundle
 from .cache import Entry, ResultCache
 from .keys import Toolchain, canonical_graph
 from .models import CompileRequest
@@ -168,7 +169,7 @@ class CompileService:
         return await across_replicas(
             self.cache.backend, p.key, lookup=lambda: self.cache.get(p.key),
             produce=lambda: self._compile(p),
-            ttl_s=self.settings.compile_timeout_s + 30, poll_s=self.settings.lock_poll_s)
+            ttl_s=self.settings.lock_ttl_s, poll_s=self.settings.lock_poll_s)
 
     def _remembered(self, verdict: Verdict) -> ApiProblem:
         ago = time.monotonic() - verdict.at
@@ -187,7 +188,8 @@ class CompileService:
             raise self._remembered(verdict)
         job = {"key": p.key, "graph": p.canonical, "target": p.target, "options": p.options,
                "limits": self.settings.limits, "timeout_s": self.settings.compile_timeout_s,
-               "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target)}
+               "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target),
+               "secret": self.cache.secret}
         crashed: WorkerCrashed | None = None  # how a clean attempt crashed
         for _attempt in range(RETRIES + 1):
             try:
@@ -231,7 +233,7 @@ class CompileService:
         if reply[0] == "ok":
             blob = reply[1]
             try:
-                entry = Entry.from_bundle(decode_bundle(blob, p.key))
+                entry = self.cache.decode(blob, p.key)
             except CorruptBundle as e:
                 self.metrics.compiles.inc(outcome="internal")
                 raise ApiProblem(500, "internal", "Internal Error",
@@ -272,7 +274,12 @@ class CompileService:
 
     # -- stored results -----------------------------------------------------------------------
     async def lookup(self, key: str) -> Entry:
-        entry = await self.cache.get(key)
+        try:
+            entry = await self.cache.fetch(key)
+        except CacheUnavailable as e:
+            raise ApiProblem(503, "cache-unavailable", "Service Unavailable",
+                             f"{e}: the entry may be stored; retry in {e.retry_after_s} s",
+                             headers={"Retry-After": str(e.retry_after_s)}) from None
         if entry is None:
             raise ApiProblem(404, "unknown-key", "Not Found",
                              f"no compiled result is stored under key {key}")

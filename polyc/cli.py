@@ -152,7 +152,9 @@ def cmd_serve(args) -> int:
                             max_body_bytes=args.max_body_bytes,
                             worker_memory_bytes=args.worker_memory_mb << 20,
                             cache_timeout_s=args.cache_timeout, cache_retry_s=args.cache_retry,
-                            lock_ttl_s=args.lock_ttl)
+                            lock_ttl_s=args.lock_ttl, header_timeout_s=args.header_timeout,
+                            body_timeout_s=args.body_timeout,
+                            max_connections=args.max_connections)
         return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
                      access_log=args.access_log)
     except ValueError as e:  # a bad flag value or cache URL
@@ -251,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="larger request bodies get 413")
     p.add_argument("--worker-memory-mb", type=int, default=4096,
                    help="address-space limit of each worker and its gcc")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's headers may take to arrive (then 408)")
+    p.add_argument("--body-timeout", type=float, default=20.0,
+                   help="seconds a request's body may take to arrive (then 408)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="connections and requests at once; past it, requests get 503")
     p.add_argument("--cache-timeout", type=float, default=1.0,
                    help="seconds a call to a Redis cache may take before Redis is taken as "
                         "down (the service then compiles locally)")

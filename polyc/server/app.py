@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
 from .cache import ResultCache, open_backend
+from .connections import BodyGuard, protocol_class
 from .keys import Toolchain
 from .metrics import Metrics
 from .models import CompileRequest
@@ -95,7 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(kernel_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(browser_routes.router)
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(RequestMetrics, metrics=metrics)  # outside BodyGuard: counts its 408/499
     app.openapi = lambda: _openapi(app)
     return app
 
@@ -201,7 +203,9 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000,
     asyncio.run(_check_cache(settings.cache_url))
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(message)s")
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level,
-                            access_log=access_log, lifespan="on", timeout_graceful_shutdown=10)
+                            access_log=access_log, lifespan="on", timeout_graceful_shutdown=10,
+                            http=protocol_class(settings.header_timeout_s),
+                            limit_concurrency=settings.max_connections, timeout_keep_alive=5)
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

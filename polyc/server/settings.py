@@ -67,6 +67,12 @@ class Settings:
     cache_timeout_s: float = 1.0
     # after a network cache fails, it is left alone this long (then probed once)
     cache_retry_s: float = 5.0
+    # a request's headers must arrive within this (from its first byte; 408 and closed)
+    header_timeout_s: float = 10.0
+    # its body within this (from the first read of it; 408 and closed)
+    body_timeout_s: float = 20.0
+    # open connections and requests served at once; past it, requests answer 503
+    max_connections: int = 1000
     # HMAC key of cache entries (None: plain checksums)
     cache_secret: bytes | None = field(default_factory=default_cache_secret, repr=False)
 
@@ -77,6 +83,7 @@ class Settings:
             raise ValueError("compile_timeout_s must be positive")
         if self.queue_size < 0:
             raise ValueError("queue_size must be >= 0")
-        for name in ("lock_ttl_s", "cache_timeout_s", "cache_retry_s"):
+        for name in ("lock_ttl_s", "cache_timeout_s", "cache_retry_s", "header_timeout_s",
+                     "body_timeout_s", "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..version import __version__
 from .cache import ResultCache, open_backend
 from .connections import BodyGuard, protocol_class
+from .http_rules import HttpRules
 from .keys import Toolchain
 from .metrics import Metrics
 from .models import CompileRequest
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(browser_routes.router)
     app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=metrics)  # outside BodyGuard: counts its 408/499
+    app.add_middleware(HttpRules)
     app.openapi = lambda: _openapi(app)
     return app
 

@@ -154,7 +154,8 @@ def cmd_serve(args) -> int:
                             cache_timeout_s=args.cache_timeout, cache_retry_s=args.cache_retry,
                             lock_ttl_s=args.lock_ttl, header_timeout_s=args.header_timeout,
                             body_timeout_s=args.body_timeout,
-                            max_connections=args.max_connections)
+                            max_connections=args.max_connections,
+                            workers_per_client=args.workers_per_client)
         return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
                      access_log=args.access_log)
     except ValueError as e:  # a bad flag value or cache URL
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="larger request bodies get 413")
     p.add_argument("--worker-memory-mb", type=int, default=4096,
                    help="address-space limit of each worker and its gcc")
+    p.add_argument("--workers-per-client", type=int, default=None,
+                   help="compile workers one client address may hold at once (default: all "
+                        "but one, so one client's slow compiles never take every worker)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a request's headers may take to arrive (then 408)")
     p.add_argument("--body-timeout", type=float, default=20.0,

@@ -262,7 +262,7 @@ def test_disk_full_in_the_worker_is_503_and_caches_nothing(tmp_path):
         service = app.state.service
         key = service.prepare(json.dumps(body).encode()).key
 
-        async def full(job, *, timeout_s):
+        async def full(job, *, timeout_s, client=""):
             return ("error", "disk-full", "the server's disk is full: [Errno 28]", [])
         real_run, service.pool.run = service.pool.run, full
         r = c.post("/v1/compile", json=body)

@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                cool_down_s=settings.cache_retry_s)
         pool = WorkerPool(settings.workers, memory_bytes=settings.worker_memory_bytes,
                           max_jobs=settings.max_jobs_per_worker,
-                          queue_size=settings.queue_size, metrics=metrics)
+                          queue_size=settings.queue_size,
+                          per_client=settings.workers_per_client, metrics=metrics)
         try:
             await backend.open()
             await pool.start()

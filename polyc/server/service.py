@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -61,6 +61,7 @@ class Prepared:
     graph_doc: dict  # as the client sent it, for error pointers
     notes: tuple[str, ...]  # the loader's warnings (the canonical graph has no dead nodes)
     root: str = "graph"  # the request's field that holds it ('graph' or 'akg')
+    client: str = ""  # who asked (its address): workers are shared fairly between clients
 
 
 def _invalid_request(errors: list[dict]) -> ApiProblem:
@@ -92,7 +93,7 @@ class CompileService:
         self._validating = anyio.CapacityLimiter(1)
 
     # -- the compile endpoint ---------------------------------------------------------------
-    async def compile_request(self, body: bytes) -> bytes:
+    async def compile_request(self, body: bytes, client: str = "") -> bytes:
         digest = hashlib.sha256(body).digest()
         seen = self._memo.get(digest)
         if seen is not None:
@@ -100,8 +101,9 @@ class CompileService:
             if entry is not None:
                 self.metrics.cache_hits.inc()
                 return self.compile_body(entry, HIT, seen[1])
-        prepared = await anyio.to_thread.run_sync(self.prepare, body,
-                                                  limiter=self._validating)
+        prepared = replace(await anyio.to_thread.run_sync(self.prepare, body,
+                                                          limiter=self._validating),
+                           client=client)
         entry, how = await self.resolve(prepared)
         self._memo[digest] = (prepared.key, prepared.notes)
         if len(self._memo) > MEMO_ENTRIES:
@@ -193,7 +195,8 @@ class CompileService:
         crashed: WorkerCrashed | None = None  # how a clean attempt crashed
         for _attempt in range(RETRIES + 1):
             try:
-                reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
+                reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s,
+                                            client=p.client)
             except QueueFull as e:
                 self.metrics.rejected.inc()
                 raise ApiProblem(503, "queue-full", "Service Unavailable",

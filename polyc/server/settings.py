@@ -44,6 +44,8 @@ class Settings:
     compile_timeout_s: float = 60.0
     # compiles that may wait for a free worker; one more answers 503 with Retry-After
     queue_size: int = 64
+    # workers one client (address) may hold at once; None: all but one (fair sharing)
+    workers_per_client: int | None = None
     # address-space limit (RLIMIT_AS) of each worker, inherited by its gcc
     worker_memory_bytes: int = 4 << 30
     # a worker is replaced after this many compiles, so slow leaks cannot build up

@@ -18,6 +18,8 @@ import logging
 import time
 from typing import Awaitable, Callable, Generic, TypeVar
 
+from .breaker import CacheUnavailable
+
 log = logging.getLogger("polyc.server")
 T = TypeVar("T")
 
@@ -54,7 +56,9 @@ async def across_replicas(backend, key: str, *, lookup: Callable[[], Awaitable[T
     while True:
         try:
             token = await backend.acquire_lock(key, ttl_s)
-        except Exception as e:  # the lock service is down: compile rather than fail
+        except CacheUnavailable:  # the cache is down (the breaker said so once): compile
+            return await produce(), False
+        except Exception as e:
             log.warning("could not take the compile lock for %s: %s", key, e)
             return await produce(), False
         if token is not None:
@@ -68,6 +72,8 @@ async def across_replicas(backend, key: str, *, lookup: Callable[[], Awaitable[T
                 heartbeat.cancel()
                 try:
                     await backend.release_lock(key, token)
+                except CacheUnavailable:
+                    pass  # it lapses by itself, its heartbeat stopped
                 except Exception as e:
                     log.warning("could not release the compile lock for %s: %s", key, e)
         # another replica holds the lock: wait for its result, or for its lock to go

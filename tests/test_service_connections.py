@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 
 import httpx
 import pytest
+import uvicorn
 
+from polyc.server.connections import _h11_class, protocol_class
 from polyc.server.testing import ServerProcess
 
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S, MAX_CONNECTIONS = 1.0, 1.5, 20
@@ -26,8 +29,7 @@ def server(tmp_path_factory):
 
 
 def connect(server) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    return s
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
 
 
 def trickle_until_closed(s: socket.socket, pieces: list[bytes], gap_s: float) -> tuple[bytes, float]:
@@ -116,3 +118,37 @@ def test_connection_limit_holds_and_frees_up(server):
             s.close()
     time.sleep(0.2)
     assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["httptools", "h11"])
+def test_header_deadline_on_either_http_protocol(kind):
+    # uvicorn uses httptools when installed, else h11: the deadline works on both
+    if kind == "httptools":
+        pytest.importorskip("httptools")
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    http = protocol_class(0.5) if kind == "httptools" else _h11_class(0.5)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, http=http, lifespan="off",
+                            log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # a prompt request is served
+            assert s.recv(1000).startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET / HTTP/1.1\r\n")  # the next one trickles
+            answer, lived = trickle_until_closed(s, [b"X: 1\r\n"] * 20, 0.1)
+        assert answer.startswith(b"HTTP/1.1 408") and lived < 1.5, (answer, lived)
+    finally:
+        server.should_exit = True
+        thread.join(10)

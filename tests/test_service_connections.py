@@ -152,3 +152,13 @@ def test_header_deadline_on_either_http_protocol(kind):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_head_on_a_real_server(server):
+    # uvicorn checks a body against Content-Length unless it sees the HEAD itself
+    log_before = len(server.log.splitlines())
+    for path in ("/healthz", "/metrics", "/openapi.json"):
+        head = httpx.head(server.url + path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert int(head.headers["content-length"]) > 0
+    assert not any("Traceback" in line for line in server.log.splitlines()[log_before:])

@@ -27,8 +27,9 @@ class HttpRules:
                                             if scope["method"] == "HEAD" else send)
         if scope["method"] != "HEAD":
             return await self.app(scope, receive, send)
-        scope["method"] = "GET"
-        await self.app(scope, receive, _body_less(send))
+        # the routes see a GET; the server still sees the HEAD (uvicorn then checks no
+        # body against Content-Length)
+        await self.app({**scope, "method": "GET"}, receive, _body_less(send))
 
 
 def _body_less(send):

@@ -150,7 +150,12 @@ def cmd_serve(args) -> int:
                             workers=default_workers() if args.workers is None else args.workers,
                             compile_timeout_s=args.compile_timeout, queue_size=args.queue_size,
                             max_body_bytes=args.max_body_bytes,
-                            worker_memory_bytes=args.worker_memory_mb << 20)
+                            worker_memory_bytes=args.worker_memory_mb << 20,
+                            cache_timeout_s=args.cache_timeout, cache_retry_s=args.cache_retry,
+                            lock_ttl_s=args.lock_ttl, header_timeout_s=args.header_timeout,
+                            body_timeout_s=args.body_timeout,
+                            max_connections=args.max_connections,
+                            workers_per_client=args.workers_per_client)
         return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
                      access_log=args.access_log)
     except ValueError as e:  # a bad flag value or cache URL
@@ -249,6 +254,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="larger request bodies get 413")
     p.add_argument("--worker-memory-mb", type=int, default=4096,
                    help="address-space limit of each worker and its gcc")
+    p.add_argument("--workers-per-client", type=int, default=None,
+                   help="compile workers one client address may hold at once (default: all "
+                        "but one, so one client's slow compiles never take every worker)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's headers may take to arrive (then 408)")
+    p.add_argument("--body-timeout", type=float, default=20.0,
+                   help="seconds a request's body may take to arrive (then 408)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="connections and requests at once; past it, requests get 503")
+    p.add_argument("--cache-timeout", type=float, default=1.0,
+                   help="seconds a call to a Redis cache may take before Redis is taken as "
+                        "down (the service then compiles locally)")
+    p.add_argument("--cache-retry", type=float, default=5.0,
+                   help="seconds a Redis cache that failed is left alone before it is tried "
+                        "again")
+    p.add_argument("--lock-ttl", type=float, default=5.0,
+                   help="seconds after which the compile lock of a replica that stopped "
+                        "renewing it (it died) lapses")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every request")

@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
 from .cache import ResultCache, open_backend
+from .connections import BodyGuard, protocol_class
+from .http_rules import HttpRules
 from .keys import Toolchain
 from .metrics import Metrics
 from .models import CompileRequest
@@ -46,14 +48,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         toolchain = await asyncio.to_thread(Toolchain.detect)
-        backend = open_backend(settings.cache_url)
+        backend = open_backend(settings.cache_url, timeout_s=settings.cache_timeout_s,
+                               cool_down_s=settings.cache_retry_s)
         pool = WorkerPool(settings.workers, memory_bytes=settings.worker_memory_bytes,
                           max_jobs=settings.max_jobs_per_worker,
-                          queue_size=settings.queue_size, metrics=metrics)
+                          queue_size=settings.queue_size,
+                          per_client=settings.workers_per_client, metrics=metrics)
         try:
             await backend.open()
             await pool.start()
-            cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics)
+            if (problem := backend.health()["problem"]) is not None:
+                log.warning("%s", problem)
+            cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics,
+                                secret=settings.cache_secret)
             app.state.service = CompileService(settings, cache, pool, toolchain, metrics)
             log.info("polyc service ready: cache %s, %d compile workers", backend.location,
                      settings.workers)
@@ -79,13 +86,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   service_value(lambda s: s.pool.waiting))
     metrics.gauge("polyc_cache_memory_entries", "verified entries held in memory",
                   service_value(lambda s: s.cache.memory_entries))
+    metrics.gauge("polyc_cache_ok", "1 if the cache backend has no problem (see /healthz?"
+                  "detail=1), 0 if it is read-only, lost its file or cannot be reached",
+                  service_value(lambda s: s.cache.backend.health()["ok"]))
+    metrics.gauge("polyc_cache_writable", "1 if results are stored by the cache backend, "
+                  "0 if they are kept in memory only",
+                  service_value(lambda s: s.cache.backend.health()["writable"]))
 
     _install_problem_handlers(app)
     app.include_router(compile_routes.router)
     app.include_router(kernel_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(browser_routes.router)
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(RequestMetrics, metrics=metrics)  # outside BodyGuard: counts its 408/499
+    app.add_middleware(HttpRules)
     app.openapi = lambda: _openapi(app)
     return app
 
@@ -173,7 +188,7 @@ def _openapi(app: FastAPI) -> dict:
 
 
 async def _check_cache(url: str) -> None:
-    backend = open_backend(url)  # ValueError for a malformed URL
+    backend = open_backend(url, timeout_s=5.0)  # ValueError for a malformed URL
     try:
         await backend.open()
     except Exception as e:
@@ -191,7 +206,9 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000,
     asyncio.run(_check_cache(settings.cache_url))
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(message)s")
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level,
-                            access_log=access_log, lifespan="on", timeout_graceful_shutdown=10)
+                            access_log=access_log, lifespan="on", timeout_graceful_shutdown=10,
+                            http=protocol_class(settings.header_timeout_s),
+                            limit_concurrency=settings.max_connections, timeout_keep_alive=5)
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

@@ -5,9 +5,12 @@ on the declared length and again while streaming), JSON nested deeper than the l
 (400, checked on the raw bytes before any parser recurses into it: a C parser can
 overflow its stack on millions of '['), and text that is not strict JSON (400: NaN,
 Infinity and numbers that overflow a double are refused, as polyc's loader does).
+Integers beyond 64 bits (which orjson turns into floats) are refused with 422 naming
+the number as sent and where it is; a float of that size is written with an exponent.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -15,13 +18,16 @@ import numpy as np
 import orjson
 from fastapi import Request
 
-from .problems import ApiProblem
+from .problems import ApiProblem, pointer
 
 # a JSON string literal (linear-time: no nested quantifiers)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _STEP = np.zeros(256, dtype=np.int32)  # +1 for an opening bracket, -1 for a closing one
 _STEP[[ord("["), ord("{")]] = 1
 _STEP[[ord("]"), ord("}")]] = -1
+# 19 digits in a row: maybe an integer beyond int64 / uint64, which orjson cannot hold
+_LONG_DIGITS = re.compile(rb"\d{19}")
+INT_RANGE = (-(1 << 63), (1 << 64) - 1)
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -68,9 +74,32 @@ def parse_body(body: bytes, *, max_depth: int) -> Any:
                          f"the request body nests arrays and objects more than {max_depth} "
                          "levels deep")
     try:
-        return orjson.loads(body)
+        doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ApiProblem(400, "invalid-json", "Invalid JSON", _explain(body, e)) from None
+    if _LONG_DIGITS.search(body):
+        # the text is strict JSON (orjson said so); Python's parser, about as fast and
+        # rarely needed, reads integers of any size exactly
+        _refuse_huge_integers(json.loads(body))
+    return doc
+
+
+def _refuse_huge_integers(doc: Any) -> None:
+    """422 naming the first integer outside 64 bits, as the client wrote it (no loop of
+    polyc's takes one; orjson would have turned it into a float)."""
+    stack: list[tuple[Any, tuple]] = [(doc, ())]
+    while stack:  # iterative: the depth is bounded, but no recursion is needed
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, path + (k,)) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, path + (i,)) for i, v in reversed(list(enumerate(value))))
+        elif type(value) is int and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+            where = pointer(*path)
+            message = (f"the integer {value} is outside the 64-bit range polyc takes "
+                       f"(a float of that size is written with an exponent, e.g. 1e+20)")
+            raise ApiProblem(422, "invalid-request", "Invalid Request", f"{where}: {message}",
+                             errors=[{"pointer": where, "message": message}])
 
 
 def _explain(body: bytes, error: orjson.JSONDecodeError) -> str:

@@ -8,11 +8,18 @@ sha256, then the parts.
 
 The blob is written as one value (one SQLite row, one Redis string), so it is published
 atomically; `decode_bundle` checks every hash and length, so a corrupt or truncated
-entry is detected and never served.
+entry is detected and never served. The manifest names the key, so an entry copied
+under another key is refused too.
+
+With a secret (`POLYC_CACHE_SECRET`, shared by every replica), the line after the
+manifest is HMAC-SHA256(secret, manifest) instead of its plain sha256: the manifest holds
+the key and every part's hash, so whoever can write into the shared cache but does not
+know the secret cannot make an entry any replica will serve.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 from dataclasses import dataclass
 
@@ -39,7 +46,14 @@ class Bundle:
     size: int  # bytes of the encoded blob
 
 
-def encode_bundle(key: str, parts: dict[str, bytes], *, created: float | None = None) -> bytes:
+def _seal(line: bytes, secret: bytes | None) -> bytes:
+    if secret is None:
+        return hashlib.sha256(line).hexdigest().encode()
+    return hmac.new(secret, line, hashlib.sha256).hexdigest().encode()
+
+
+def encode_bundle(key: str, parts: dict[str, bytes], *, created: float | None = None,
+                  secret: bytes | None = None) -> bytes:
     manifest = {
         "key": key,
         "created": time.time() if created is None else created,
@@ -47,11 +61,10 @@ def encode_bundle(key: str, parts: dict[str, bytes], *, created: float | None = 
                   for name, data in parts.items()],
     }
     line = orjson.dumps(manifest)  # one line: orjson escapes newlines inside strings
-    return b"".join([MAGIC, line, b"\n", hashlib.sha256(line).hexdigest().encode(), b"\n",
-                     *parts.values()])
+    return b"".join([MAGIC, line, b"\n", _seal(line, secret), b"\n", *parts.values()])
 
 
-def decode_bundle(blob: bytes, key: str) -> Bundle:
+def decode_bundle(blob: bytes, key: str, *, secret: bytes | None = None) -> Bundle:
     """Parse and verify; raises CorruptBundle naming what is wrong."""
     if not blob.startswith(MAGIC):
         raise CorruptBundle("bad magic")
@@ -60,8 +73,9 @@ def decode_bundle(blob: bytes, key: str) -> Bundle:
         raise CorruptBundle("truncated manifest")
     line = blob[len(MAGIC):end]
     digest = blob[end + 1:end + 65]
-    if blob[end + 65:end + 66] != b"\n" or hashlib.sha256(line).hexdigest().encode() != digest:
-        raise CorruptBundle("manifest checksum mismatch")
+    if blob[end + 65:end + 66] != b"\n" or not hmac.compare_digest(_seal(line, secret), digest):
+        raise CorruptBundle("manifest checksum mismatch" if secret is None else
+                            "manifest signature mismatch (not written with this secret)")
     try:
         manifest = orjson.loads(line)
         entries = manifest["parts"]

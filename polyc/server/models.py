@@ -258,6 +258,29 @@ class Health(BaseModel):
     version: str
 
 
+class CacheHealth(BaseModel):
+    location: str = Field(description="the SQLite file or the Redis URL")
+    shared: bool = Field(description="seen by several replicas (Redis)")
+    ok: bool
+    writable: bool = Field(description="false: new results are kept in memory only")
+    problem: str | None
+    memory_entries: int
+
+
+class WorkerHealth(BaseModel):
+    size: int
+    busy: int
+    waiting: int
+
+
+class HealthDetail(BaseModel):
+    status: Literal["ok", "degraded"] = Field(
+        description="'degraded': the service answers, but something needs attention")
+    version: str
+    cache: CacheHealth
+    workers: WorkerHealth
+
+
 class ProblemItem(BaseModel):
     pointer: str = Field(description="JSON pointer into the request body")
     message: str

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -30,7 +30,8 @@ from ..frontends import import_akg
 from ..graph.load import load_graph
 from . import worker_main as wm
 from .body import parse_body
-from .bundle import CorruptBundle, decode_bundle
+from .breaker import CacheUnavailable
+from .bundle import CorruptBundle
 from .cache import Entry, ResultCache
 from .keys import Toolchain, canonical_graph
 from .models import CompileRequest
@@ -60,6 +61,7 @@ class Prepared:
     graph_doc: dict  # as the client sent it, for error pointers
     notes: tuple[str, ...]  # the loader's warnings (the canonical graph has no dead nodes)
     root: str = "graph"  # the request's field that holds it ('graph' or 'akg')
+    client: str = ""  # who asked (its address): workers are shared fairly between clients
 
 
 def _invalid_request(errors: list[dict]) -> ApiProblem:
@@ -91,7 +93,7 @@ class CompileService:
         self._validating = anyio.CapacityLimiter(1)
 
     # -- the compile endpoint ---------------------------------------------------------------
-    async def compile_request(self, body: bytes) -> bytes:
+    async def compile_request(self, body: bytes, client: str = "") -> bytes:
         digest = hashlib.sha256(body).digest()
         seen = self._memo.get(digest)
         if seen is not None:
@@ -99,8 +101,9 @@ class CompileService:
             if entry is not None:
                 self.metrics.cache_hits.inc()
                 return self.compile_body(entry, HIT, seen[1])
-        prepared = await anyio.to_thread.run_sync(self.prepare, body,
-                                                  limiter=self._validating)
+        prepared = replace(await anyio.to_thread.run_sync(self.prepare, body,
+                                                          limiter=self._validating),
+                           client=client)
         entry, how = await self.resolve(prepared)
         self._memo[digest] = (prepared.key, prepared.notes)
         if len(self._memo) > MEMO_ENTRIES:
@@ -168,7 +171,7 @@ class CompileService:
         return await across_replicas(
             self.cache.backend, p.key, lookup=lambda: self.cache.get(p.key),
             produce=lambda: self._compile(p),
-            ttl_s=self.settings.compile_timeout_s + 30, poll_s=self.settings.lock_poll_s)
+            ttl_s=self.settings.lock_ttl_s, poll_s=self.settings.lock_poll_s)
 
     def _remembered(self, verdict: Verdict) -> ApiProblem:
         ago = time.monotonic() - verdict.at
@@ -187,11 +190,13 @@ class CompileService:
             raise self._remembered(verdict)
         job = {"key": p.key, "graph": p.canonical, "target": p.target, "options": p.options,
                "limits": self.settings.limits, "timeout_s": self.settings.compile_timeout_s,
-               "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target)}
+               "notes": list(p.notes), "toolchain": self.toolchain.to_json(p.target),
+               "secret": self.cache.secret}
         crashed: WorkerCrashed | None = None  # how a clean attempt crashed
         for _attempt in range(RETRIES + 1):
             try:
-                reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s)
+                reply = await self.pool.run(job, timeout_s=self.settings.compile_timeout_s,
+                                            client=p.client)
             except QueueFull as e:
                 self.metrics.rejected.inc()
                 raise ApiProblem(503, "queue-full", "Service Unavailable",
@@ -231,7 +236,7 @@ class CompileService:
         if reply[0] == "ok":
             blob = reply[1]
             try:
-                entry = Entry.from_bundle(decode_bundle(blob, p.key))
+                entry = self.cache.decode(blob, p.key)
             except CorruptBundle as e:
                 self.metrics.compiles.inc(outcome="internal")
                 raise ApiProblem(500, "internal", "Internal Error",
@@ -272,7 +277,12 @@ class CompileService:
 
     # -- stored results -----------------------------------------------------------------------
     async def lookup(self, key: str) -> Entry:
-        entry = await self.cache.get(key)
+        try:
+            entry = await self.cache.fetch(key)
+        except CacheUnavailable as e:
+            raise ApiProblem(503, "cache-unavailable", "Service Unavailable",
+                             f"{e}: the entry may be stored; retry in {e.retry_after_s} s",
+                             headers={"Retry-After": str(e.retry_after_s)}) from None
         if entry is None:
             raise ApiProblem(404, "unknown-key", "Not Found",
                              f"no compiled result is stored under key {key}")

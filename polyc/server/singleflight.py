@@ -7,7 +7,9 @@ compile others wait for (and its result is still published).
 Across replicas (a shared backend such as Redis): `across_replicas` takes the backend's
 lock for the key before compiling; a replica that finds the lock taken polls the cache
 for the result instead, and compiles itself only if the lock goes away with no result
-(the holder failed or died: its lock has a TTL).
+(the holder failed or died). The lock's TTL is short (seconds) and the holder renews it
+while it compiles (a heartbeat), so a compile may take minutes while a dead holder's
+lock lapses within one TTL.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import asyncio
 import logging
 import time
 from typing import Awaitable, Callable, Generic, TypeVar
+
+from .breaker import CacheUnavailable
 
 log = logging.getLogger("polyc.server")
 T = TypeVar("T")
@@ -52,18 +56,24 @@ async def across_replicas(backend, key: str, *, lookup: Callable[[], Awaitable[T
     while True:
         try:
             token = await backend.acquire_lock(key, ttl_s)
-        except Exception as e:  # the lock service is down: compile rather than fail
+        except CacheUnavailable:  # the cache is down (the breaker said so once): compile
+            return await produce(), False
+        except Exception as e:
             log.warning("could not take the compile lock for %s: %s", key, e)
             return await produce(), False
         if token is not None:
+            heartbeat = asyncio.ensure_future(_renew(backend, key, token, ttl_s))
             try:
                 found = await lookup()  # published between our miss and our lock?
                 if found is not None:
                     return found, True
                 return await produce(), False
             finally:
+                heartbeat.cancel()
                 try:
                     await backend.release_lock(key, token)
+                except CacheUnavailable:
+                    pass  # it lapses by itself, its heartbeat stopped
                 except Exception as e:
                     log.warning("could not release the compile lock for %s: %s", key, e)
         # another replica holds the lock: wait for its result, or for its lock to go
@@ -78,3 +88,16 @@ async def across_replicas(backend, key: str, *, lookup: Callable[[], Awaitable[T
                     break
             except Exception:
                 break
+
+
+async def _renew(backend, key: str, token: str, ttl_s: float) -> None:
+    """Extend the lock every third of its TTL for as long as the compile runs."""
+    while True:
+        await asyncio.sleep(ttl_s / 3)
+        try:
+            if not await backend.extend_lock(key, token, ttl_s):
+                log.warning("the compile lock for %s lapsed; another replica may compile "
+                            "it too", key)
+                return
+        except Exception:  # the cache is down (the breaker logged it): compile regardless
+            continue

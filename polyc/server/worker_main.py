@@ -128,7 +128,8 @@ def _compile_bundle(job: dict) -> bytes:
         "toolchain": job["toolchain"],
     }
     return encode_bundle(job["key"], {RECORD: orjson.dumps(record),
-                                      SOURCE: result.c_source.encode("utf-8"), OBJECT: obj})
+                                      SOURCE: result.c_source.encode("utf-8"), OBJECT: obj},
+                         secret=job.get("secret"))
 
 
 def _limit_gcc(cpu_seconds: int) -> None:

@@ -10,7 +10,9 @@ gcc included) and replaced; so is one that crashes. Replacement happens in the
 background: a request never waits for a new worker's imports.
 
 Admission is bounded: at most `size` jobs run and `queue_size` wait; one more raises
-`QueueFull`, which the service answers with 503 and Retry-After.
+`QueueFull`, which the service answers with 503 and Retry-After. Idle workers go to
+waiting jobs fairly between clients (fairness.py): no client holds more than
+`per_client` workers at once.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from . import worker_main
+from .fairness import FairDispatcher
 
 log = logging.getLogger("polyc.server")
 
@@ -91,16 +94,17 @@ class _Worker:
 
 class WorkerPool:
     def __init__(self, size: int, *, memory_bytes: int, max_jobs: int, queue_size: int,
-                 metrics=None):
+                 per_client: int | None = None, metrics=None):
         self.size = size
+        # by default one worker is always left for other clients
+        self.per_client = per_client or max(1, size - 1)
         self.memory_bytes = memory_bytes
         self.max_jobs = max_jobs
         self.queue_size = queue_size
         self.metrics = metrics
-        self._idle: asyncio.Queue[_Worker] | None = None
+        self._idle: FairDispatcher[_Worker] = FairDispatcher(self.per_client)
         self._busy: set[_Worker] = set()
         self._all: set[_Worker] = set()
-        self._waiting = 0
         self._closing = False
         self._tasks: set[asyncio.Task] = set()
         self._recent_seconds: list[float] = []  # for Retry-After
@@ -112,10 +116,9 @@ class WorkerPool:
 
     # -- life cycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self._idle = asyncio.Queue()
         workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for w in workers:
-            self._idle.put_nowait(w)
+            self._idle.put(w)
 
     async def close(self) -> None:
         self._closing = True
@@ -201,7 +204,7 @@ class WorkerPool:
                 log.error("could not start a compile worker: %s; retrying", e)
                 await asyncio.sleep(1)
                 continue
-            self._idle.put_nowait(new)
+            self._idle.put(new)
             return
 
     # -- jobs -----------------------------------------------------------------------------
@@ -211,7 +214,7 @@ class WorkerPool:
 
     @property
     def waiting(self) -> int:
-        return self._waiting
+        return self._idle.waiting
 
     def busy_pids(self) -> list[int]:
         # read from other threads (tests, monitors) while the loop mutates the set: copy()
@@ -222,22 +225,23 @@ class WorkerPool:
         """Seconds until a queued job can expect a worker, from recent compile times."""
         recent = self._recent_seconds[-20:] or [1.0]
         per_job = sum(recent) / len(recent)
-        return max(1, math.ceil(per_job * (self._waiting + 1) / self.size))
+        return max(1, math.ceil(per_job * (self.waiting + 1) / self.size))
 
-    async def run(self, job: dict, *, timeout_s: float) -> tuple:
-        """Run `job` in a worker: the worker's reply, or CompileTimeout / WorkerCrashed
-        (the worker is then replaced) or QueueFull (nothing was started)."""
-        if self._idle.empty() and self._waiting >= self.queue_size:
+    async def run(self, job: dict, *, timeout_s: float, client: str = "") -> tuple:
+        """Run `job` for `client` (its address) in a worker: the worker's reply, or
+        CompileTimeout / WorkerCrashed (the worker is then replaced) or QueueFull
+        (nothing was started)."""
+        if not self._idle.idle and self.waiting >= self.queue_size:
             raise QueueFull(self.retry_after())
-        self._waiting += 1
+        # a queued job waits at most as long as a few compiles may take: if no worker
+        # frees up (or none can be started) the client hears so instead of hanging
+        w = await self._checkout(client, time.monotonic() + 2 * timeout_s)
         try:
-            # a queued job waits at most as long as a few compiles may take: if no worker
-            # frees up (or none can be started) the client hears so instead of hanging
-            w = await asyncio.wait_for(self._checkout(), 2 * timeout_s)
-        except asyncio.TimeoutError:
-            raise QueueFull(self.retry_after()) from None
+            return await self._run_on(w, job, timeout_s)
         finally:
-            self._waiting -= 1
+            self._idle.done(client)
+
+    async def _run_on(self, w: _Worker, job: dict, timeout_s: float) -> tuple:
         self._busy.add(w)
         loop = asyncio.get_running_loop()
         start = time.monotonic()
@@ -269,12 +273,16 @@ class WorkerPool:
                                        reply[1] == worker_main.OUT_OF_MEMORY):
             self._replace(w, "recycle")
         else:
-            self._idle.put_nowait(w)
+            self._idle.put(w)
         return reply
 
-    async def _checkout(self) -> _Worker:
+    async def _checkout(self, client: str, deadline: float) -> _Worker:
         while True:
-            w = await self._idle.get()
+            try:
+                w = await self._idle.take(client, max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise QueueFull(self.retry_after()) from None
             if w.alive():
                 return w
+            self._idle.done(client)
             self._replace(w, "died-idle")  # killed while idle: nobody's job was lost

@@ -23,4 +23,5 @@ REQUEST_BODY = {"requestBody": {"required": True, "content": {"application/json"
 async def compile_graph(request: Request) -> Response:
     service = get_service(request)
     body = await read_body(request, service.settings.max_body_bytes)
-    return Response(await service.compile_request(body), media_type="application/json")
+    client = request.client.host if request.client is not None else ""
+    return Response(await service.compile_request(body, client), media_type="application/json")

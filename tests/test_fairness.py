@@ -1,0 +1,118 @@
+"""Compile workers shared fairly between clients: one client's slow compiles (bombs
+held until the time limit) cannot take every worker. The dispatcher's rules, then a real
+`polyc serve` with two workers, bombed from 127.0.0.1 while 127.0.0.2 asks for a small
+graph."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from polyc.server.fairness import FairDispatcher
+from polyc.server.testing import ServerProcess
+
+
+def test_a_client_holds_at_most_its_share():
+    async def scenario():
+        d = FairDispatcher(per_client=1)
+        d.put("w1")
+        d.put("w2")
+        assert await d.take("a", 1) == "w1"
+        second_of_a = asyncio.ensure_future(d.take("a", 5))
+        await asyncio.sleep(0)
+        assert not second_of_a.done() and d.idle == 1  # w2 is kept for someone else
+        assert await d.take("b", 1) == "w2"
+        d.done("a")
+        d.put("w1")
+        assert await second_of_a == "w1"
+    asyncio.run(scenario())
+
+
+def test_the_client_holding_fewest_goes_first_then_the_longest_waiting():
+    async def scenario():
+        d = FairDispatcher(per_client=2)
+        d.put("w1")
+        assert await d.take("a", 1) == "w1"
+        second_of_a = asyncio.ensure_future(d.take("a", 5))
+        await asyncio.sleep(0)
+        first_of_b = asyncio.ensure_future(d.take("b", 5))
+        await asyncio.sleep(0)
+        d.put("w2")  # a waited longer, but holds one already
+        assert await first_of_b == "w2"
+        d.done("a")
+        d.put("w1")
+        assert await second_of_a == "w1"
+        with pytest.raises(asyncio.TimeoutError):
+            await d.take("c", 0.05)
+        assert d.waiting == 0  # the timed-out waiter is forgotten
+    asyncio.run(scenario())
+
+
+def test_a_worker_is_never_lost_when_its_taker_gives_up():
+    async def scenario():
+        d = FairDispatcher(per_client=2)
+        gone = asyncio.ensure_future(d.take("a", 5))
+        await asyncio.sleep(0)
+        gone.cancel()  # gave up before any worker came: skipped
+        await asyncio.sleep(0)
+        nxt = asyncio.ensure_future(d.take("b", 5))
+        await asyncio.sleep(0)
+        d.put("w1")
+        assert await nxt == "w1"
+        late = asyncio.ensure_future(d.take("c", 5))
+        other = asyncio.ensure_future(d.take("e", 5))
+        await asyncio.sleep(0)
+        d.put("w2")
+        late.cancel()  # as the worker is handed over: either c has it, or it passes on
+        try:
+            got = await late
+        except asyncio.CancelledError:
+            assert await other == "w2"
+        else:
+            assert got == "w2" and not other.done()
+            other.cancel()
+    asyncio.run(scenario())
+
+
+def matmul_chain(n: int, d: int) -> dict:
+    inputs = [{"name": "x", "shape": [d, d]}] + [{"name": f"w{i}", "shape": [d, d]}
+                                                  for i in range(n)]
+    nodes = [{"op": "matmul", "inputs": ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
+              "outputs": [f"h{i}"]} for i in range(n)]
+    return {"name": f"bomb{d}", "inputs": inputs, "nodes": nodes, "outputs": [f"h{n - 1}"]}
+
+
+SMALL = {"name": "small", "inputs": [{"name": "x", "shape": [4, 8]}],
+         "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["y"]}], "outputs": ["y"]}
+
+
+def test_bombs_from_one_client_leave_a_worker_for_another(tmp_path):
+    # each bomb compiles for ~4 s, past the 3 s limit; two of them, from one address
+    with ServerProcess(f"sqlite:///{tmp_path}/c.sqlite3", workers=2, log_dir=tmp_path,
+                       args=("--compile-timeout", "3"),
+                       env={"POLYC_CACHE_DIR": str(tmp_path)}) as server:
+        bomber = httpx.Client(base_url=server.url, timeout=30,
+                              transport=httpx.HTTPTransport(local_address="127.0.0.1"))
+        other = httpx.Client(base_url=server.url, timeout=30,
+                             transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        answers = []
+        bombs = [threading.Thread(target=lambda d=d: answers.append(bomber.post(
+            "/v1/compile", json={"graph": matmul_chain(20, d)}).status_code))
+            for d in (32, 33)]
+        for t in bombs:
+            t.start()
+        time.sleep(0.5)  # both bombs are in (one running, one waiting for a share)
+        start = time.monotonic()
+        small = other.post("/v1/compile", json={"graph": SMALL})
+        took = time.monotonic() - start
+        assert small.status_code == 200, small.text
+        # first come, first served, it waited for the first bomb's 3 s time-out
+        assert took < 2.0, took
+        for t in bombs:
+            t.join()
+        assert answers == [504, 504]
+        bomber.close()
+        other.close()

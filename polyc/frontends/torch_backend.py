@@ -23,6 +23,7 @@ try:
     import torch
     import torch.fx as fx
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -41,7 +42,7 @@ class _Kernels:
 
     compiled: Any  # polyc.compiler.CompiledGraph
     inputs: tuple[tuple[int, str], ...]  # (argument position, polyc input name)
-    outputs: tuple[str, ...]  # polyc tensor of each result, in order
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]  # per result: polyc tensor, permutation
     results: Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # per polyc output
 
 
@@ -88,7 +89,7 @@ class PolycSubgraph(torch.nn.Module):
         results = {name: (compiled.graph.types[name].shape,
                           _torch_dtype(compiled.graph.types[name].dtype))
                    for name in graph.outputs}
-        kernels = _Kernels(compiled, inputs, tuple(outputs), results)
+        kernels = _Kernels(compiled, inputs, tuple((n, tuple(p)) for n, p in outputs), results)
         self.kernels[key] = kernels
         return kernels
 
@@ -114,8 +115,9 @@ def _run(kernels: _Kernels, args: tuple) -> tuple:
                for name, (shape, dtype) in kernels.results.items()}
     kernels.compiled.program(arrays, {name: t.numpy() for name, t in results.items()})
     out, seen = [], set()
-    for name in kernels.outputs:  # a result returned twice is two tensors, as in eager
-        out.append(results[name].clone() if name in seen else results[name])
+    for name, perm in kernels.outputs:  # a result returned twice is two tensors, as in eager
+        t = results[name].clone() if name in seen else results[name]
+        out.append(t.permute(perm))
         seen.add(name)
     return tuple(out)
 
@@ -154,8 +156,9 @@ class TorchBackend:
         return aot_autograd(fw_compiler=self.compile_aten, bw_compiler=self.compile_aten)(
             gm, example_inputs)
 
-    def compile_aten(self, gm: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
-        return partition_graph(gm, self._subgraph)
+    def compile_aten(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
+        # boxed: AOTAutograd hands over its list of arguments and may free them early
+        return make_boxed_func(partition_graph(gm, self._subgraph))
 
     def _subgraph(self, name: str, module: fx.GraphModule) -> PolycSubgraph:
         sub = PolycSubgraph(name, module, self.target, self.options)

@@ -82,8 +82,20 @@ def supported(node: fx.Node) -> bool:
     for t in _tensors(values):
         if t.device.type != "cpu" or t.dtype not in DTYPES or t.layout != torch.strided:
             return False
+    if node.target in VIEWS and not all(supported(u) for u in _consumers(node)):
+        # a view that leaves the partition is free in PyTorch, and keeps the strides
+        # the ops after it were traced with
+        return False
     check = CHECKS.get(node.target)
     return check is None or check(bind(node), node)
+
+
+def _consumers(node: fx.Node) -> list[fx.Node]:
+    """The nodes reading `node`'s result(s), through the `getitem`s of a tuple."""
+    out = []
+    for u in node.users:
+        out.extend(_consumers(u) if u.target is operator.getitem else [u])
+    return out
 
 
 def is_view(node: fx.Node) -> bool:
@@ -98,6 +110,7 @@ class Converter:
         self.b = GraphBuilder(safe_name(module.__class__.__name__))
         self.values = values
         self.names: dict[fx.Node, Any] = {}
+        self.laid_out: set[str] = set()  # outputs computed transposed
         self._count = 0
 
     def tensor(self, arg: Any, dtype: str) -> str:
@@ -133,11 +146,27 @@ def safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "graph"
 
 
-def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any]) -> tuple[Graph, list[str]]:
-    """The partition as a polyc `Graph`, and the polyc tensor of each of its outputs in
-    order. `values` holds every node's value for one call (shapes are concrete)."""
+def dense_order(t: torch.Tensor) -> list[int]:
+    """The dims of `t` from the outermost in memory to the innermost, when its elements
+    are a dense block in some order of its dims (a transposed result); else row-major."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    expected = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return list(range(t.dim()))
+        expected *= t.shape[d]
+    return order
+
+
+def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any]
+             ) -> tuple[Graph, list[tuple[str, list[int]]]]:
+    """The partition as a polyc `Graph`, and for each of its outputs in order, the polyc
+    tensor holding it and the permutation that turns that tensor back into the output.
+    `values` holds every node's value for one eager call (shapes are concrete); an output
+    PyTorch laid out transposed is computed transposed, so that the tensor handed back
+    has the strides the ops after it were traced with."""
     cv = Converter(module, values)
-    outputs: list[str] = []
+    outputs: list[tuple[str, list[int]]] = []
     for node in module.graph.nodes:
         if node.op == "placeholder":
             v = values[node]
@@ -151,11 +180,21 @@ def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any]) -> tuple[Graph,
                 raise GraphError(f"node {node.name!r}: op {node.target} is not supported")
             cv.names[node] = handler(cv, bind(node), node)
         elif node.op == "output":
-            outputs = [cv.names[a] for a in node.args[0]]
+            outputs = [_laid_out(cv, a) for a in node.args[0]]
         else:
             raise GraphError(f"node {node.name!r}: {node.op} is not supported")
     # an output listed twice is computed once; the backend hands out copies
-    return cv.b.build(outputs=list(dict.fromkeys(outputs))), outputs
+    return cv.b.build(outputs=list(dict.fromkeys(name for name, _ in outputs))), outputs
+
+
+def _laid_out(cv: Converter, node: fx.Node) -> tuple[str, list[int]]:
+    order = dense_order(cv.values[node])
+    if order == sorted(order):
+        return cv.names[node], order
+    name = f"{safe_name(node.name)}__in_memory_order"
+    if name not in cv.laid_out:
+        cv.laid_out.add(cv.b.transpose(cv.names[node], perm=order, out=name))
+    return name, [order.index(d) for d in range(len(order))]
 
 
 # ----- elementwise -----
@@ -279,14 +318,14 @@ def _no_dtype(a: dict, node: fx.Node) -> bool:
 def _reduce(op: str):
     def convert(cv: Converter, a: dict, node: fx.Node) -> str:
         x = a["self"]
-        axes = _dims(a["dim"], cv.values[x].dim())
-        attrs = {"keepdims": bool(a["keepdim"])} | ({"axes": axes} if axes is not None else {})
+        axes = _dims(a.get("dim"), cv.values[x].dim())
+        attrs = {"keepdims": bool(a.get("keepdim", False))} | ({"axes": axes} if axes is not None else {})
         return cv.b.op(op, cv.tensor(x, ""), out=safe_name(node.name), **attrs)
     return convert
 
 
-handles(aten.sum.dim_IntList, check=_no_dtype)(_reduce("reduce_sum"))
-handles(aten.mean.dim, check=_no_dtype)(_reduce("reduce_mean"))
+handles(aten.sum.dim_IntList, aten.sum.default, check=_no_dtype)(_reduce("reduce_sum"))
+handles(aten.mean.dim, aten.mean.default, check=_no_dtype)(_reduce("reduce_mean"))
 handles(aten.amax.default, check=_float_result)(_reduce("reduce_max"))
 handles(aten.amin.default, check=_float_result)(_reduce("reduce_min"))
 

@@ -90,6 +90,24 @@ def test_einsum_as_a_broadcast_product_and_sum():
     check(polyc.import_onnx(m), {"a": a, "b": b}, {"y": np.einsum("bij,bkj->bik", a, b)})
 
 
+def test_grouped_1d_conv_and_pad_modes_match_onnx():
+    from onnx.reference import ReferenceEvaluator
+    pads = numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 3], np.int64), "pads")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=2, pads=[1, 2],
+                              strides=[2]),
+             *[helper.make_node("Pad", ["x", "pads"], [mode], mode=mode)
+               for mode in ("edge", "reflect", "wrap")]]
+    m = model(nodes, [io("x", [1, 4, 6]), io("w", [6, 2, 3]), io("b", [6])],
+              [io("c", [1, 6, 4]), *[io(mode, [1, 4, 11]) for mode in ("edge", "reflect", "wrap")]],
+              [pads])
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 4, 6), np.float32),
+             "w": rng.standard_normal((6, 2, 3), np.float32),
+             "b": rng.standard_normal(6, np.float32)}
+    want = dict(zip(["c", "edge", "reflect", "wrap"], ReferenceEvaluator(m).run(None, feeds)))
+    check(polyc.import_onnx(m), feeds, want)
+
+
 def test_identity_output_and_frozen_inputs():
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
              helper.make_node("Identity", ["r"], ["y"])]
@@ -134,8 +152,8 @@ def test_bad_models_are_refused_naming_what_is_wrong(tmp_path):
                   [io("y", [4], TensorProto.UINT8)])
     with pytest.raises(GraphError, match="uint8"):
         polyc.import_onnx(uint8)
-    grouped = model([helper.make_node("Conv", ["x", "w"], ["y"], group=2, name="dw")],
-                    [io("x", [1, 2, 5, 5]), io("w", [2, 1, 3, 3])], [io("y", [1, 2, 3, 3])])
+    grouped = model([helper.make_node("Conv", ["x", "w"], ["y"], group=128, name="dw")],
+                    [io("x", [1, 128, 3, 3]), io("w", [128, 1, 1, 1])], [io("y", [1, 128, 3, 3])])
     with pytest.raises(GraphError, match=r"node 'dw' \(Conv\): field 'group'"):
         polyc.import_onnx(grouped)
 

@@ -108,6 +108,17 @@ def test_grouped_1d_conv_and_pad_modes_match_onnx():
     check(polyc.import_onnx(m), feeds, want)
 
 
+def test_an_input_with_no_elements_is_refused_or_folded_when_frozen():
+    m = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+              [io("x", [2, 0, 3])], [io("y", [2, 1, 3])],
+              [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    with pytest.raises(GraphError, match=r"input x.*has no elements \(shape \[2, 0, 3\]\)"):
+        polyc.import_onnx(m)
+    graph = polyc.import_onnx(m, constants={"x": np.zeros((2, 0, 3), np.float32)})
+    assert not graph.inputs
+    np.testing.assert_array_equal(polyc.compile(graph)()["y"], np.zeros((2, 1, 3), np.float32))
+
+
 def test_identity_output_and_frozen_inputs():
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
              helper.make_node("Identity", ["r"], ["y"])]

@@ -80,6 +80,29 @@ def test_unsupported_op_stays_with_pytorch():
     assert "cumsum" not in _ops(backend)
 
 
+def test_float64_and_float16_match_eager():
+    def fn(a, b):
+        return torch.softmax(a, -1) * 3, F.gelu(b) + b
+
+    a, b = torch.randn(5, 7, dtype=torch.float64), torch.randn(6, 8).half()
+    compiled, backend = _compile(fn)
+    (ga, gb), (ea, eb) = compiled(a, b), fn(a, b)
+    assert ga.dtype == torch.float64 and gb.dtype == torch.float16
+    torch.testing.assert_close(ga, ea, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gb, eb, rtol=1e-3, atol=1e-3)
+    assert all(len(p.kernels) == 1 for p in backend.partitions)
+
+
+def test_shapes_polyc_refuses_run_in_pytorch_with_a_warning():
+    compiled, backend = _compile(lambda x: torch.softmax(x, -1) * 2)
+    x = torch.randn(0, 4)  # polyc tensors have no zero-sized dims
+    with pytest.warns(UserWarning, match="runs in PyTorch for these shapes: .*>= 1"):
+        got = compiled(x)
+    assert got.shape == (0, 4)
+    [p] = backend.partitions
+    assert not p.kernels and len(p.refused) == 1
+
+
 def test_views_alone_are_left_to_pytorch():
     compiled, backend = _compile(lambda x: x.t().reshape(-1)[2:])
     x = torch.randn(4, 5)

@@ -69,6 +69,33 @@ def test_elementwise_reductions_and_data_movement_match_eager():
     assert all(len(p.kernels) == 1 and not p.refused for p in backend.partitions)
 
 
+def test_small_cnn_and_causal_attention_match_eager():
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8),
+                        nn.LeakyReLU(0.1), nn.Hardtanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(8, 4)).eval()
+    for m in net:  # statistics other than 0 and 1, so that batch norm does something
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+
+    def fn(img, q, k, v):
+        return net(img), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    args = (torch.randn(2, 3, 16, 16), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 6, 4),
+            torch.randn(1, 2, 6, 4))
+    compiled, backend = _compile(fn)
+    with torch.no_grad():
+        got, expected = compiled(*args), fn(*args)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    assert {"convolution", "_native_batch_norm_legit_no_training", "leaky_relu", "hardtanh",
+            "_scaled_dot_product_flash_attention_for_cpu"} <= _ops(backend)
+    assert all(len(p.kernels) == 1 and not p.refused for p in backend.partitions)
+
+
 def test_unsupported_op_stays_with_pytorch():
     def fn(x):
         return torch.softmax(torch.cumsum(torch.relu(x) * 2, dim=1), dim=-1)

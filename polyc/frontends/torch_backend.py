@@ -31,7 +31,7 @@ except ImportError as e:  # polyc itself does not need torch
     raise ImportError("polyc.torch_backend needs PyTorch: pip install torch") from e
 
 from ..errors import PolycError
-from . import torch_ops
+from . import torch_convert, torch_ops  # noqa: F401 (torch_ops registers the ATen handlers)
 
 PREFIX = "polyc_"
 
@@ -75,7 +75,7 @@ class PolycSubgraph(torch.nn.Module):
             interpreter.run(*args)
         values = interpreter.env
         try:
-            graph, outputs = torch_ops.to_graph(self.module, values)
+            graph, outputs = torch_convert.to_graph(self.module, values)
             from ..compiler import compile as compile_graph
             compiled = compile_graph(graph, self.target, options=self.options)
         except PolycError as e:
@@ -95,12 +95,12 @@ class PolycSubgraph(torch.nn.Module):
 
 
 def _input_name(graph, node: fx.Node) -> str | None:
-    name = torch_ops.safe_name(node.name)
+    name = torch_convert.safe_name(node.name)
     return name if any(t.name == name for t in graph.inputs) else None
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    return next(t for t, n in torch_ops.DTYPES.items() if n == name)
+    return next(t for t, n in torch_convert.DTYPES.items() if n == name)
 
 
 def _array(t: torch.Tensor):
@@ -124,7 +124,7 @@ def _run(kernels: _Kernels, args: tuple) -> tuple:
 
 class _Support(OperatorSupportBase):
     def is_node_supported(self, submodules, node: fx.Node) -> bool:
-        return torch_ops.supported(node)
+        return torch_convert.supported(node)
 
 
 def partition_graph(gm: fx.GraphModule,
@@ -133,7 +133,7 @@ def partition_graph(gm: fx.GraphModule,
     alone are free in PyTorch) replaced by a call of `make(name, partition)`."""
     partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
     partitions = [p.nodes for p in partitioner.propose_partitions()
-                  if not all(torch_ops.is_view(n) for n in p.nodes)]
+                  if not all(torch_convert.is_view(n) for n in p.nodes)]
     if not partitions:
         return gm
     fused = fuse_by_partitions(gm, partitions, prefix=PREFIX, always_return_tuple=True)

@@ -96,6 +96,18 @@ def test_small_cnn_and_causal_attention_match_eager():
     assert all(len(p.kernels) == 1 and not p.refused for p in backend.partitions)
 
 
+def test_tensors_the_converter_adds_never_clash_with_fx_names():
+    # FX names the multiplications mul, mul_1, mul_2; addmm's beta adds one more
+    def fn(b, x, w):
+        return torch.addmm(b, x, w, beta=0.5) * 2 * 3 * 4
+
+    args = (torch.randn(3), torch.randn(2, 4), torch.randn(4, 3))
+    compiled, backend = _compile(fn)
+    torch.testing.assert_close(compiled(*args), fn(*args))
+    [p] = backend.partitions
+    assert len(p.kernels) == 1 and not p.refused
+
+
 def test_unsupported_op_stays_with_pytorch():
     def fn(x):
         return torch.softmax(torch.cumsum(torch.relu(x) * 2, dim=1), dim=-1)

@@ -101,16 +101,29 @@ def is_view(node: fx.Node) -> bool:
     return node.target is operator.getitem or node.target in VIEWS
 
 
+class _Builder(GraphBuilder):
+    """Names the tensors it makes up with a '#', which FX names (identifiers) never
+    contain: an FX node `mul_1` and a multiplication the converter adds never clash."""
+
+    def op(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        if out is None:
+            out = self.fresh(op)
+        return super().op(op, *inputs, out=out, **attrs)
+
+    def fresh(self, stem: str) -> str:
+        self._count += 1
+        return f"{stem}#{self._count}"
+
+
 class Converter:
     """Writes one partition into a `GraphBuilder`: `names` maps each FX node to its polyc
     tensor (a tuple of them for an op with several results)."""
 
     def __init__(self, module: fx.GraphModule, values: dict[fx.Node, Any]):
-        self.b = GraphBuilder(safe_name(module.__class__.__name__))
+        self.b = _Builder(safe_name(module.__class__.__name__))
         self.values = values
         self.names: dict[fx.Node, Any] = {}
         self.laid_out: set[str] = set()  # outputs computed transposed
-        self._count = 0
 
     def tensor(self, arg: Any, dtype: str) -> str:
         """The polyc tensor of an argument: a node's, or a scalar as a constant."""
@@ -119,8 +132,7 @@ class Converter:
         value = self.values[arg] if isinstance(arg, fx.Node) else arg
         if isinstance(value, torch.Tensor):
             raise GraphError(f"tensor {arg} is not an input of the partition")
-        self._count += 1
-        return self.b.constant(f"const__{self._count}", [], [value], dtype)
+        return self.b.constant(self.b.fresh("const"), [], [value], dtype)
 
     def cast(self, name: str, have: str, want: str) -> str:
         return name if have == want else self.b.cast(name, to=want)
@@ -190,7 +202,7 @@ def _laid_out(cv: Converter, node: fx.Node) -> tuple[str, list[int]]:
     order = dense_order(cv.values[node])
     if order == sorted(order):
         return cv.names[node], order
-    name = f"{safe_name(node.name)}__in_memory_order"
+    name = f"{safe_name(node.name)}#in_memory_order"
     if name not in cv.laid_out:
         cv.laid_out.add(cv.b.transpose(cv.names[node], perm=order, out=name))
     return name, [order.index(d) for d in range(len(order))]

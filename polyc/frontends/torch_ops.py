@@ -324,7 +324,7 @@ def _split(cv: Converter, a: dict, node: fx.Node) -> tuple[str, ...]:
     parts, start = [], 0
     for k, piece in enumerate(cv.out(node)):
         n = piece.shape[dim]
-        parts.append(_slice_axis(cv, x, dim, start, start + n, out=f"{safe_name(node.name)}_{k}"))
+        parts.append(_slice_axis(cv, x, dim, start, start + n, out=f"{safe_name(node.name)}#{k}"))
         start += n
     return tuple(parts)
 

@@ -15,8 +15,9 @@ backend lists every partition with what it compiled and what it refused.
 """
 from __future__ import annotations
 
+import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 try:
@@ -44,6 +45,8 @@ class _Kernels:
     inputs: tuple[tuple[int, str], ...]  # (argument position, polyc input name)
     outputs: tuple[tuple[str, tuple[int, ...]], ...]  # per result: polyc tensor, permutation
     results: Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # per polyc output
+    # a polyc program reuses its intermediate buffers: one call at a time
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class PolycSubgraph(torch.nn.Module):
@@ -113,7 +116,8 @@ def _run(kernels: _Kernels, args: tuple) -> tuple:
     arrays = {name: _array(args[i]) for i, name in kernels.inputs}
     results = {name: torch.empty(shape, dtype=dtype)
                for name, (shape, dtype) in kernels.results.items()}
-    kernels.compiled.program(arrays, {name: t.numpy() for name, t in results.items()})
+    with kernels.lock:
+        kernels.compiled.program(arrays, {name: t.numpy() for name, t in results.items()})
     out, seen = [], set()
     for name, perm in kernels.outputs:  # a result returned twice is two tensors, as in eager
         t = results[name].clone() if name in seen else results[name]

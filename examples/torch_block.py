@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from polyc.frontends.torch_backend import TorchBackend
+from polyc.torch_compile import TorchBackend
 
 
 class Block(nn.Module):

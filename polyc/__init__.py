@@ -16,7 +16,7 @@ __all__ = ["GraphBuilder", "GraphError", "Limits", "Options", "PolycError", "com
 # islpy and cgen load on first use, onnx only when a model is imported, torch only
 # when its backend is asked for
 _LAZY = {"compile": "compiler", "Options": "compiler", "import_onnx": "frontends.onnx",
-         "import_akg": "frontends", "torch_backend": "frontends.torch_backend"}
+         "import_akg": "frontends", "torch_backend": "torch_compile"}
 
 
 def __getattr__(name: str):

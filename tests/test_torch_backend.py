@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: polyc.tor
                                             "is not tested")
 import torch.nn.functional as F  # noqa: E402
 
-from polyc.frontends.torch_backend import TorchBackend, _array  # noqa: E402
+from polyc.torch_compile import TorchBackend, _array  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from torch_block import Block  # noqa: E402

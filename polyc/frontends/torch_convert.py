@@ -1,4 +1,4 @@
-"""ATen graphs -> polyc's subgraph format, for the torch.compile backend (`torch_backend.py`).
+"""ATen graphs -> polyc's subgraph format, for the torch.compile backend (`polyc/torch_compile.py`).
 
 `torch.compile` hands the backend an FX graph that AOTAutograd has lowered to ATen ops
 (`aten.addmm`, `aten.native_layer_norm`, `aten.view` ...). `supported(node)` answers for

@@ -1,5 +1,8 @@
 """polyc as a torch.compile backend: `torch.compile(fn, backend=polyc.torch_backend)`.
 
+(Above the compiler in the package's layers: it compiles; the conversion of ATen graphs
+is a front end, `frontends/torch_convert.py` and `frontends/torch_ops.py`.)
+
     Dynamo's FX graph -> AOTAutograd (ATen ops; a backward graph too when training)
       -> partition: the largest connected sets of nodes polyc supports (`torch_ops`),
          by torch.fx's CapabilityBasedPartitioner; the rest stays with PyTorch eager
@@ -31,8 +34,9 @@ try:
 except ImportError as e:  # polyc itself does not need torch
     raise ImportError("polyc.torch_backend needs PyTorch: pip install torch") from e
 
-from ..errors import PolycError
-from . import torch_convert, torch_ops  # noqa: F401 (torch_ops registers the ATen handlers)
+from .compiler import compile as compile_graph
+from .errors import PolycError
+from .frontends import torch_convert, torch_ops  # noqa: F401 (torch_ops: the handlers)
 
 PREFIX = "polyc_"
 
@@ -79,7 +83,6 @@ class PolycSubgraph(torch.nn.Module):
         values = interpreter.env
         try:
             graph, outputs = torch_convert.to_graph(self.module, values)
-            from ..compiler import compile as compile_graph
             compiled = compile_graph(graph, self.target, options=self.options)
         except PolycError as e:
             self.refused[key] = str(e)

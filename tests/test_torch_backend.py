@@ -69,7 +69,7 @@ def test_elementwise_reductions_and_data_movement_match_eager():
     assert all(len(p.kernels) == 1 and not p.refused for p in backend.partitions)
 
 
-def test_small_cnn_and_causal_attention_match_eager():
+def test_small_cnn_and_attention_with_masks_match_eager():
     torch.manual_seed(0)
     nn = torch.nn
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
@@ -81,18 +81,21 @@ def test_small_cnn_and_causal_attention_match_eager():
             m.running_mean.uniform_(-1, 1)
             m.running_var.uniform_(0.5, 2)
 
-    def fn(img, q, k, v):
-        return net(img), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def fn(img, q, k, v, mask):
+        return (net(img), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask).masked_fill(q > 1, 7))
 
     args = (torch.randn(2, 3, 16, 16), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 6, 4),
-            torch.randn(1, 2, 6, 4))
+            torch.randn(1, 2, 6, 4), torch.randn(8, 6))
     compiled, backend = _compile(fn)
     with torch.no_grad():
         got, expected = compiled(*args), fn(*args)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
     assert {"convolution", "_native_batch_norm_legit_no_training", "leaky_relu", "hardtanh",
-            "_scaled_dot_product_flash_attention_for_cpu"} <= _ops(backend)
+            "_scaled_dot_product_flash_attention_for_cpu", "masked_fill"} <= _ops(backend)
+    attention = [op for p in backend.partitions for op in p.ops if "scaled_dot_product" in op]
+    assert len(attention) == 2  # the masked one too
     assert all(len(p.kernels) == 1 and not p.refused for p in backend.partitions)
 
 

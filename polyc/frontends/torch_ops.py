@@ -2,6 +2,7 @@
 with `torch_convert.handles`, with the conditions under which polyc takes it)."""
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -184,18 +185,39 @@ def _layer_norm(cv: Converter, a: dict, node: fx.Node) -> tuple[str]:
 
 
 def _attention_ok(a: dict, node: fx.Node) -> bool:
-    q = a["query"].meta["val"]
-    return (_only_first_result(a, node) and a["attn_mask"] is None and a["dropout_p"] == 0
-            and DTYPES[q.dtype] in FLOATS)
+    q, mask = a["query"].meta["val"], a["attn_mask"]
+    # a boolean mask would need -inf, which polyc's constants cannot hold (JSON has none)
+    return (_only_first_result(a, node) and a["dropout_p"] == 0 and DTYPES[q.dtype] in FLOATS
+            and (mask is None or mask.meta["val"].dtype == q.dtype))
 
 
 @handles(aten._scaled_dot_product_flash_attention_for_cpu.default, check=_attention_ok)
 def _attention(cv: Converter, a: dict, node: fx.Node) -> tuple[str]:
-    attrs = {"causal": bool(a["is_causal"])}
-    if a["scale"] is not None:
-        attrs["scale"] = float(a["scale"])
-    qkv = [cv.tensor(a[k], "") for k in ("query", "key", "value")]
-    return (cv.b.attention(*qkv, out=safe_name(node.name), **attrs),)
+    q, k, v = (cv.tensor(a[key], "") for key in ("query", "key", "value"))
+    if a["attn_mask"] is None:
+        attrs = {"causal": bool(a["is_causal"])}
+        if a["scale"] is not None:
+            attrs["scale"] = float(a["scale"])
+        return (cv.b.attention(q, k, v, out=safe_name(node.name), **attrs),)
+    # an additive mask: polyc's attention has none, so its composition written out
+    # (PyTorch refuses a mask together with is_causal)
+    dt = dtype_of(cv.out(node)[0])
+    depth = cv.values[a["query"]].shape[-1]
+    scale = a["scale"] if a["scale"] is not None else depth ** -0.5
+    scores = cv.b.mul(cv.b.matmul(q, k, transpose_b=True), cv.tensor(scale, dt))
+    probs = cv.b.softmax(cv.b.add(scores, cv.tensor(a["attn_mask"], "")), axis=-1)
+    return (cv.b.matmul(probs, v, out=safe_name(node.name)),)
+
+
+def _finite_fill(a: dict, node: fx.Node) -> bool:
+    return _float_result(a, node) and math.isfinite(a["value"])
+
+
+@handles(aten.masked_fill.Scalar, check=_finite_fill)
+def _masked_fill(cv: Converter, a: dict, node: fx.Node) -> str:
+    dt = _out_dtype(cv, node)
+    return cv.b.select(cv.tensor(a["mask"], ""), cv.tensor(a["value"], dt),
+                       cv.tensor(a["self"], ""), out=safe_name(node.name))
 
 
 # ----- contractions -----

@@ -57,10 +57,12 @@ def _array(a) -> np.ndarray:
 
 def _frozen(case, inputs: dict) -> dict:
     """The inputs a case feeds where polyc needs a constant (a shape, axes, bounds): the
-    data set's values, frozen into the model at import (polyc compiles for one shape)."""
+    data set's values, frozen into the model at import (polyc compiles for one shape).
+    An input with no elements holds no data, only its static shape: frozen too, as
+    `import_onnx`'s message for it asks."""
     from polyc.frontends.onnx_ops import SHAPE_INPUTS
 
-    out = {}
+    out = {k: v for k, v in inputs.items() if v.size == 0}
     for n in case.model.graph.node:
         for pos in SHAPE_INPUTS.get(n.op_type, ()):
             if pos < len(n.input) and n.input[pos] in inputs:

@@ -90,6 +90,35 @@ def test_einsum_as_a_broadcast_product_and_sum():
     check(polyc.import_onnx(m), {"a": a, "b": b}, {"y": np.einsum("bij,bkj->bik", a, b)})
 
 
+def test_grouped_1d_conv_and_pad_modes_match_onnx():
+    from onnx.reference import ReferenceEvaluator
+    pads = numpy_helper.from_array(np.array([0, 0, 2, 0, 0, 3], np.int64), "pads")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=2, pads=[1, 2],
+                              strides=[2]),
+             *[helper.make_node("Pad", ["x", "pads"], [mode], mode=mode)
+               for mode in ("edge", "reflect", "wrap")]]
+    m = model(nodes, [io("x", [1, 4, 6]), io("w", [6, 2, 3]), io("b", [6])],
+              [io("c", [1, 6, 4]), *[io(mode, [1, 4, 11]) for mode in ("edge", "reflect", "wrap")]],
+              [pads])
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 4, 6), np.float32),
+             "w": rng.standard_normal((6, 2, 3), np.float32),
+             "b": rng.standard_normal(6, np.float32)}
+    want = dict(zip(["c", "edge", "reflect", "wrap"], ReferenceEvaluator(m).run(None, feeds)))
+    check(polyc.import_onnx(m), feeds, want)
+
+
+def test_an_input_with_no_elements_is_refused_or_folded_when_frozen():
+    m = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+              [io("x", [2, 0, 3])], [io("y", [2, 1, 3])],
+              [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    with pytest.raises(GraphError, match=r"input x.*has no elements \(shape \[2, 0, 3\]\)"):
+        polyc.import_onnx(m)
+    graph = polyc.import_onnx(m, constants={"x": np.zeros((2, 0, 3), np.float32)})
+    assert not graph.inputs
+    np.testing.assert_array_equal(polyc.compile(graph)()["y"], np.zeros((2, 1, 3), np.float32))
+
+
 def test_identity_output_and_frozen_inputs():
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
              helper.make_node("Identity", ["r"], ["y"])]
@@ -134,8 +163,8 @@ def test_bad_models_are_refused_naming_what_is_wrong(tmp_path):
                   [io("y", [4], TensorProto.UINT8)])
     with pytest.raises(GraphError, match="uint8"):
         polyc.import_onnx(uint8)
-    grouped = model([helper.make_node("Conv", ["x", "w"], ["y"], group=2, name="dw")],
-                    [io("x", [1, 2, 5, 5]), io("w", [2, 1, 3, 3])], [io("y", [1, 2, 3, 3])])
+    grouped = model([helper.make_node("Conv", ["x", "w"], ["y"], group=128, name="dw")],
+                    [io("x", [1, 128, 3, 3]), io("w", [128, 1, 1, 1])], [io("y", [1, 128, 3, 3])])
     with pytest.raises(GraphError, match=r"node 'dw' \(Conv\): field 'group'"):
         polyc.import_onnx(grouped)
 

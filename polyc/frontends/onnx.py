@@ -105,6 +105,11 @@ def import_onnx(model_or_path, *, constants: dict[str, Any] | None = None) -> Gr
         if v.name not in consts:  # an input with an initializer is a constant
             tt = v.type.tensor_type
             shape = _static_shape(tt, f"input {v.name}")
+            if 0 in shape:
+                raise GraphError(Problem(
+                    f"has no elements (shape {list(shape)}): polyc tensors have no zero-sized "
+                    "dims; pass it in `constants` (it holds no data) to evaluate what depends "
+                    "on it at import", field=f"input {v.name}"))
             dtype = dtype_name(tt.elem_type, f"input {v.name}")
             imp.types[v.name] = TensorType(shape, dtype)
             imp.inputs.append({"name": v.name, "shape": list(shape), "dtype": dtype})

@@ -123,8 +123,12 @@ def _simple(imp: Importer, inputs, **attrs):
 @op("Pow")
 def _pow(imp: Importer, inputs):
     x, y = inputs
-    if imp.dtype(y) != imp.dtype(x):  # ONNX lets the exponent have its own type
-        y = imp.op("cast", imp.tensor(y), to=imp.dtype(x))
+    dt = imp.dtype(x)
+    if dt == "int32":  # polyc's pow is float only: float64 holds every int32 exactly
+        xf, yf = (imp.op("cast", imp.tensor(v), to="float64") for v in (x, y))
+        return [imp.op("cast", imp.op("pow", xf, yf), to=dt)]
+    if imp.dtype(y) != dt:  # ONNX lets the exponent have its own type
+        y = imp.op("cast", imp.tensor(y), to=dt)
     return [imp.op("pow", imp.tensor(x), imp.tensor(y))]
 
 
@@ -356,15 +360,27 @@ def _gemm(imp: Importer, inputs, alpha: float = 1.0, beta: float = 1.0, transA: 
     return [y]
 
 
+MAX_GROUPS = 64  # a convolution per group: a depthwise one over many channels is refused
+
+
 @op("Conv")
 def _conv(imp: Importer, inputs, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
           kernel_shape=None, pads=None, strides=None):
     x, w = imp.tensor(inputs[0]), imp.tensor(inputs[1])
     xs, ws = imp.shape(x), imp.shape(w)
-    if len(xs) != 4:
-        raise imp.fail(f"only 2-D convolutions (a 4-D input) are supported, got rank {len(xs)}")
-    if group != 1:
-        raise imp.fail(f"grouped convolution (group {group}) is not supported", field="group")
+    if len(xs) not in (3, 4):
+        raise imp.fail(f"only 1-D and 2-D convolutions (a 3-D or 4-D input) are supported, "
+                       f"got rank {len(xs)}")
+    if xs[1] % group or ws[0] % group or group > MAX_GROUPS:
+        raise imp.fail(f"group {group} with {xs[1]} input and {ws[0]} output channels: polyc "
+                       f"takes up to {MAX_GROUPS} groups that divide both", field="group")
+    one_d = len(xs) == 3
+    if one_d:  # a 1-D convolution is a 2-D one over an image of height 1
+        x = imp.op("reshape", x, shape=[*xs[:2], 1, xs[2]])
+        w = imp.op("reshape", w, shape=[*ws[:2], 1, ws[2]])
+        xs, ws = imp.shape(x), imp.shape(w)
+        dilations, strides = [1, *(dilations or (1,))], [1, *(strides or (1,))]
+        pads = [0, pads[0], 0, pads[1]] if pads else None
     dilations = list(dilations or (1, 1))
     strides = list(strides or (1, 1))
     if auto_pad in ("NOTSET", ""):
@@ -381,7 +397,24 @@ def _conv(imp: Importer, inputs, auto_pad: str = "NOTSET", dilations=None, group
     else:
         raise imp.fail(f"unknown auto_pad {auto_pad!r}", field="auto_pad")
     args = [x, w] + ([imp.tensor(inputs[2])] if len(inputs) > 2 and inputs[2] else [])
-    return [imp.op("conv2d", *args, strides=strides, pads=pads, dilations=dilations)]
+    y = imp.op("concat", *[
+        imp.op("conv2d", *_group(imp, args, g, group), strides=strides, pads=pads,
+               dilations=dilations) for g in range(group)], axis=1) if group > 1 else \
+        imp.op("conv2d", *args, strides=strides, pads=pads, dilations=dilations)
+    if one_d:
+        n, o, _, length = imp.shape(y)
+        y = imp.op("reshape", y, shape=[n, o, length])
+    return [y]
+
+
+def _group(imp: Importer, args: list[str], g: int, groups: int) -> list[str]:
+    """Group `g`'s input channels, filters and bias: a grouped convolution is one
+    convolution per group, concatenated over the output channels."""
+    out = []
+    for k, t in enumerate(args):
+        n = imp.shape(t)[1 if k == 0 else 0] // groups
+        out.append(imp.op("slice", t, starts=[g * n], ends=[(g + 1) * n], axes=[1 if k == 0 else 0]))
+    return out
 
 
 @op("Einsum")
@@ -524,8 +557,8 @@ def _slice(imp: Importer, inputs):
 
 @op("Pad")
 def _pad(imp: Importer, inputs, mode: str = "constant"):
-    if mode != "constant":
-        raise imp.fail(f"pad mode {mode!r} is not supported (only 'constant')", field="mode")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise imp.fail(f"unknown pad mode {mode!r}", field="mode")
     x = imp.tensor(inputs[0])
     rank = len(imp.shape(x))
     pads = imp.known(inputs[1], "pads").tolist()
@@ -540,7 +573,39 @@ def _pad(imp: Importer, inputs, mode: str = "constant"):
         pairs[a] = [pads[i], pads[i + len(axes)]]
     if any(p < 0 for pair in pairs for p in pair):
         raise imp.fail("negative pads (cropping) are not supported", field="pads")
-    return [imp.op("pad", x, pads=pairs, value=value)]
+    if mode == "constant":
+        return [imp.op("pad", x, pads=pairs, value=value)]
+    for axis, (before, after) in enumerate(pairs):
+        if before or after:
+            x = _pad_from_input(imp, x, axis, before, after, mode)
+    return [x]
+
+
+def _pad_from_input(imp: Importer, x: str, axis: int, before: int, after: int, mode: str) -> str:
+    """Pad one axis with the input's own elements: a concat of slices of it (an element
+    at a time where `reflect` reverses them: polyc slices step forward only)."""
+    n = imp.shape(x)[axis]
+    if mode == "reflect" and max(before, after) >= n:
+        raise imp.fail(f"reflect pads of {max(before, after)} on axis {axis} need more than "
+                       f"{n} elements", field="pads")
+
+    def rows(start: int, stop: int) -> str:
+        return imp.op("slice", x, starts=[start], ends=[stop], axes=[axis])
+
+    def repeated(start: int, count: int) -> list[str]:
+        shape = list(imp.shape(x))
+        shape[axis] = count
+        return [imp.op("broadcast_to", rows(start, start + 1), shape=shape)] if count else []
+
+    if mode == "edge":
+        head, tail = repeated(0, before), repeated(n - 1, after)
+    elif mode == "reflect":
+        head = [rows(i, i + 1) for i in range(before, 0, -1)]
+        tail = [rows(n - 1 - i, n - i) for i in range(1, after + 1)]
+    else:  # wrap: the elements cyclically before the first and after the last
+        head = [rows((k - before) % n, (k - before) % n + 1) for k in range(before)]
+        tail = [rows(k % n, k % n + 1) for k in range(after)]
+    return imp.op("concat", *head, x, *tail, axis=axis)
 
 
 # --- reductions -----------------------------------------------------------------------

@@ -114,6 +114,7 @@ MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 
 
 def main(out: str = ".") -> int:
+    Path(out).mkdir(parents=True, exist_ok=True)  # the README's `/tmp/models`
     for name, make in MODELS.items():
         path = Path(out) / f"{name}.onnx"
         onnx.save(make(), path)

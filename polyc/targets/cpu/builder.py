@@ -249,6 +249,9 @@ class CpuBuilder(CBuilder):
         bound = re.fullmatch(rf"{it} <= (.+)", cond)
         if not self.parallel or inc != "1" or bound is None:
             return None
+        if (bound.group(1).isdigit() and init.isdigit()
+                and int(bound.group(1)) - int(init) < PREFETCH_CHUNK):
+            return None  # a short loop (a 3-wide window of a convolution) has no next chunk
         row, chunk = self.parallel[-1], f"{it}_chunk"
         addresses: list[str] = []
         for call in calls:

@@ -87,8 +87,8 @@ def _features(*names):
 
 
 def test_selection_follows_the_target_features():
-    rates = {"sgemm_avx512_14x32": 200.0, "sgemm_avx2_6x16": 100.0, "sgemm_avx2_4x24": 100.0,
-             "sgemm_vec_6x16": 90.0}
+    rates = {"sgemm_avx512_14x32": 200.0, "sgemm_avx512_8x48": 200.0, "sgemm_avx2_6x16": 100.0,
+             "sgemm_avx2_4x24": 100.0, "sgemm_vec_6x16": 90.0}
     pick = lambda target, isa="": registry.select("gemm", "float32", target, isa, rates=rates)
     assert pick(_features("avx2", "fma")).name == "sgemm_avx2_6x16"
     assert pick(_features("avx2", "fma"), "avx512") is None
@@ -98,17 +98,20 @@ def test_selection_follows_the_target_features():
 
 @pytest.mark.parametrize("rates,shape,chosen", [
     # Zen 4: 512-bit FMAs in two halves, the wider kernel is no faster: avx2 wins
-    ({"sgemm_avx512_14x32": 100.1, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
+    ({"sgemm_avx512_14x32": 100.1, "sgemm_avx512_8x48": 100.3, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
       "sgemm_vec_6x16": 90.0}, (1024, 1024), "sgemm_avx2_6x16"),
     # two 512-bit FMA units: avx512 wins even with its edge waste on 127 rows
-    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
-      "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+    # channel counts (conv2d's rows) are multiples of 8 that 14 never divides
+    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (64, 3248), "sgemm_avx512_8x48"),
     # within noise (3%): the one with edge variants, then the one wasting least
-    ({"sgemm_avx512_14x32": 80.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
-      "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
+    ({"sgemm_avx512_14x32": 80.0, "sgemm_avx512_8x48": 80.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
     # not measured (a target this host cannot run): the widest ISA
     ({}, (1024, 1024), "sgemm_avx512_14x32"),
-], ids=["zen4", "two-fma512", "tie", "unmeasured"])
+], ids=["zen4", "two-fma512", "channels", "tie", "unmeasured"])
 def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
     """Assumes a target with avx512f, avx2 and fma; the rates stand for the host's."""
     target = _features("avx512f", "avx2", "fma")
@@ -353,6 +356,28 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert ("polyc_scratch(4," in compiled.c_source) == copy
+
+
+AVX512_CASES = {  # graph, inputs: edges in every direction of both tiles
+    "odd-matmul": lambda: _matmul((127, 383), (383, 255)),
+    "batched-transposed": lambda: _matmul((3, 33, 41), (29, 41), transpose_b=True),
+    "bias-gelu-small-tiles": lambda: _matmul((70, 90), (90, 100), _bias_gelu),
+    "conv-padded": lambda: _conv((2, 5, 18, 18), (24, 5, 3, 3), bias_relu=True, pads=[1] * 4),
+    "conv-1x1-strided": lambda: _conv((1, 16, 15, 15), (40, 16, 1, 1), bias_relu=True,
+                                      strides=[2, 2]),
+    "conv-64-channels": lambda: _conv((1, 8, 11, 13), (64, 8, 3, 3), pads=[1] * 4),
+}
+
+
+@pytest.mark.parametrize("case", AVX512_CASES)
+@pytest.mark.parametrize("kernel", registry.ISAS["avx512"])
+def test_each_avx512_tile_matches_the_reference(kernel, case):
+    """The avx512 kernels are one code on two tiles (sgemm_avx512.c): each, pinned."""
+    options = replace(_isa("avx512"), gemm_kernel=kernel,
+                      microkernel_tiles=(("kc", 24), ("mc", 32)) if "small" in case else ())
+    graph, inputs = AVX512_CASES[case]()
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    assert kernel in _gemm_marks(compiled)[0]
 
 
 @pytest.mark.parametrize("isa", ISAS)

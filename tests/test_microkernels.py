@@ -349,7 +349,7 @@ def test_conv2d_reads_b_by_rows_from_a_padded_copy(monkeypatch):
 
 @pytest.mark.parametrize("xs,ws,attrs,copy", [
     ((2, 4, 12, 30), (8, 4, 3, 3), {}, False),
-    ((1, 4, 20, 20), (16, 4, 1, 1), {}, False),
+    ((1, 4, 32, 40), (16, 4, 1, 1), {}, False),
     ((2, 3, 15, 16), (12, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
     ((1, 6, 20, 40), (12, 6, 3, 3), {"pads": [2, 1, 0, 2]}, True),
 ], ids=["valid", "1x1", "dilated", "odd-pads"])
@@ -383,6 +383,14 @@ def test_each_avx512_tile_matches_the_reference(kernel, case):
     graph, inputs = AVX512_CASES[case]()
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert kernel in _gemm_marks(compiled)[0]
+
+
+def test_a_1x1_conv2d_over_small_planes_packs_b():
+    """Its K rows are whole planes apart: packed, as a matmul's B (analysis.b_rows)."""
+    graph, inputs = _conv((2, 24, 14, 14), (16, 24, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, Options(gemm_kernel=PORTABLE), atol=3e-4)
+    mark = _gemm_marks(compiled)[0]
+    assert "b=packed" in mark and "pack_b" in compiled.kernels[0].to_json()["schedule_text"]
 
 
 @pytest.mark.parametrize("isa", ISAS)

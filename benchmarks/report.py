@@ -143,11 +143,12 @@ def plot_table(table: dict, stem: Path) -> None:
                                               for u in units) + 2)
     fig, axes = plt.subplots(len(units), 1, figsize=(width_in, 3.6 * len(units)), squeeze=False)
     colors = {lib: f"C{i}" for i, lib in enumerate(libs)}
-    bar = 0.8 / len(libs)
     for ax, unit in zip(axes[:, 0], units):
         rows = [r for r in table["rows"] if r["unit"] == unit]
-        for i, lib in enumerate(libs):
-            xs = [g + (i - (len(libs) - 1) / 2) * bar for g, r in enumerate(rows)
+        here = [lib for lib in libs if any(r["values"].get(lib) for r in rows)]
+        bar = 0.8 / len(here)
+        for i, lib in enumerate(here):
+            xs = [g + (i - (len(here) - 1) / 2) * bar for g, r in enumerate(rows)
                   if r["values"].get(lib)]
             ys = [r["values"][lib] for r in rows if r["values"].get(lib)]
             ax.bar(xs, ys, bar, label=lib, color=colors[lib])
@@ -167,7 +168,7 @@ def plot_table(table: dict, stem: Path) -> None:
             top = max([v for r in rows for v in r["values"].values() if v]
                       + [r["limit"]["value"] for r in rows if r.get("limit")])
             ax.set_ylim(0, top * 1.3)
-        ax.legend(fontsize=7, ncol=min(len(libs) + len(limit_labels), 6), loc="upper center")
+        ax.legend(fontsize=7, ncol=min(len(here) + len(limit_labels), 7), loc="upper center")
         ax.grid(axis="y", alpha=0.3)
     m = table["machine"]
     fig.suptitle(f"{table['title']}\n{m.get('cpu')}, {m.get('cores')} cores, polyc "

@@ -1,10 +1,11 @@
 """polyc's CPU kernels beside numpy (OpenBLAS), PyTorch eager and torch.compile.
 
     python benchmarks/bench_cpu.py [--threads 1,2] [--rounds 5] [--no-compile]
-                                   [--cases conv2d,1024]
+                                   [--cases conv2d,1024] [--suite main|resnet50] [--out DIR]
 
 Prints one table, measured in one run: for each case and thread count, the best time per
-call as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the libraries
+call (one thread: the thread's CPU time, which leaves out the time other tenants of a
+shared machine hold the core; two: the wall clock) as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the libraries
 taking `--rounds` turns (at least 3 calls and 50 ms each) so that a noisy spell on this
 shared machine hits them alike (`machine.best_times`), and polyc's result as a fraction
 of the machine's FMA peak or read bandwidth, both measured first by two small C programs
@@ -15,6 +16,13 @@ process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before an
 starts a thread pool).
 PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
 compiler and takes a while per case.
+
+`--suite resnet50` measures instead the convolutions of ResNet-50's four stages (the 3x3
+and the 1x1 ones, the strided ones of each stage's first block), batch 1 and 8, each with
+its bias and relu fused, against PyTorch eager (oneDNN) and torch.compile.
+The table is written with the machine's description to `--out` (benchmarks/results/)
+as bench_cpu[_SUITE].json and plotted (.png, .svg); the issue's goals are printed as
+met or not.
 """
 from __future__ import annotations
 
@@ -30,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import best_times  # noqa: E402
+from machine import best_times, clock_for, clock_name  # noqa: E402
+from report import RESULTS, goal_lines, save_table  # noqa: E402
 
 # --- the machine's limits ----------------------------------------------------------------
 
@@ -50,8 +59,14 @@ PEAK_C = r"""
 #endif
 #define FMA(n) "vfmadd231ps " R(14) "," R(15) "," R(n) "\n"
 #define ZERO(n) "vxorps " R(n) "," R(n) "," R(n) "\n"
+#include <time.h>
+static double cpu_now(void) {
+  struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+/* each thread's own CPU time: the FMA units' rate while the thread runs, whoever else
+   shares the machine */
 static double chains(long n) {
-  double t = omp_get_wtime();
+  double t = cpu_now();
   __asm__ volatile(
     ZERO(0) ZERO(1) ZERO(2) ZERO(3) ZERO(4) ZERO(5) ZERO(6) ZERO(7) ZERO(8) ZERO(9)
     ZERO(10) ZERO(11) ZERO(14) ZERO(15)
@@ -61,7 +76,7 @@ static double chains(long n) {
     "dec %%rcx\n jnz 1b\n"
     :: "r"(n) : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
        "xmm8", "xmm9", "xmm10", "xmm11", "xmm14", "xmm15", "cc");
-  return omp_get_wtime() - t;
+  return cpu_now() - t;
 }
 int main(void) {
   long n = 40000000;
@@ -135,10 +150,23 @@ def _gelu_np(h):
     return 0.5 * h * (1.0 + np.tanh(np.float32(0.7978845608028654) * (h + np.float32(0.044715) * h * h * h)))
 
 
-def _conv_np(x, w):
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
-    return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+def _conv_np(x, w, b=None, stride=1, pad=1):
+    kh, kw = w.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    win = win[:, :, ::stride, ::stride]
+    y = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    return y if b is None else np.maximum(y + b[:, None, None], 0)
+
+
+# the issue's goals: polyc / peer at least this, per case (every thread count)
+GOALS = {"linear+gelu 1024x1024 @ 1024x4096": {"numpy": 1.2, "torch.compile": 1.15},
+         "conv2d 1x64x56x56, 64 3x3": {"torch": 1.05}}
+CONV_GOAL = {"torch": 1.05}
+
+
+def _rand(rng, *shape):
+    return rng.uniform(-1, 1, shape).astype(np.float32)
 
 
 def cases():
@@ -147,7 +175,7 @@ def cases():
     rng = np.random.default_rng(0)
 
     def rand(*shape):
-        return rng.uniform(-1, 1, shape).astype(np.float32)
+        return _rand(rng, *shape)
 
     out = []
 
@@ -165,6 +193,8 @@ def cases():
     matmul("matmul 512^3", (512, 512), (512, 512))
     matmul("matmul 127x255x383", (127, 383), (383, 255))
     matmul("batched 16x(256x64 @ 64x256)", (16, 256, 64), (16, 64, 256))
+    # linear+gelu's matmul alone: the fused epilogue's cost is the difference
+    matmul("matmul 1024x1024 @ 1024x4096", (1024, 1024), (1024, 4096))
 
     def linear_gelu():
         b = polyc.GraphBuilder("linear_gelu")
@@ -190,6 +220,50 @@ def cases():
     out.append(("reduce_sum 8192x8192 axis 1", rsum, {"x": rand(8192, 8192)}, 8192 * 8192 * 4.0,
                 "GB/s", lambda x: x.sum(axis=1), lambda t, x: x.sum(dim=1)))
     return out
+
+
+# ResNet-50's convolutions (torchvision's v1.5: the stride on each stage's first 3x3):
+# (stage, input channels, input size, output channels, kernel, stride)
+RESNET50_CONVS = [
+    ("conv2", 64, 56, 64, 3, 1), ("conv2", 64, 56, 64, 1, 1), ("conv2", 256, 56, 64, 1, 1),
+    ("conv2", 64, 56, 256, 1, 1),
+    ("conv3", 128, 56, 128, 3, 2), ("conv3", 128, 28, 128, 3, 1), ("conv3", 512, 28, 128, 1, 1),
+    ("conv3", 256, 56, 512, 1, 2),
+    ("conv4", 256, 28, 256, 3, 2), ("conv4", 256, 14, 256, 3, 1), ("conv4", 1024, 14, 256, 1, 1),
+    ("conv4", 512, 28, 1024, 1, 2),
+    ("conv5", 512, 14, 512, 3, 2), ("conv5", 512, 7, 512, 3, 1), ("conv5", 2048, 7, 512, 1, 1),
+    ("conv5", 1024, 14, 2048, 1, 2),
+]
+
+
+def resnet50_cases(batches=(1, 8)):
+    """conv2d + bias + relu, one graph each, as ResNet-50 runs them in inference."""
+    import polyc
+    rng = np.random.default_rng(0)
+    out = []
+    for batch in batches:
+        for stage, c, size, o, k, stride in RESNET50_CONVS:
+            pad = k // 2
+            name = f"{stage} {batch}x{c}x{size}x{size}, {o} {k}x{k}" + (f" /{stride}" if stride > 1
+                                                                       else "")
+
+            def build(batch=batch, c=c, size=size, o=o, k=k, stride=stride, pad=pad):
+                b = polyc.GraphBuilder("conv_bias_relu")
+                y = b.conv2d(b.input("x", (batch, c, size, size)), b.input("w", (o, c, k, k)),
+                             b.input("b", (o,)), pads=[pad] * 4, strides=[stride, stride])
+                return b.build([b.relu(y)])
+            osize = (size + 2 * pad - k) // stride + 1
+            out.append((name, build, {"x": _rand(rng, batch, c, size, size),
+                                      "w": _rand(rng, o, c, k, k) / np.float32(np.sqrt(c * k * k)),
+                                      "b": _rand(rng, o)},
+                        2.0 * batch * o * osize * osize * c * k * k, "GFLOP/s",
+                        lambda x, w, b, s=stride, p=pad: _conv_np(x, w, b, s, p),
+                        lambda t, x, w, b, s=stride, p=pad: t.relu(
+                            t.nn.functional.conv2d(x, w, b, stride=s, padding=p))))
+    return out
+
+
+SUITES = {"main": cases, "resnet50": resnet50_cases}
 
 
 def _gemm_kernels() -> list[str]:
@@ -222,7 +296,8 @@ def _check_result(case: str, got: np.ndarray, want: np.ndarray) -> None:
         raise SystemExit(f"{case}: polyc's result differs from numpy's (relative error {err:.1e})")
 
 
-def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict:
+def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
+           suite: str = "main") -> dict:
     """Runs in a process whose thread pools were sized by the environment."""
     from polyc.compiler import Options, compile
     try:
@@ -232,7 +307,7 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
         torch = None
     results = {}
     wanted = [w for w in only.split(",") if w]
-    for name, build, inputs, work, unit, np_fn, torch_fn in cases():
+    for name, build, inputs, work, unit, np_fn, torch_fn in SUITES[suite]():
         if wanted and not any(w in name for w in wanted):
             continue
         row: dict = {"unit": unit}
@@ -244,15 +319,19 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
         args = list(inputs.values())
         want = np_fn(*args)
         _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], want)
-        # the gemm kernels polyc did not choose, each pinned, timed beside the choice
+        fns = {"polyc": lambda: compiled.program(inputs, out)}
+        # the gemm kernels polyc did not choose, each pinned, timed beside the choice (the
+        # main suite only: the ResNet set is about the peers)
         others = {}
-        for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():
-            if alt in used:
-                continue
-            other = compile(graph, options=Options(threads=threads, gemm_kernel=alt))
-            _check_result(f"{name} on {alt}", other.program(inputs, out)[graph.outputs[0]], want)
-            others[alt] = lambda other=other: other.program(inputs, out)
-        fns = {"polyc": lambda: compiled.program(inputs, out), "numpy": lambda: np_fn(*args)}
+        if suite == "main":
+            fns["numpy"] = lambda: np_fn(*args)
+            for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():
+                if alt in used:
+                    continue
+                other = compile(graph, options=Options(threads=threads, gemm_kernel=alt))
+                _check_result(f"{name} on {alt}", other.program(inputs, out)[graph.outputs[0]],
+                              want)
+                others[alt] = lambda other=other: other.program(inputs, out)
         if torch is not None:
             targs = [torch.from_numpy(a) for a in args]
             fns["torch"] = lambda: torch_fn(torch, *targs)
@@ -260,14 +339,13 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "") -> dict
                 try:
                     cfn = torch.compile(lambda *a: torch_fn(torch, *a))
                     with torch.no_grad():
-                        cfn(*targs)  # compiles here, outside the timed turns
+                        _check_result(f"{name} (torch.compile)", cfn(*targs).numpy(), want)
                     fns["torch.compile"] = lambda: cfn(*targs)
                 except Exception as e:  # no C++ compiler, an unsupported op, ...
-                    row["torch.compile"] = None
                     row["torch.compile error"] = str(e).splitlines()[0][:80]
         with torch.no_grad() if torch is not None else contextlib.nullcontext():
-            times = best_times({**fns, **others}, rounds=rounds)
-        row.update({lib: work / t / 1e9 for lib, t in times.items() if lib in fns})
+            times = best_times({**fns, **others}, rounds=rounds, clock=clock_for(threads))
+        row["values"] = {lib: work / t / 1e9 for lib, t in times.items() if lib in fns}
         row["alternatives"] = {alt: work / times[alt] / 1e9 for alt in others}
         results[name] = row
         print(f"  [{threads} thread(s)] {name}: done", file=sys.stderr, flush=True)
@@ -279,13 +357,16 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--suite", default="main", choices=list(SUITES))
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where the table's JSON and plots go (default: %(default)s)")
     parser.add_argument("--cases", default="",
                         help="comma-separated substrings: run only the cases whose name has one")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.rounds, not args.no_compile, args.cases)))
+        print(json.dumps(worker(args.worker, args.rounds, not args.no_compile, args.cases,
+                                args.suite)))
         return 0
     counts = [int(t) for t in args.threads.split(",")]
     limits, results = {}, {}
@@ -294,7 +375,8 @@ def main() -> int:
             limits[t] = machine_limits(t, Path(tmp))
             env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t),
                        MKL_NUM_THREADS=str(t))
-            cmd = [sys.executable, __file__, "--worker", str(t), "--rounds", str(args.rounds)]
+            cmd = [sys.executable, __file__, "--worker", str(t), "--rounds", str(args.rounds),
+                   "--suite", args.suite]
             cmd += ["--no-compile"] if args.no_compile else []
             cmd += ["--cases", args.cases] if args.cases else []
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -303,37 +385,57 @@ def main() -> int:
                 return 1
             results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"gemm kernels measured in cache (GFLOP/s, 1 thread): {calibration()}")
-    print(table(counts, limits, results))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"limits": limits, "results": results}, indent=1))
+    rows = table_rows(counts, limits, results, args.suite)
+    print(table(counts, limits, rows))
+    name = "bench_cpu" + ("" if args.suite == "main" else f"_{args.suite}")
+    title = ("polyc's CPU kernels vs numpy, PyTorch eager, torch.compile" if args.suite == "main"
+             else "ResNet-50 convolutions (+bias+relu) vs PyTorch eager (oneDNN)")
+    path = save_table(name, title, rows, out_dir=args.out)
+    print("goals:", *goal_lines({"better": "higher", "rows": rows}), sep="\n")
+    print(f"wrote {path} (and its plot)")
     return 0
 
 
-def table(counts, limits, results) -> str:
+def table_rows(counts, limits, results, suite: str) -> list[dict]:
+    """The report's rows, case-major, with the machine's limit and the issue's goals."""
+    rows = []
+    for name in results[counts[0]]:
+        for t in counts:
+            r = results[t][name]
+            peak, bw = limits[t]
+            limit = ({"label": "read bandwidth", "value": bw} if r["unit"] == "GB/s"
+                     else {"label": "FMA peak", "value": peak})
+            goals = CONV_GOAL if suite == "resnet50" else GOALS.get(name, {})
+            rows.append({"case": name, "threads": t, "unit": r["unit"], "values": r["values"],
+                         "limit": limit, "goals": goals, "kernel": r["kernel"],
+                         "clock": clock_name(t),
+                         "alternatives": r["alternatives"]})
+    return rows
+
+
+def table(counts, limits, rows) -> str:
     def f(v):
         return "-" if v is None else f"{v:.1f}"
 
     lines = ["machine: " + ", ".join(f"{t} thread(s): FMA peak {limits[t][0]:.1f} GFLOP/s, "
                                      f"read bandwidth {limits[t][1]:.1f} GB/s" for t in counts)]
     head = (f"{'case':36} {'thr':>3} {'unit':>7} {'polyc':>7} {'numpy':>7} {'torch':>7} "
-            f"{'compile':>7} {'x numpy':>7} {'x torch':>7} {'of peak':>7}  kernel "
+            f"{'compile':>7} {'x numpy':>7} {'x torch':>7} {'x comp.':>7} {'of peak':>7}  kernel "
             "[the others, pinned]")
     lines += [head, "-" * len(head)]
-    names = list(results[counts[0]])
-    for name in names:
-        for t in counts:
-            r = results[t][name]
-            peak, bw = limits[t]
-            limit = bw if r["unit"] == "GB/s" else peak
-            vs_np = r["polyc"] / r["numpy"]
-            vs_torch = r["polyc"] / r["torch"] if r.get("torch") else None
-            lines.append(f"{name:36} {t:>3} {r['unit']:>7} {f(r['polyc']):>7} {f(r['numpy']):>7} "
-                         f"{f(r.get('torch')):>7} {f(r.get('torch.compile')):>7} "
-                         f"{vs_np:>6.2f}x {('-' if vs_torch is None else f'{vs_torch:.2f}x'):>7} "
-                         f"{100 * r['polyc'] / limit:>6.0f}%  {r['kernel']}"
-                         + (" [" + ", ".join(f"{k.removeprefix('sgemm_')} {f(v)}" for k, v in
-                                             r["alternatives"].items()) + "]"
-                            if r.get("alternatives") else ""))
+    for r in rows:
+        v = r["values"]
+
+        def vs(peer):
+            return f"{v['polyc'] / v[peer]:.2f}x" if v.get(peer) else "-"
+        lines.append(f"{r['case']:36} {r['threads']:>3} {r['unit']:>7} {f(v['polyc']):>7} "
+                     f"{f(v.get('numpy')):>7} {f(v.get('torch')):>7} "
+                     f"{f(v.get('torch.compile')):>7} {vs('numpy'):>7} {vs('torch'):>7} "
+                     f"{vs('torch.compile'):>7} {100 * v['polyc'] / r['limit']['value']:>6.0f}%  "
+                     f"{r['kernel']}"
+                     + (" [" + ", ".join(f"{k.removeprefix('sgemm_')} {f(x)}" for k, x in
+                                         r["alternatives"].items()) + "]"
+                        if r.get("alternatives") else ""))
     return "\n".join(lines)
 
 

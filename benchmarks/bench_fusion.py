@@ -1,15 +1,22 @@
-"""Fused memory-bound kernels against numpy's composition and PyTorch eager.
+"""Fused memory-bound kernels against numpy's composition, PyTorch eager and Inductor.
 
-    python benchmarks/bench_fusion.py [--quick] [--cases ...] [--no-columns]
+    python benchmarks/bench_fusion.py [--quick] [--cases ...] [--no-columns] [--no-compile]
+                                      [--out DIR]
 
-For log_softmax 4096x4096, softmax 4096x4096 and layer_norm 8192x1024 (float32), at 1 and
-2 threads, in one run: polyc with a reused output buffer (`out=`) and with a fresh one,
-numpy's composition of ufuncs, PyTorch eager (when importable). Each result is given as
-GB/s of compulsory traffic (every input read once, the output written once) and as a
-fraction of the STREAM triad bandwidth that `machine.py` measures right after each row
-(the machine's state drifts), plus the speed-up of polyc (reused output) over numpy and
-PyTorch. The libraries take turns (`machine.best_times`), so a noisy spell on this shared
-machine hits them alike: read ratios, not absolute times.
+For log_softmax, softmax, layer_norm and rms_norm on 4096x4096 and attention of 8 heads
+x 512 x 64 (causal and not), float32, at 1 and 2 threads, in one run: polyc with a
+reused output buffer (`out=`) and with a fresh one, numpy's composition of ufuncs,
+PyTorch eager, torch.compile (Inductor, compiled for each thread count) and, for
+attention, `F.scaled_dot_product_attention` (the torch columns when torch is importable).
+Every result is checked against numpy before anything is timed. The norms are given as
+GB/s of compulsory traffic (every input read once, the output written once) beside the
+STREAM triad bandwidth that `machine.py` measures right after each row (the machine's
+state drifts); attention, which is not memory-bound, as GFLOP/s (4 x heads x Lq x Lk x D)
+beside the FMA peak. The libraries take turns (`machine.best_times`), so a noisy spell
+on this shared machine hits them alike, on one thread in the thread's CPU time
+(`machine.clock_for`): read ratios, not absolute times. The issue's
+goals (2x torch.compile; attention 1.5x scaled_dot_product_attention) are printed as met
+or not; the table goes to `--out` as bench_fusion.json with its plot.
 
 A second table puts each column form (softmax and log_softmax over axis 0 of 1024x4096,
 and over the middle axis of 16x1024x256) beside the same op over the last axis of the
@@ -18,21 +25,26 @@ transposed input, in turns: the ratio of their times, and how many kernels each 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import best_times, set_threads, stream_triad_gbs  # noqa: E402
+from bench_cpu import machine_limits  # noqa: E402
+from machine import best_times, clock_for, clock_name, set_threads, stream_triad_gbs  # noqa: E402
+from report import RESULTS, goal_lines, save_table  # noqa: E402
 
 from polyc import GraphBuilder  # noqa: E402
 from polyc.compiler import compile  # noqa: E402
 
 try:
     import torch
+    import torch.nn.functional as F
 except ImportError:
-    torch = None
+    torch = F = None
 
 
 def np_log_softmax(x):
@@ -52,23 +64,66 @@ def np_layer_norm(x, gamma, beta, eps=1e-5):
     return centred / np.sqrt(var + eps) * gamma + beta
 
 
+def np_rms_norm(x, gamma, eps=1e-5):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * gamma
+
+
+def np_attention(q, k, v, causal=False):
+    s = q @ np.swapaxes(k, -1, -2) * np.float32(1 / np.sqrt(q.shape[-1]))
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+    return np_softmax(s) @ v
+
+
+def torch_attention(q, k, v, causal=False):
+    """PyTorch eager's composition: what a model written without SDPA runs."""
+    s = q @ k.transpose(-1, -2) * (1 / q.shape[-1] ** 0.5)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+HEADS, SEQ, DIM = 8, 512, 64
+ATTENTION_FLOPS = 4.0 * HEADS * SEQ * SEQ * DIM
 CASES = {
-    # name: (shape, op, numpy version, torch version)
-    "log_softmax": ((4096, 4096), "log_softmax", np_log_softmax,
-                    lambda x: torch.log_softmax(x, dim=-1)),
-    "softmax": ((4096, 4096), "softmax", np_softmax, lambda x: torch.softmax(x, dim=-1)),
-    "layer_norm": ((8192, 1024), "layer_norm", np_layer_norm,
-                   lambda x, g, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b)),
+    # name: (op, input shapes, attrs, numpy version, torch version, goals)
+    "log_softmax": ("log_softmax", [(4096, 4096)], {}, np_log_softmax,
+                    lambda x: torch.log_softmax(x, dim=-1), {"torch.compile": 2.0}),
+    "softmax": ("softmax", [(4096, 4096)], {}, np_softmax, lambda x: torch.softmax(x, dim=-1),
+                {"torch.compile": 2.0}),
+    "layer_norm": ("layer_norm", [(4096, 4096), (4096,), (4096,)], {}, np_layer_norm,
+                   lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b), {"torch.compile": 2.0}),
+    "rms_norm": ("rms_norm", [(4096, 4096), (4096,)], {}, np_rms_norm,
+                 lambda x, g: F.rms_norm(x, (x.shape[-1],), g, eps=1e-5), {"torch.compile": 2.0}),
+    "attention": ("attention", [(HEADS, SEQ, DIM)] * 3, {}, np_attention, torch_attention,
+                  {"torch.compile": 2.0, "sdpa": 1.5}),
+    "attention causal": ("attention", [(HEADS, SEQ, DIM)] * 3, {"causal": True},
+                         lambda q, k, v: np_attention(q, k, v, True),
+                         lambda q, k, v: torch_attention(q, k, v, True),
+                         {"torch.compile": 2.0, "sdpa": 1.5}),
 }
+INPUT_NAMES = {"layer_norm": ["x", "gamma", "beta"], "rms_norm": ["x", "gamma"],
+               "attention": ["q", "k", "v"]}
 
 
 def build(name: str):
-    shape, op, _, _ = CASES[name]
-    b = GraphBuilder(name)
-    ins = [b.input("x", shape)]
-    if op == "layer_norm":
-        ins += [b.input("gamma", shape[-1:]), b.input("beta", shape[-1:])]
-    return b.build([b.op(op, *ins, out="y")])
+    op, shapes, attrs, *_ = CASES[name]
+    b = GraphBuilder(name.replace(" ", "_"))
+    ins = [b.input(n, s) for n, s in zip(INPUT_NAMES.get(op, ["x"]), shapes)]
+    return b.build([b.op(op, *ins, out="y", **attrs)])
+
+
+def sdpa(name: str):
+    causal = CASES[name][2].get("causal", False)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def inductor(fn):
+    """torch.compile of `fn`, compiled now (outside the timed turns), for the thread count
+    set now: Inductor bakes it into its OpenMP code, and dynamo would reuse a compilation
+    made for another count."""
+    torch._dynamo.reset()
+    return torch.compile(fn)
 
 
 COLUMN_CASES = [  # (op, shape, axis): the row form reduces the last axis of the transpose
@@ -110,49 +165,97 @@ def columns(rounds: int, rng) -> None:
                   f"{times['col'] / times['row']:11.2f}x")
 
 
+def _check(name: str, got, want) -> None:
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-3, atol=1e-4,
+                               err_msg=f"{name}: differs from numpy's")
+
+
+def measure(name: str, threads: int, rounds: int, rng, use_compile: bool,
+            flops_peak: float) -> dict:
+    """One row of the table: every library's speed on case `name` at `threads` threads."""
+    op, _, _, np_fn, torch_fn, goals = CASES[name]
+    graph = build(name)
+    compiled = compile(graph)
+    inputs = {t.name: rng.standard_normal(t.type.shape).astype(np.float32)
+              for t in graph.inputs}
+    np_args = [inputs[t.name] for t in graph.inputs]
+    want = np_fn(*np_args)
+    out = {"y": np.empty_like(want)}
+    _check(f"{name} polyc", compiled.program(inputs, out)["y"], want)
+    fns = {"polyc": lambda: compiled.program(inputs, out),
+           "polyc (fresh out)": lambda: compiled.program(inputs), "numpy": lambda: np_fn(*np_args)}
+    if torch is not None:
+        targs = [torch.from_numpy(a) for a in np_args]
+        peers = {"torch": torch_fn}
+        if op == "attention":
+            peers["sdpa"] = sdpa(name)
+        if use_compile:
+            peers["torch.compile"] = inductor(sdpa(name) if op == "attention" else torch_fn)
+        for peer, fn in peers.items():
+            with torch.no_grad():
+                _check(f"{name} {peer}", fn(*targs), want)
+            fns[peer] = lambda fn=fn: fn(*targs)
+    with torch.no_grad() if torch is not None else contextlib.nullcontext():
+        times = best_times(fns, rounds=rounds, clock=clock_for(threads))
+    if op == "attention":
+        unit, work = "GFLOP/s", ATTENTION_FLOPS
+        limit = {"label": "FMA peak", "value": flops_peak}
+    else:  # compulsory traffic: every input once, the output once
+        unit, work = "GB/s", sum(a.nbytes for a in np_args) + want.nbytes
+        # right after: the same state of the machine
+        limit = {"label": "STREAM triad", "value": stream_triad_gbs(threads)}
+    return {"case": name, "threads": threads, "unit": unit, "limit": limit, "goals": goals,
+            "kernels": len(compiled.kernels), "clock": clock_name(threads),
+            "values": {lib: work / t / 1e9 for lib, t in times.items()}}
+
+
+def print_row(row: dict) -> None:
+    v = row["values"]
+
+    def cell(lib):
+        return f"{v[lib]:8.2f}" if v.get(lib) else f"{'-':>8}"
+
+    def vs(lib):
+        return f"{v['polyc'] / v[lib]:7.2f}x" if v.get(lib) else f"{'-':>8}"
+    print(f"{row['case']:16} {row['threads']:>3} {row['unit']:>7} {row['kernels']:>3} | "
+          + " ".join(cell(lib) for lib in LIBS) + f" | {row['limit']['value']:8.1f} "
+          f"{v['polyc'] / row['limit']['value']:6.0%} | " + " ".join(vs(lib) for lib in LIBS[2:]),
+          flush=True)
+
+
+LIBS = ["polyc", "polyc (fresh out)", "numpy", "torch", "torch.compile", "sdpa"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--no-columns", action="store_true", help="skip the column table")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where the table's JSON and plot go (default: %(default)s)")
     args = parser.parse_args()
     rounds = 2 if args.quick else 5
     rng = np.random.default_rng(0)
 
     print(f"torch: {torch.__version__ if torch else 'not importable'}")
-    header = (f"{'case':12} {'thr':>3} | {'polyc out=':>12} {'polyc fresh':>12} {'numpy':>12} "
-              f"{'torch':>12} | {'STREAM':>12} {'%STREAM':>7} {'x numpy':>8} {'x torch':>8}")
+    header = (f"{'case':16} {'thr':>3} {'unit':>7} {'krn':>3} | {'polyc':>8} {'fresh':>8} "
+              f"{'numpy':>8} {'torch':>8} {'compile':>8} {'sdpa':>8} | {'limit':>8} {'%limit':>6} "
+              f"| {'x numpy':>8} {'x torch':>8} {'x comp.':>8} {'x sdpa':>8}")
     print(header)
     print("-" * len(header))
-    for name in args.cases:
-        graph = build(name)
-        compiled = compile(graph)
-        _, _, np_fn, torch_fn = CASES[name]
-        inputs = {t.name: rng.standard_normal(t.type.shape).astype(np.float32)
-                  for t in graph.inputs}
-        traffic = sum(a.nbytes for a in inputs.values()) + inputs["x"].nbytes
-        out = {"y": np.empty_like(inputs["x"])}
-        np_args = [inputs[t.name] for t in graph.inputs]
-        torch_args = [torch.from_numpy(a) for a in np_args] if torch else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="polyc-bench-") as tmp:
         for threads in (1, 2):
             set_threads(threads)
-            fns = {"reused": lambda: compiled.program(inputs, out),
-                   "fresh": lambda: compiled.program(inputs), "numpy": lambda: np_fn(*np_args)}
-            if torch:
-                fns["torch"] = lambda: torch_fn(*torch_args)
-            times = best_times(fns, rounds=rounds)
-            reused, fresh, numpy_t, torch_t = (times.get(k)
-                                               for k in ("reused", "fresh", "numpy", "torch"))
-            stream = stream_triad_gbs(threads)  # right after: the same state of the machine
-
-            def gbs(t):
-                return f"{traffic / t / 1e9:7.2f} GB/s" if t else f"{'-':>12}"
-
-            print(f"{name:12} {threads:>3} | {gbs(reused)} {gbs(fresh)} {gbs(numpy_t)} "
-                  f"{gbs(torch_t)} | {stream:7.2f} GB/s {traffic / reused / 1e9 / stream:7.0%} "
-                  f"{numpy_t / reused:8.2f} "
-                  + (f"{torch_t / reused:8.2f}" if torch_t else f"{'-':>8}"))
-        np.testing.assert_allclose(out["y"], np_fn(*np_args), rtol=1e-3, atol=1e-4)
+            peak = machine_limits(threads, Path(tmp))[0]
+            for name in args.cases:
+                rows.append(measure(name, threads, rounds, rng, not args.no_compile, peak))
+                print_row(rows[-1])
+    path = save_table("bench_fusion", "Fused kernels vs numpy, PyTorch eager, torch.compile "
+                      "(Inductor), SDPA", rows, out_dir=args.out)
+    print("goals:", *goal_lines({"better": "higher", "rows": rows}), sep="\n")
+    print(f"wrote {path} (and its plot)")
     if not args.no_columns:
         columns(rounds, rng)
 

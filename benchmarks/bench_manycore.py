@@ -1,6 +1,6 @@
 """polyc on the simulated many-core chip: what the cycle model says each kernel costs.
 
-    python benchmarks/bench_manycore.py [--cases matmul,softmax] [--json out.json]
+    python benchmarks/bench_manycore.py [--cases matmul,softmax] [--out DIR]
 
 For each case, compiled for `target="manycore"` and run once in the simulator (results
 checked against the reference executor first): cycles, flops, `peak_fraction` (flops /
@@ -94,4 +94,4 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, cases, run, table))
+    sys.exit(main(__doc__, cases, run, table, name="bench_manycore", bound="dma_bound_fraction"))

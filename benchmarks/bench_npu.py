@@ -1,6 +1,6 @@
 """polyc on the simulated NPU: what the cycle model says each kernel costs.
 
-    python benchmarks/bench_npu.py [--cases matmul,softmax] [--json out.json]
+    python benchmarks/bench_npu.py [--cases matmul,softmax] [--out DIR]
 
 For each case, compiled for `target="npu"` and run once in the simulator (the result
 checked against the numpy reference executor first, at float16's tolerance where the
@@ -98,4 +98,4 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, cases, run, table))
+    sys.exit(main(__doc__, cases, run, table, name="bench_npu", bound="gm_bound_fraction"))

@@ -5,6 +5,10 @@
   several runs; a small C program built with the same gcc and flags polyc uses.
 - `set_threads(n)`: the OpenMP thread count of polyc's kernels (and torch's, if loaded).
 - `best_times(fns)`: the best time per call of several functions measured in turns.
+- `clock_for(threads)`: the clock to time calls with: on one thread, the calling thread's
+  CPU time (numpy, PyTorch and polyc all run a one-thread call on the calling thread),
+  so the time other tenants of a shared machine hold the core is not counted; on more,
+  the wall clock (the best of many turns).
 """
 from __future__ import annotations
 
@@ -69,14 +73,23 @@ def set_threads(n: int) -> None:
         pass
 
 
+def clock_for(threads: int) -> Callable[[], float]:
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
+def clock_name(threads: int) -> str:
+    return "thread CPU time" if threads == 1 else "wall clock"
+
+
 def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, calls: int = 3,
-               turn_s: float = 0.05, budget_s: float = 20.0) -> dict[str, float]:
+               turn_s: float = 0.05, budget_s: float = 20.0,
+               clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Seconds per call of each function, the best seen: other tenants of a shared
     machine only ever add time. The functions take turns, each turn at least `calls`
     timed calls and about `turn_s` seconds of them (after one untimed call), so a noisy
     spell hits every library alike instead of whichever one was being measured at the
     time, and a sub-millisecond kernel gets many chances at a quiet moment; rounds stop
-    early past `budget_s`."""
+    early past `budget_s`. `clock` times the calls (`clock_for`)."""
     best = {name: float("inf") for name in fns}
     start = time.perf_counter()
     for r in range(rounds):
@@ -88,9 +101,9 @@ def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, call
             fn()
             n = max(calls, int(turn_s / max(time.perf_counter() - t, 1e-6)))
             for _ in range(n):
-                t = time.perf_counter()
+                t = clock()
                 fn()
-                best[name] = min(best[name], time.perf_counter() - t)
+                best[name] = min(best[name], clock() - t)
         if r and time.perf_counter() - start > budget_s:
             break
     return best

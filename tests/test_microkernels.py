@@ -87,8 +87,8 @@ def _features(*names):
 
 
 def test_selection_follows_the_target_features():
-    rates = {"sgemm_avx512_14x32": 200.0, "sgemm_avx2_6x16": 100.0, "sgemm_avx2_4x24": 100.0,
-             "sgemm_vec_6x16": 90.0}
+    rates = {"sgemm_avx512_14x32": 200.0, "sgemm_avx512_8x48": 200.0, "sgemm_avx2_6x16": 100.0,
+             "sgemm_avx2_4x24": 100.0, "sgemm_vec_6x16": 90.0}
     pick = lambda target, isa="": registry.select("gemm", "float32", target, isa, rates=rates)
     assert pick(_features("avx2", "fma")).name == "sgemm_avx2_6x16"
     assert pick(_features("avx2", "fma"), "avx512") is None
@@ -98,17 +98,20 @@ def test_selection_follows_the_target_features():
 
 @pytest.mark.parametrize("rates,shape,chosen", [
     # Zen 4: 512-bit FMAs in two halves, the wider kernel is no faster: avx2 wins
-    ({"sgemm_avx512_14x32": 100.1, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
+    ({"sgemm_avx512_14x32": 100.1, "sgemm_avx512_8x48": 100.3, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
       "sgemm_vec_6x16": 90.0}, (1024, 1024), "sgemm_avx2_6x16"),
     # two 512-bit FMA units: avx512 wins even with its edge waste on 127 rows
-    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
-      "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+    # channel counts (conv2d's rows) are multiples of 8 that 14 never divides
+    ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (64, 3248), "sgemm_avx512_8x48"),
     # within noise (3%): the one with edge variants, then the one wasting least
-    ({"sgemm_avx512_14x32": 80.0, "sgemm_avx2_6x16": 130.0, "sgemm_avx2_4x24": 131.0,
-      "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
+    ({"sgemm_avx512_14x32": 80.0, "sgemm_avx512_8x48": 80.0, "sgemm_avx2_6x16": 130.0,
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
     # not measured (a target this host cannot run): the widest ISA
     ({}, (1024, 1024), "sgemm_avx512_14x32"),
-], ids=["zen4", "two-fma512", "tie", "unmeasured"])
+], ids=["zen4", "two-fma512", "channels", "tie", "unmeasured"])
 def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
     """Assumes a target with avx512f, avx2 and fma; the rates stand for the host's."""
     target = _features("avx512f", "avx2", "fma")
@@ -323,10 +326,15 @@ def _conv(xs, ws, bias_relu=False, seed=5, **attrs):
     return graph, inputs
 
 
-def test_conv2d_reads_b_by_rows_from_a_padded_copy():
+def test_conv2d_reads_b_by_rows_from_a_padded_copy(monkeypatch):
     """The benchmark's conv2d: no im2col; its window rows are read from a zero-padded
     copy of x (58 wide), the output tiled over 56 x 58 virtual columns."""
     options = _isa("avx2")
+    # as if both avx2 kernels measured alike (a loaded host's calibration may differ by
+    # more than the tie): the tile shape decides
+    from polyc.targets.cpu import calibrate
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+        m.name: 100.0 for m in kernels})
     graph, inputs = _conv((1, 64, 56, 56), (64, 64, 3, 3), pads=[1, 1, 1, 1])
     compiled = _check(graph, inputs, options, atol=3e-4)
     mark = _gemm_marks(compiled)[0]
@@ -341,7 +349,7 @@ def test_conv2d_reads_b_by_rows_from_a_padded_copy():
 
 @pytest.mark.parametrize("xs,ws,attrs,copy", [
     ((2, 4, 12, 30), (8, 4, 3, 3), {}, False),
-    ((1, 4, 20, 20), (16, 4, 1, 1), {}, False),
+    ((1, 4, 32, 40), (16, 4, 1, 1), {}, False),
     ((2, 3, 15, 16), (12, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
     ((1, 6, 20, 40), (12, 6, 3, 3), {"pads": [2, 1, 0, 2]}, True),
 ], ids=["valid", "1x1", "dilated", "odd-pads"])
@@ -353,6 +361,36 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert ("polyc_scratch(4," in compiled.c_source) == copy
+
+
+AVX512_CASES = {  # graph, inputs: edges in every direction of both tiles
+    "odd-matmul": lambda: _matmul((127, 383), (383, 255)),
+    "batched-transposed": lambda: _matmul((3, 33, 41), (29, 41), transpose_b=True),
+    "bias-gelu-small-tiles": lambda: _matmul((70, 90), (90, 100), _bias_gelu),
+    "conv-padded": lambda: _conv((2, 5, 18, 18), (24, 5, 3, 3), bias_relu=True, pads=[1] * 4),
+    "conv-1x1-strided": lambda: _conv((1, 16, 15, 15), (40, 16, 1, 1), bias_relu=True,
+                                      strides=[2, 2]),
+    "conv-64-channels": lambda: _conv((1, 8, 11, 13), (64, 8, 3, 3), pads=[1] * 4),
+}
+
+
+@pytest.mark.parametrize("case", AVX512_CASES)
+@pytest.mark.parametrize("kernel", registry.ISAS["avx512"])
+def test_each_avx512_tile_matches_the_reference(kernel, case):
+    """The avx512 kernels are one code on two tiles (sgemm_avx512.c): each, pinned."""
+    options = replace(_isa("avx512"), gemm_kernel=kernel,
+                      microkernel_tiles=(("kc", 24), ("mc", 32)) if "small" in case else ())
+    graph, inputs = AVX512_CASES[case]()
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    assert kernel in _gemm_marks(compiled)[0]
+
+
+def test_a_1x1_conv2d_over_small_planes_packs_b():
+    """Its K rows are whole planes apart: packed, as a matmul's B (analysis.b_rows)."""
+    graph, inputs = _conv((2, 24, 14, 14), (16, 24, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, Options(gemm_kernel=PORTABLE), atol=3e-4)
+    mark = _gemm_marks(compiled)[0]
+    assert "b=packed" in mark and "pack_b" in compiled.kernels[0].to_json()["schedule_text"]
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -580,7 +618,7 @@ def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeyp
     plan = lambda threads: marks.parse(_gemm_marks(
         compile(graph, options=Options(threads=threads), build=False))[0])
     model = plan(2).tiles
-    tuned = {"kc": 24, "mc": 84, "nc": 96}  # multiples of every kernel's mr and nr
+    tuned = {"kc": 24, "mc": 168, "nc": 96}  # multiples of every kernel's mr and nr
     assert (model.kc, model.mc, model.nc) != tuple(tuned.values())
     for kernel in compile(graph, build=False).kernels:
         tuning.store(kernel.kernel, cpu_machine(), 1, kernel.marks(marks.Gemm)[0].kernel,

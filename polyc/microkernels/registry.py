@@ -51,7 +51,8 @@ class Microkernel:
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
-          rank: int, rows_variant: str = "", b_rows_variant: str = "") -> Microkernel:
+          rank: int, rows_variant: str = "", b_rows_variant: str = "",
+          needs: tuple[str, ...] = ()) -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant,
@@ -59,7 +60,7 @@ def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, ali
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
         writes="accumulate=0: C = A B; accumulate=1: C += A B",
-        needs=("support.c",), rank=rank)
+        needs=("support.c", *needs), rank=rank)
 
 
 def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Microkernel:
@@ -69,9 +70,14 @@ def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Micr
 
 
 REGISTRY: tuple[Microkernel, ...] = (
+    # one code (sgemm_avx512.c) on two tiles: 14 x 32 wastes least on most shapes, 8 x 48
+    # on channel counts (conv2d's M), multiples of 8 that 14 never divides
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_14x32_rows",
-          b_rows_variant="polyc_sgemm_avx512_14x32_b_rows"),
+          b_rows_variant="polyc_sgemm_avx512_14x32_b_rows", needs=("sgemm_avx512.c",)),
+    _gemm("sgemm_avx512_8x48", "sgemm_avx512_8x48.c", ("avx512f",), 8, 48, 64, rank=3,
+          rows_variant="polyc_sgemm_avx512_8x48_rows",
+          b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",)),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows"),
@@ -91,7 +97,7 @@ REGISTRY: tuple[Microkernel, ...] = (
                 "C += A B, always whole", (), target="manycore"),
 )
 
-ISAS = {"avx512": ("sgemm_avx512_14x32",), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
+ISAS = {"avx512": ("sgemm_avx512_14x32", "sgemm_avx512_8x48"), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
         "portable": ("sgemm_vec_6x16",)}
 
 

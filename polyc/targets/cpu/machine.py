@@ -110,7 +110,11 @@ def cpu_toolchain(machine: Machine) -> Toolchain:
     float16 into a float16 op, which -fassociative-math may then reassociate across the
     rounding each op owes (x * (y * z) computed as (x * y) * z in float16)."""
     fp16 = ("-mno-avx512fp16",) if "avx512fp16" in machine.features else ()
-    return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}", *fp16))
+    # gcc's Intel tunings vectorise with 256 bits even where 512 are there: the loops it
+    # vectorises itself (epilogues, softmax, norms) then run at half the width the
+    # microkernels use (linear+gelu's gelu 30% cheaper, softmax 4096x4096 5% faster)
+    wide = ("-mprefer-vector-width=512",) if "avx512f" in machine.features else ()
+    return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}", *fp16, *wide))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,15 @@ overrides from the options and from `polyc tune`.
 
     kc: one B micro-panel (kc x nr) fills L1; every A micro-panel of the block reuses it
         while A and C stream through (deeper blocks halve the passes over C: measured
-        faster on every benchmark shape than the textbook 3/4 of L1 for A and B together)
+        faster on every benchmark shape than the textbook 3/4 of L1 for A and B together).
+        Each K block past the first is a pass over C, read and written again: where C
+        cannot stay in cache (over 4 x L2) or B is read in place (conv2d's window rows,
+        `in_place`: no panel to keep in L1), the passes cost more than L1 saves, and a
+        B micro-panel (or a tile's rows) fills an eighth of L2 instead (on a 2 MiB L2,
+        1 thread, avx512: linear+gelu 1024x1024x4096 in one K block 24% faster than in
+        3, matmul alone 9%; ResNet-50's 3x3 convs: K = 576 whole 5% faster than in 3
+        blocks, K = 2304 in 2 blocks 14% faster than in 9; 1024^3, whose C stays in
+        cache, 3% slower, so it keeps the L1 rule)
     mc: the packed A block (mc x kc) fills a quarter of L2 (the B micro-panel and the C
         tiles stream through it too: on a 2 MiB L2, 1024^3 with the 14x32 kernel ran at
         185 GFLOP/s with half, 199-203 with a quarter to an eighth)
@@ -31,11 +39,13 @@ def _balanced(extent: int, size: int, unit: int) -> int:
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
 
 
-def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine) -> Tiles:
+def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
+                in_place: bool = False) -> Tiles:
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
-    kc = l1 // (mk.nr * elem)
+    deep = in_place or M * N * elem > 4 * l2
+    kc = (l2 // 8 if deep else l1) // (mk.nr * elem)
     kc = _balanced(K, kc, 4)
     mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr)
     nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr)

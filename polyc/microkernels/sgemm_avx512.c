@@ -1,0 +1,115 @@
+/* polyc: the AVX-512 register-blocked float32 matmul tile shared by the avx512 gemm
+ * kernels (sgemm_avx512_14x32.c, sgemm_avx512_8x48.c), which differ only in their tile:
+ * MR rows x NV zmm vectors (16 columns each) of C in MR * NV accumulators.
+ *
+ * Contract (each kernel file restates it for its tile, registry.py holds it as data):
+ *   A   packed column panel, A[p * MR + r] = a(r, p); 64-byte aligned; zero rows past
+ *       the matrix edge
+ *   B   packed row panel, B[p * NR + c] = b(p, c) (NR = 16 NV); 64-byte aligned; zero
+ *       columns past the edge; or, with `off`, read in place: row p is the NR floats at
+ *       B + off[p] (any alignment, all NR readable)
+ *   C   row-major, C[r * ldc + c]; the first R rows and `cols` columns are written
+ *       (masked stores past `cols`), others neither read nor written;
+ *       accumulate 0: C = A B, 1: C += A B
+ *
+ *   POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) defines the three entry points of a kernel:
+ *   name(kc, A, B, C, ldc, accumulate) on a whole tile, name_rows(..., rows, cols) on its
+ *   first rows x cols, name_b_rows(kc, A, B, off, C, ldc, accumulate) with B in place.
+ */
+#ifndef POLYC_SGEMM_AVX512
+#define POLYC_SGEMM_AVX512
+#include <immintrin.h>
+
+static inline __mmask16 polyc_avx512_mask(long cols, int v)
+{
+  return cols >= 16 * (v + 1) ? (__mmask16)0xFFFF
+         : cols <= 16 * v ? (__mmask16)0 : (__mmask16)((1u << (cols - 16 * v)) - 1u);
+}
+
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx512_impl(long kc, const float *restrict A, const float *restrict B,
+                        const long *restrict off, float *restrict C, long ldc,
+                        int accumulate, const int R, const int MR, const int NV, long cols)
+{
+  const int NR = 16 * NV;
+  __m512 acc[14][3];  /* fully unrolled below: gcc keeps the R x NV used in registers */
+#pragma GCC unroll 14
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; v++)
+      acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 14
+  for (int r = 0; r < R; r++)  /* C is read or written last: start fetching it now */
+    _mm_prefetch((const char *)(C + r * ldc), _MM_HINT_T0);
+  for (long p = 0; p < kc; p++) {
+    __m512 b[3];
+    if (off) {  /* constant in every caller: gcc keeps one of the two */
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; v++)
+        b[v] = _mm512_loadu_ps(B + off[p] + 16 * v);
+    } else {
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; v++)
+        b[v] = _mm512_load_ps(B + p * NR + 16 * v);
+      _mm_prefetch((const char *)(B + (p + 8) * NR), _MM_HINT_T0);
+    }
+#pragma GCC unroll 14
+    for (int r = 0; r < R; r++) {
+      __m512 a = _mm512_set1_ps(A[p * MR + r]);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; v++)
+        acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 14
+  for (int r = 0; r < R; r++) {
+    float *row = C + r * ldc;
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; v++) {
+      if (cols == NR) {
+        if (accumulate)
+          acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(row + 16 * v));
+        _mm512_storeu_ps(row + 16 * v, acc[r][v]);
+      } else {
+        const __mmask16 m = polyc_avx512_mask(cols, v);
+        if (accumulate)
+          acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_maskz_loadu_ps(m, row + 16 * v));
+        _mm512_mask_storeu_ps(row + 16 * v, m, acc[r][v]);
+      }
+    }
+  }
+}
+
+/* rows < MR: one instantiation per row count below MR (the others are dead code) */
+#define POLYC_AVX512_ROWS_CASE(k, MR, NV) \
+  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, cols); break; } /* fall through */
+
+#define POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) \
+__attribute__((noinline)) static void name( \
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
+    int accumulate) \
+{ \
+  polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+} \
+__attribute__((noinline)) static void name##_rows( \
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
+    int accumulate, long rows, long cols) \
+{ \
+  switch (rows) { \
+  POLYC_AVX512_ROWS_CASE(1, MR, NV) POLYC_AVX512_ROWS_CASE(2, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(3, MR, NV) POLYC_AVX512_ROWS_CASE(4, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(5, MR, NV) POLYC_AVX512_ROWS_CASE(6, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(7, MR, NV) POLYC_AVX512_ROWS_CASE(8, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(9, MR, NV) POLYC_AVX512_ROWS_CASE(10, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(11, MR, NV) POLYC_AVX512_ROWS_CASE(12, MR, NV) \
+  POLYC_AVX512_ROWS_CASE(13, MR, NV) \
+  default: polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, cols); \
+  } \
+} \
+__attribute__((noinline)) static void name##_b_rows( \
+    long kc, const float *restrict A, const float *restrict B, const long *restrict off, \
+    float *restrict C, long ldc, int accumulate) \
+{ \
+  polyc_sgemm_avx512_impl(kc, A, B, off, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+}
+#endif

@@ -14,14 +14,18 @@ from typing import Callable
 import numpy as np
 
 from ..errors import GraphError, InternalError, Problem
+from .binding import bind_graph, bind_symbols, check_shape
 from .ir import Graph, Node, Tensor, TensorType
 from .ops import norm_axes, norm_axis, slice_params
 
 
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Execute `graph` on `inputs` (name -> array of exactly the input's shape and dtype)
-    and return its outputs by name."""
-    values = check_inputs(graph, inputs)
+    and return its outputs by name; a symbolic graph runs with its symbols bound from
+    the inputs' shapes."""
+    values, binding = bind_inputs(graph, inputs)
+    if binding:
+        graph = bind_graph(graph, binding)
     for c in graph.constants:
         values[c.name] = constant_value(c)
     for node in graph.nodes:
@@ -37,15 +41,24 @@ def constant_value(tensor: Tensor) -> np.ndarray:
 
 
 def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return bind_inputs(graph, inputs)[0]
+
+
+def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray]
+                ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The inputs as arrays, checked, and the symbols' values their shapes bind ({} for
+    a static graph)."""
     # every compiled call passes here: one pass, and a message is only built for a
     # problem there is
     values, problems = {}, []
+    symbolic = bool(graph.symbols)
     for t in graph.inputs:
         if t.name not in inputs:
             problems.append(Problem(f"input {t.name!r} ({t.type}) is missing"))
             continue
         arr = np.asarray(inputs[t.name])
-        if arr.shape != t.type.shape or arr.dtype != t.type.dtype:
+        if (not check_shape(graph, t.name, arr) if symbolic
+                else arr.shape != t.type.shape or arr.dtype != t.type.dtype):
             got = f"{arr.dtype}[{','.join(map(str, arr.shape))}]"
             problems.append(Problem(f"input {t.name!r} must be {t.type}, got {got}"))
         values[t.name] = arr
@@ -56,7 +69,9 @@ def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
                         for name in sorted(set(inputs) - set(values))]
     if problems:
         raise GraphError(problems)
-    return values
+    if not symbolic:
+        return values, {}
+    return values, bind_symbols(graph, {k: v.shape for k, v in values.items()})
 
 
 def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.ndarray:

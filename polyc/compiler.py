@@ -243,18 +243,10 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
         raise InternalError(where, f"schedule violates dependences {violated}")
 
 
-def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
-            options: CommonOptions | Mapping[str, Any] | None = None,
-            limits: Limits = Limits(), build: bool = True,
-            print_after_all: Callable[[str], None] | None = None,
-            dump_dir: str | Path | None = None) -> CompiledGraph:
-    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
-    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
-    backend = targets.backend(target.name if isinstance(target, Machine) else target)
-    machine = target if isinstance(target, Machine) else backend.machine()
-    options = backend.options(options)
-    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
-    loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
+def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
+                  trace: Trace) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
+    """A static graph through every pass up to C: the primitive graph, the fusion plan,
+    each kernel's result and its C function."""
     g = trace.run("widen", widen_storage, loaded)
     g = trace.run("decompose", decompose_graph, g)
     g = trace.run("simplify", simplify_graph, g)
@@ -273,6 +265,25 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
                                       options, trace)
         results.append(result)
         functions.append(code)
+    return g, plan, results, functions
+
+
+def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
+            options: CommonOptions | Mapping[str, Any] | None = None,
+            limits: Limits = Limits(), build: bool = True,
+            print_after_all: Callable[[str], None] | None = None,
+            dump_dir: str | Path | None = None) -> CompiledGraph:
+    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
+    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
+    backend = targets.backend(target.name if isinstance(target, Machine) else target)
+    machine = target if isinstance(target, Machine) else backend.machine()
+    options = backend.options(options)
+    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
+    loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
+    if loaded.symbols:
+        from .symbolic import compile_symbolic  # sympy's import only for symbolic graphs
+        return compile_symbolic(loaded, backend, machine, options, trace, build)
+    g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:

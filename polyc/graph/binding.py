@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import GraphError, Problem
 from .ir import FrozenDict, Graph, Tensor, TensorType
-from .symbols import substitute, substitute_shape
+from .symbols import substitute_shape
 
 
 def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
@@ -67,5 +67,6 @@ def bind_graph(graph: Graph, values: Mapping[str, int]) -> Graph:
     return replace(graph, inputs=inputs, types=types, symbols=FrozenDict(), assumptions=())
 
 
-def bound_size(t: TensorType, values: Mapping[str, int]) -> int:
-    return t.size if t.static else substitute(t.size, values)
+def bound_shape(t: TensorType, values: Mapping[str, int]) -> tuple[int, ...]:
+    """The shape of a tensor of type `t` once the symbols take `values`."""
+    return t.shape if t.static else substitute_shape(t.shape, values)

@@ -1,0 +1,150 @@
+"""One compile of a symbolic graph: kernels whose loop bounds are isl parameters.
+
+    decide   the static pipeline (`compiler.compile_graph`) at a few bindings of the
+             symbols (`kernel.generalise.choose_probes`): base, one per symbol, check
+    general  the probes must have made the same decisions (fusion, kernels, schedule
+             trees, tiles, marks); every size in the kernels is fitted as an affine
+             function of the symbols (`generalise`), else the compile is refused naming
+             the kernel and where
+    prove    each kernel's model is built again with the symbols as isl parameters and
+             their ranges as context, its dependences computed, and the probes' tree,
+             set on the parametric domain, checked against them: legal for every value
+    emit     isl's AST of that tree: loops bounded by the parameters (full tiles and
+             the remainder), which the C function takes as int64_t arguments
+
+The decisions (fusion, tile sizes, which loop is parallel) are those the pipeline makes
+at the base probe, sizes of about a thousand; they are kept only when the other probes
+make the very same ones. Microkernels take fixed shapes and their marks carry the
+sizes: when they make the probes differ, the graph is compiled again without them (the
+portable loops, with `omp simd`), and the report says so.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import islpy as isl
+
+from .codegen.build import build_shared_object
+from .errors import GraphError, InternalError, Problem
+from .graph.binding import bind_graph
+from .graph.ir import FrozenDict, Graph
+from .graph.symbols import C_PREFIX
+from .kernel import Kernel
+from .kernel.generalise import NotGeneral, choose_probes, generalise
+from .schedule_tree.dependences import compute_dependences, respects_dependences
+from .schedule_tree.model import build_model
+from .schedule_tree.state import KernelState
+
+_DOMAIN = re.compile(r'domain: "[^"]*"')
+
+
+def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: bool):
+    from .compiler import CompiledGraph, KernelResult, Trace
+    if backend.name != "cpu":
+        raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
+                                 f"(symbols {', '.join(loaded.symbols)}): give the inputs "
+                                 "static shapes for it", field="target"))
+    probes = choose_probes(loaded.symbols)
+    note = ()
+    try:
+        runs = [_decide(loaded, p, backend, machine, options, trace if k == 0 else Trace())
+                for k, p in enumerate(probes)]
+        general = _generalise(runs, probes)
+    except NotGeneral as e:
+        if not options.microkernels:
+            raise _refusal(loaded, e) from None
+        options = replace(options, microkernels=False)
+        runs = [_decide(loaded, p, backend, machine, options, Trace()) for p in probes]
+        try:
+            general = _generalise(runs, probes)
+        except NotGeneral as e2:
+            raise _refusal(loaded, e2) from None
+        note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
+                f"microkernels the compiles at the probes differed in {e.where})",)
+    g, plan, kernels = general
+    ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in loaded.symbols.items())
+    base = ", ".join(f"{k}={v}" for k, v in sorted(probes[0].items()))
+    results, functions = [], []
+    for kernel, probe_result in zip(kernels, runs[0][2]):
+        result, code = trace.run(f"symbolic {kernel.name}", _emit, kernel, probe_result,
+                                 loaded, backend, machine, options, show=lambda r: r[1])
+        report = (probe_result.fusion_report + note
+                  + (f"decided at {base}; schedule proved legal by isl for {ranges}",))
+        results.append(KernelResult(kernel, result.model, result.schedule, report,
+                                    probe_result.trees + (("symbolic", result.schedule),)))
+        functions.append(code)
+    source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
+    primitive = replace(g, symbols=loaded.symbols, assumptions=loaded.assumptions)
+    program = None
+    if build:
+        so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
+        program = backend.program(primitive, tuple(kernels), so, machine, options)
+    return CompiledGraph(loaded, primitive, backend.name, options, plan, tuple(results), source,
+                         trace, machine, program)
+
+
+def _decide(loaded, probe, backend, machine, options, trace):
+    from .compiler import compile_graph
+    g, plan, results, _ = compile_graph(bind_graph(loaded, probe), backend, machine, options,
+                                        trace)
+    return g, plan, results
+
+
+def _refusal(graph: Graph, e: NotGeneral) -> GraphError:
+    return GraphError(Problem(f"cannot compile once for every value of {', '.join(graph.symbols)}: "
+                              f"the compiles at different sizes differ in {e} (not an affine "
+                              "function of the symbols); give static shapes", field="symbols"))
+
+
+def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
+    """The primitive graph (user's symbol names), the fusion plan and the kernels (the
+    symbols' C names) the probes agree on."""
+    graphs = [r[0] for r in runs]
+    g = generalise(graphs, probes, "the primitive graph")
+    plan = runs[0][1]  # its report speaks of the base probe's sizes
+    if len({r[1].groups for r in runs}) > 1:
+        raise NotGeneral("the fusion groups", [r[1].groups for r in runs])
+    c_names = {name: C_PREFIX + name for name in probes[0]}
+    kernels = []
+    for k, results in enumerate(zip(*(r[2] for r in runs))):
+        name = results[0].kernel.name
+        trees = {_DOMAIN.sub("", str(r.schedule)) for r in results}
+        if len(trees) > 1:
+            raise NotGeneral(f"kernel {name}'s schedule tree", ["differs"])
+        if any(r.promotions for r in results):
+            raise NotGeneral(f"kernel {name}'s copies between memory levels", ["present"])
+        kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
+        kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
+    if len({len(r[2]) for r in runs}) > 1:
+        raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])
+    return g, plan, kernels
+
+
+def _emit(kernel: Kernel, probe, graph: Graph, backend, machine, options):
+    """The kernel's parametric model, its tree proved for every value, and its C."""
+    ctx = isl.Context()
+    names = [C_PREFIX + k for k in sorted(graph.symbols)]
+    bounds = " and ".join(f"{lo} <= {C_PREFIX + k} <= {hi}"
+                          for k, (lo, hi) in sorted(graph.symbols.items()))
+    context = isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
+    arrays = {a.tensor: a.c_name for a in kernel.arrays}
+    model = compute_dependences(build_model(kernel.statements, arrays, ctx, context))
+    text = _DOMAIN.sub(lambda m: f'domain: "{model.domain}"', str(probe.schedule), count=1)
+    schedule = isl.Schedule.read_from_str(ctx, text)
+    violated = respects_dependences(model, schedule)
+    if not violated.is_empty():
+        raise InternalError(f"symbolic {kernel.name}",
+                            f"the tree decided at the probes violates {violated}")
+    model = model.with_schedule(schedule)
+    state = KernelState(kernel, ctx, model=model)
+    code, _ = backend.codegen(state, machine, options)
+    return _Emitted(model, schedule), code
+
+
+class _Emitted:
+    def __init__(self, model, schedule):
+        self.model, self.schedule = model, schedule
+
+
+__all__ = ["compile_symbolic", "FrozenDict"]

@@ -30,6 +30,7 @@ from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
+from .graph.symbols import user_symbols
 from .graph.storage import unshare_widening, widen_storage
 from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
@@ -80,6 +81,11 @@ class Trace:
             stage = name.split(" ")[0]
             out[stage] = out.get(stage, 0.0) + seconds
         return out
+
+
+def dims_json(shape: tuple) -> list:
+    """A shape for JSON: a symbolic dim as its expression's text, in the user's names."""
+    return [d if type(d) is int else str(user_symbols(d)) for d in shape]
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ class KernelResult:
             "nodes": list(self.kernel.nodes),
             "statements": [str(s) for s in self.kernel.statements],
             "arrays": [{"tensor": a.tensor, "c_name": a.c_name, "role": a.role,
-                        "shape": list(a.type.shape), "dtype": a.type.dtype}
+                        "shape": dims_json(a.type.shape), "dtype": a.type.dtype}
                        for a in self.kernel.arrays],
             "dependences": str(self.model.dependences),
             "schedule_tree": schedule_to_json(self.schedule),
@@ -144,7 +150,7 @@ class KernelResult:
             "provenance": self.provenance(),
             "microkernels": self.microkernels,
             "promotions": [str(p) for p in self.promotions],
-            "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
+            "buffers": {a.tensor: dims_json(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},
         }
 

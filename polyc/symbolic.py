@@ -45,19 +45,19 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
         raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
-    probes = choose_probes(loaded.symbols)
+    fit_probes, probes = _probes(loaded)
     note = ()
     try:
         runs = [_decide(loaded, p, backend, machine, options, trace if k == 0 else Trace())
                 for k, p in enumerate(probes)]
-        general = _generalise(runs, probes)
+        general = _generalise(runs, fit_probes)
     except NotGeneral as e:
         if not options.microkernels:
             raise _refusal(loaded, e) from None
         options = replace(options, microkernels=False)
         runs = [_decide(loaded, p, backend, machine, options, Trace()) for p in probes]
         try:
-            general = _generalise(runs, probes)
+            general = _generalise(runs, fit_probes)
         except NotGeneral as e2:
             raise _refusal(loaded, e2) from None
         note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
@@ -75,13 +75,43 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
                                     probe_result.trees + (("symbolic", result.schedule),)))
         functions.append(code)
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
-    primitive = replace(g, symbols=loaded.symbols, assumptions=loaded.assumptions)
+    # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
+    # another is written as that one in the generalised types)
+    primitive = replace(g, inputs=loaded.inputs, symbols=loaded.symbols,
+                        assumptions=loaded.assumptions)
     program = None
     if build:
         so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
         program = backend.program(primitive, tuple(kernels), so, machine, options)
     return CompiledGraph(loaded, primitive, backend.name, options, plan, tuple(results), source,
                          trace, machine, program)
+
+
+def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """The probes of `choose_probes` over the symbols that stay free, and the same with a
+    value for every symbol: a symbol the graph assumes equal to another (`Eq(M, N)`, two
+    dims broadcast together) takes that one's value, so the probes satisfy it. A probe
+    that breaks another assumption is refused."""
+    same = {}
+    for relation, _ in graph.assumptions:
+        sides = [relation.lhs, relation.rhs] if relation.rel_op == "==" else []
+        if all(s.is_Symbol for s in sides):
+            a, b = sorted(s.name for s in sides)
+            same[b] = same.get(a, a)
+    free = {k: r for k, r in graph.symbols.items() if k not in same}
+    for k, rep in same.items():
+        lo, hi = free[rep]
+        other = graph.symbols[k]
+        free[rep] = (max(lo, other[0]), min(hi, other[1]))
+    fit = choose_probes(free)
+    full = [{**p, **{k: p[rep] for k, rep in same.items()}} for p in fit]
+    for p in full:
+        for relation, message in graph.assumptions:
+            if not bool(relation.subs({s: p[s.name] for s in relation.free_symbols})):
+                raise GraphError(Problem(f"cannot compile once for every value: {message} "
+                                         "leaves no sizes to decide the code at; give static "
+                                         "shapes", field="symbols"))
+    return fit, full
 
 
 def _decide(loaded, probe, backend, machine, options, trace):
@@ -105,7 +135,7 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
     plan = runs[0][1]  # its report speaks of the base probe's sizes
     if len({r[1].groups for r in runs}) > 1:
         raise NotGeneral("the fusion groups", [r[1].groups for r in runs])
-    c_names = {name: C_PREFIX + name for name in probes[0]}
+    c_names = {name: C_PREFIX + name for name in probes[0]}  # the free symbols
     kernels = []
     for k, results in enumerate(zip(*(r[2] for r in runs))):
         name = results[0].kernel.name
@@ -124,9 +154,9 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
 def _emit(kernel: Kernel, probe, graph: Graph, backend, machine, options):
     """The kernel's parametric model, its tree proved for every value, and its C."""
     ctx = isl.Context()
-    names = [C_PREFIX + k for k in sorted(graph.symbols)]
-    bounds = " and ".join(f"{lo} <= {C_PREFIX + k} <= {hi}"
-                          for k, (lo, hi) in sorted(graph.symbols.items()))
+    free = {k: graph.symbols[k[len(C_PREFIX):]] for k in kernel.symbols}
+    names = sorted(free)
+    bounds = " and ".join(f"{lo} <= {k} <= {hi}" for k, (lo, hi) in sorted(free.items()))
     context = isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     model = compute_dependences(build_model(kernel.statements, arrays, ctx, context))

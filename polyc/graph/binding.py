@@ -70,3 +70,19 @@ def bind_graph(graph: Graph, values: Mapping[str, int]) -> Graph:
 def bound_shape(t: TensorType, values: Mapping[str, int]) -> tuple[int, ...]:
     """The shape of a tensor of type `t` once the symbols take `values`."""
     return t.shape if t.static else substitute_shape(t.shape, values)
+
+
+def symbol_values(graph: Graph, given: Mapping[str, int]) -> dict[str, int]:
+    """A value for every symbol: `given`, else 16 moved into the symbol's range. A name
+    that is not a symbol of `graph`, or a value outside its range, is a GraphError."""
+    problems = [Problem(f"{k!r} is not a symbol of graph {graph.name!r} (its symbols: "
+                        f"{', '.join(graph.symbols) or 'none'})", field=f"symbols.{k}")
+                for k in given if k not in graph.symbols]
+    problems += [Problem(f"{v!r} is outside the symbol's range [{lo}, {hi}]",
+                         field=f"symbols.{k}")
+                 for k, v in given.items() if k in graph.symbols
+                 for lo, hi in [graph.symbols[k]]
+                 if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi]
+    if problems:
+        raise GraphError(problems)
+    return {k: given.get(k, min(max(16, lo), hi)) for k, (lo, hi) in graph.symbols.items()}

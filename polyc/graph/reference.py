@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import GraphError, InternalError, Problem
-from .binding import bind_graph, bind_symbols, check_shape
+from .binding import bind_graph, bind_symbols, check_shape, symbol_values
+from .symbols import substitute_shape
 from .ir import Graph, Node, Tensor, TensorType
 from .ops import norm_axes, norm_axis, slice_params
 
@@ -344,17 +345,21 @@ IMPLS: dict[str, Impl] = {
 }
 
 
-def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
+def random_inputs(graph, seed: int = 0, symbols: dict[str, int] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
-    small nonzero integers for int32 (div), 0 and 1 for bool."""
+    small nonzero integers for int32 (div), 0 and 1 for bool. A symbolic graph's shapes
+    take `symbols` (each symbol not given: 16, or the end of its range nearer to it)."""
     rng = np.random.default_rng(seed)
+    values = symbol_values(graph, symbols or {}) if graph.symbols else {}
     out = {}
     for t in graph.inputs:
+        shape = substitute_shape(t.type.shape, values)
         if t.type.dtype == "int32":
-            v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
+            v = rng.integers(1, 10, size=shape) * rng.choice([-1, 1], size=shape)
         elif t.type.dtype == "bool":
-            v = rng.integers(0, 2, size=t.type.shape)
+            v = rng.integers(0, 2, size=shape)
         else:
-            v = rng.uniform(0.5, 2.0, size=t.type.shape)
+            v = rng.uniform(0.5, 2.0, size=shape)
         out[t.name] = np.asarray(v, dtype=t.type.dtype)
     return out

@@ -95,14 +95,16 @@ def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
     same = {}
     for relation, _ in graph.assumptions:
         sides = [relation.lhs, relation.rhs] if relation.rel_op == "==" else []
-        if all(s.is_Symbol for s in sides):
+        if sides and all(s.is_Symbol for s in sides):
             a, b = sorted(s.name for s in sides)
             same[b] = same.get(a, a)
     free = {k: r for k, r in graph.symbols.items() if k not in same}
     for k, rep in same.items():
-        lo, hi = free[rep]
-        other = graph.symbols[k]
-        free[rep] = (max(lo, other[0]), min(hi, other[1]))
+        free[rep] = _meet(free[rep], graph.symbols[k])
+    for relation, _ in graph.assumptions:  # N - 2 >= 1: the probes take N >= 3
+        bound = _linear_bound(relation)
+        if bound is not None and bound[0] in free:
+            free[bound[0]] = _meet(free[bound[0]], bound[1])
     fit = choose_probes(free)
     full = [{**p, **{k: p[rep] for k, rep in same.items()}} for p in fit]
     for p in full:
@@ -112,6 +114,31 @@ def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
                                          "leaves no sizes to decide the code at; give static "
                                          "shapes", field="symbols"))
     return fit, full
+
+
+def _meet(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo <= hi else a  # an empty range: the probes' check reports it
+
+
+def _linear_bound(relation):
+    """(symbol, range) a relation `c*N + d >= 0` of one symbol keeps N in, else None."""
+    import sympy
+    if relation.rel_op not in (">=", "=="):
+        return None
+    expr = sympy.expand(relation.lhs - relation.rhs)
+    if len(expr.free_symbols) != 1:
+        return None
+    (sym,) = expr.free_symbols
+    poly = sympy.Poly(expr, sym)
+    if poly.degree() != 1:
+        return None
+    c, d = (int(v) for v in poly.all_coeffs())
+    edge = sympy.Rational(-d, c)
+    if relation.rel_op == "==":
+        return (sym.name, (int(edge), int(edge))) if edge.is_Integer else None
+    return (sym.name, (int(sympy.ceiling(edge)), 2**31 - 1) if c > 0
+            else (1, int(sympy.floor(edge))))
 
 
 def _decide(loaded, probe, backend, machine, options, trace):

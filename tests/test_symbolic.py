@@ -223,3 +223,68 @@ def test_other_targets_refuse_naming_the_target():
     with pytest.raises(GraphError) as e:
         polyc.compile(SOFTMAX, "npu", build=False)
     assert "field 'target'" in str(e.value) and "'npu'" in str(e.value)
+
+
+# --- the differential cases, symbolic ------------------------------------------------
+
+def _symbolic_case(c):
+    """The case's graph with every input dim equal to its first input's first dim > 1
+    made the symbol N, and its inputs; None when no input has such a dim."""
+    from test_differential import Inputs
+    b = polyc.GraphBuilder("case")
+    x = Inputs(b, np.random.default_rng(20240601))
+    graph = b.build(outputs=c.make(b, x))
+    dims = [d for t in graph.inputs for d in t.type.shape if d > 1]
+    if not dims:
+        return None, None
+    doc = graph.to_json()
+    for t in doc["inputs"]:
+        t["shape"] = ["N" if d == dims[0] else d for d in t["shape"]]
+    doc["symbols"] = {"N": {"min": 2, "max": 4 * dims[0]}}
+    return doc, dict(x)
+
+
+# the cases a symbolic N cannot compile, each refused with a message saying why: a
+# reshape that is not integral for every N, a step on a symbolic axis, a mean's 1/N (a
+# value, not a size), a symbolic kernel width (its tiles differ with N)
+REFUSED = {"reshape": "for every value of N", "slice-steps-negative": "a step of 3",
+           "reduce_mean-variance": "constants", "variance-all": "constants",
+           "rms_norm": "constants", "size1-everywhere": "constants",
+           "conv2d-bias": "schedule tree"}
+
+
+def _differential_cases():
+    """Every third case (the whole set takes ~100 s; run it with POLYC_SYMBOLIC_ALL=1)
+    and every case that is refused."""
+    import os
+    from test_differential import CASES
+    every = os.environ.get("POLYC_SYMBOLIC_ALL") == "1"
+    return [c for k, c in enumerate(CASES) if every or k % 3 == 0 or c.id in REFUSED]
+
+
+@pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in _differential_cases()])
+def test_differential_case_symbolic_at_two_sizes(c):
+    doc, inputs = _symbolic_case(c)
+    if doc is None:
+        pytest.skip("no input dim to make symbolic")
+    if c.id in REFUSED:
+        with pytest.raises(GraphError) as e:
+            polyc.compile(doc, build=False)
+        assert REFUSED[c.id] in str(e.value)
+        return
+    graph = load_graph(doc)
+    compiled = polyc.compile(graph)
+    d = graph.symbols["N"][1] // 4
+    for n in (d, d + 3):
+        values = {k: np.resize(v, substitute_shape(graph.types[k].shape, {"N": n}))
+                  for k, v in inputs.items()}
+        try:
+            want = run_reference(graph, values)
+        except GraphError:  # this size breaks what the graph assumed: so must the call
+            with pytest.raises(GraphError):
+                compiled(**values)
+            continue
+        got = compiled(**values)
+        for name in graph.outputs:
+            np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64),
+                                       rtol=1e-4, atol=1e-5, err_msg=name)

@@ -20,6 +20,7 @@ portable loops, with `omp simd`), and the report says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import replace
 
@@ -28,19 +29,21 @@ import islpy as isl
 from .codegen.build import build_shared_object
 from .errors import GraphError, InternalError, Problem
 from .graph.binding import bind_graph
-from .graph.ir import FrozenDict, Graph
-from .graph.symbols import C_PREFIX
+from .graph.ir import Graph
+from .graph.symbols import C_PREFIX, Tight
 from .kernel import Kernel
 from .kernel.generalise import NotGeneral, choose_probes, generalise
+from .schedule_tree import marks as mk
 from .schedule_tree.dependences import compute_dependences, respects_dependences
 from .schedule_tree.model import build_model
 from .schedule_tree.state import KernelState
 
 _DOMAIN = re.compile(r'domain: "[^"]*"')
+_MARK = re.compile(r'mark: "([^"]*)"')
 
 
 def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: bool):
-    from .compiler import CompiledGraph, KernelResult, Trace
+    from .compiler import CompiledGraph, Trace
     if backend.name != "cpu":
         raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
@@ -48,32 +51,20 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
     fit_probes, probes = _probes(loaded)
     note = ()
     try:
-        runs = [_decide(loaded, p, backend, machine, options, trace if k == 0 else Trace())
-                for k, p in enumerate(probes)]
-        general = _generalise(runs, fit_probes)
+        g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend, machine,
+                                               options, trace, note)
     except NotGeneral as e:
         if not options.microkernels:
             raise _refusal(loaded, e) from None
         options = replace(options, microkernels=False)
-        runs = [_decide(loaded, p, backend, machine, options, Trace()) for p in probes]
+        note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
+                f"microkernels, {e.where} depended on the sizes)",)
         try:
-            general = _generalise(runs, fit_probes)
+            g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend,
+                                                   machine, options, Trace(), note)
         except NotGeneral as e2:
             raise _refusal(loaded, e2) from None
-        note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
-                f"microkernels the compiles at the probes differed in {e.where})",)
-    g, plan, kernels = general
-    ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in loaded.symbols.items())
-    base = ", ".join(f"{k}={v}" for k, v in sorted(probes[0].items()))
-    results, functions = [], []
-    for kernel, probe_result in zip(kernels, runs[0][2]):
-        result, code = trace.run(f"symbolic {kernel.name}", _emit, kernel, probe_result,
-                                 loaded, backend, machine, options, show=lambda r: r[1])
-        report = (probe_result.fusion_report + note
-                  + (f"decided at {base}; schedule proved legal by isl for {ranges}",))
-        results.append(KernelResult(kernel, result.model, result.schedule, report,
-                                    probe_result.trees + (("symbolic", result.schedule),)))
-        functions.append(code)
+    kernels = [r.kernel for r in results]
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
     # another is written as that one in the generalised types)
@@ -85,6 +76,33 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
         program = backend.program(primitive, tuple(kernels), so, machine, options)
     return CompiledGraph(loaded, primitive, backend.name, options, plan, tuple(results), source,
                          trace, machine, program)
+
+
+def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note):
+    """Decide at the probes, generalise, prove and emit every kernel; a NotGeneral when
+    the probes disagree or an emitter decides on a size it cannot compare."""
+    from .compiler import KernelResult, Trace
+    runs = [_decide(loaded, p, backend, machine, options, trace if k == 0 else Trace())
+            for k, p in enumerate(probes)]
+    g, plan, kernels, trees = _generalise(runs, fit_probes)
+    ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in loaded.symbols.items())
+    base = ", ".join(f"{k}={v}" for k, v in sorted(probes[0].items()))
+    results, functions = [], []
+    for kernel, tree, probe_result in zip(kernels, trees, runs[0][2]):
+        try:
+            emitted, code = trace.run(f"symbolic {kernel.name}", _emit, kernel, tree,
+                                      probe_result.promotions, loaded, backend, machine,
+                                      options, show=lambda r: r[1])
+        except TypeError as e:  # sympy refuses `N > 0`: a choice codegen makes by size
+            if "truth value of Relational" not in str(e):
+                raise
+            raise NotGeneral(f"kernel {kernel.name}'s code generation", ["compares sizes"])
+        report = (probe_result.fusion_report + note
+                  + (f"decided at {base}; schedule proved legal by isl for {ranges}",))
+        results.append(KernelResult(kernel, emitted, emitted.schedule, report,
+                                    probe_result.trees + (("symbolic", emitted.schedule),)))
+        functions.append(code)
+    return g, plan, results, functions
 
 
 def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
@@ -164,22 +182,44 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
         raise NotGeneral("the fusion groups", [r[1].groups for r in runs])
     c_names = {name: C_PREFIX + name for name in probes[0]}  # the free symbols
     kernels = []
+    trees = []
     for k, results in enumerate(zip(*(r[2] for r in runs))):
         name = results[0].kernel.name
-        trees = {_DOMAIN.sub("", str(r.schedule)) for r in results}
-        if len(trees) > 1:
-            raise NotGeneral(f"kernel {name}'s schedule tree", ["differs"])
-        if any(r.promotions for r in results):
-            raise NotGeneral(f"kernel {name}'s copies between memory levels", ["present"])
+        trees.append(_general_tree([str(r.schedule) for r in results], probes, name, c_names))
+        # the cpu's copies are a microkernel's packed panels, whose size the tiles fix:
+        # the same at every probe, they are used as they are (their isl footprints,
+        # which codegen does not read on the cpu, stay the base probe's)
+        plain = [tuple((p.buffer, p.array, p.box, p.layout, p.pad, p.element_bytes)
+                       for p in r.promotions) for r in results]
+        if any(p != plain[0] for p in plain):
+            raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     if len({len(r[2]) for r in runs}) > 1:
         raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])
-    return g, plan, kernels
+    return g, plan, kernels, trees
 
 
-def _emit(kernel: Kernel, probe, graph: Graph, backend, machine, options):
-    """The kernel's parametric model, its tree proved for every value, and its C."""
+def _general_tree(texts: list[str], probes, name: str, c_names) -> str:
+    """The probes' trees as one text: equal but for the domain (set later) and the sizes
+    in marks (a microkernel's plan: m=N), which are generalised like the kernel's."""
+    skeletons = {_MARK.sub("mark", _DOMAIN.sub("", t)) for t in texts}
+    if len(skeletons) > 1:
+        raise NotGeneral(f"kernel {name}'s schedule tree", ["differs"])
+    per_probe = [_MARK.findall(t) for t in texts]
+    general = []
+    for i, words in enumerate(zip(*per_probe)):
+        mark = generalise([mk.parse(w) for w in words], probes, f"kernel {name}'s mark "
+                          f"{mk.word(words[0])!r}", c_names)
+        fields = {f.name: Tight(v) for f in dataclasses.fields(mark)
+                  if not isinstance(v := getattr(mark, f.name), (int, str, tuple))}
+        general.append(str(dataclasses.replace(mark, **fields)))
+    marks = iter(general)
+    return _MARK.sub(lambda m: f'mark: "{next(marks)}"', texts[0])
+
+
+def _emit(kernel: Kernel, tree: str, promotions, graph: Graph, backend, machine, options):
+    """The kernel's parametric model with its tree, proved for every value, and its C."""
     ctx = isl.Context()
     free = {k: graph.symbols[k[len(C_PREFIX):]] for k in kernel.symbols}
     names = sorted(free)
@@ -187,21 +227,45 @@ def _emit(kernel: Kernel, probe, graph: Graph, backend, machine, options):
     context = isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     model = compute_dependences(build_model(kernel.statements, arrays, ctx, context))
-    text = _DOMAIN.sub(lambda m: f'domain: "{model.domain}"', str(probe.schedule), count=1)
+    text = _DOMAIN.sub(lambda m: f'domain: "{model.domain}"', tree, count=1)
     schedule = isl.Schedule.read_from_str(ctx, text)
     violated = respects_dependences(model, schedule)
     if not violated.is_empty():
         raise InternalError(f"symbolic {kernel.name}",
                             f"the tree decided at the probes violates {violated}")
-    model = model.with_schedule(schedule)
-    state = KernelState(kernel, ctx, model=model)
+    model = model.with_schedule(_parallel_when(schedule, kernel))
+    state = KernelState(kernel, ctx, model=model, promotions=promotions)
     code, _ = backend.codegen(state, machine, options)
-    return _Emitted(model, schedule), code
+    return model, code
 
 
-class _Emitted:
-    def __init__(self, model, schedule):
-        self.model, self.schedule = model, schedule
+def _parallel_when(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
+    """Each `parallel` mark with the work below it, when that depends on the symbols:
+    the threads were chosen at the probes' sizes, a call with too few instances to pay
+    for waking them runs the loop on its own thread (an OpenMP `if`)."""
+    import math
+
+    extents = {s.name: math.prod(s.extents) for s in kernel.statements}
+
+    def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() != isl.schedule_node_type.mark:
+            return node
+        mark = mk.parse(node.mark_get_id().get_name())
+        if not isinstance(mark, mk.Parallel):
+            return node
+        names: list[str] = []
+        node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
+        work = sum(extents[n] for n in names)
+        if isinstance(work, int) or not _affine(work):
+            return node
+        text = str(replace(mark, work=Tight(work)))
+        return node.delete().insert_mark(isl.Id(text, context=node.get_ctx()))
+
+    return schedule.map_schedule_node_bottom_up(visit)
 
 
-__all__ = ["compile_symbolic", "FrozenDict"]
+def _affine(expr) -> bool:
+    import sympy
+    return sympy.Poly(expr, *expr.free_symbols).total_degree() <= 1
+
+

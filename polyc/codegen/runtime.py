@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import GraphError, Problem
 from ..graph.ir import Graph
-from ..graph.binding import bound_shape
+from ..graph.binding import bind_symbols, bound_shape
 from ..graph.reference import bind_inputs, constant_value
 from ..graph.symbols import C_PREFIX
 from ..kernel import Kernel
@@ -39,11 +39,16 @@ class Program:
             self._fns.append(fn)
         self._constants = {c.name: constant_value(c) for c in graph.constants}
         self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
+        # a symbolic graph's binding and shapes per input shapes: sympy is slow per call
+        self._bind = functools.lru_cache(maxsize=64)(
+            lambda graph, shapes: bind_symbols(graph, dict(shapes)))
+        self._shape = functools.lru_cache(maxsize=1024)(
+            lambda t, values: bound_shape(t, dict(values)))
 
     def _output_buffer(self, name: str, out: Mapping[str, np.ndarray] | None,
                        binding: Mapping[str, int]) -> np.ndarray:
         t = self.graph.types[name]
-        shape = bound_shape(t, binding)
+        shape = self._shape(t, tuple(binding.items()))
         if out is not None and name in out:
             a = out[name]
             if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.dtype(t.dtype)
@@ -67,7 +72,8 @@ class Program:
         calling them all computes the outputs; one alone can be timed (after the ones
         before it have filled its inputs)."""
         # C reads dense row-major buffers; a 0-d array is dense already
-        checked, binding = bind_inputs(self.graph, inputs)
+        checked, binding = bind_inputs(
+            self.graph, inputs, lambda g, shapes: self._bind(g, tuple(shapes.items())))
         env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
                for k, v in checked.items()}
         env.update(self._constants)
@@ -85,7 +91,7 @@ class Program:
             args = []
             for a in kernel.params:
                 if a.tensor not in env:
-                    shape = bound_shape(a.type, c_values)
+                    shape = self._shape(a.type, tuple(c_values.items()))
                     if a.tensor not in self._scratch or self._scratch[a.tensor].shape != shape:
                         self._scratch[a.tensor] = np.empty(shape, a.type.dtype)
                     env[a.tensor] = self._scratch[a.tensor]

@@ -45,10 +45,10 @@ def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     return bind_inputs(graph, inputs)[0]
 
 
-def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray]
+def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray], binder=bind_symbols
                 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The inputs as arrays, checked, and the symbols' values their shapes bind ({} for
-    a static graph)."""
+    a static graph); `binder(graph, shapes)` is `bind_symbols` or a memo of it."""
     # every compiled call passes here: one pass, and a message is only built for a
     # problem there is
     values, problems = {}, []
@@ -72,7 +72,7 @@ def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray]
         raise GraphError(problems)
     if not symbolic:
         return values, {}
-    return values, bind_symbols(graph, {k: v.shape for k, v in values.items()})
+    return values, binder(graph, {k: v.shape for k, v in values.items()})
 
 
 def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.ndarray:

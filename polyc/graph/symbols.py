@@ -195,3 +195,38 @@ def user_symbols(expr):
         return expr
     return expr.xreplace({s: symbol(s.name[len(C_PREFIX):]) for s in expr.free_symbols
                           if s.name.startswith(C_PREFIX)})
+
+
+_TERM = re.compile(r"([+-]?)(?:(\d+)\*)?(" + C_PREFIX + r"[A-Za-z0-9_]+|\d+)")
+
+
+def parse_affine(text: str):
+    """An affine expression of symbols' C names as printed without spaces
+    (`64*polyc_sym_N-1`), parsed without eval (mark texts may come from a saved tree);
+    a ValueError for anything else."""
+    pos, expr = 0, 0
+    while pos < len(text):
+        m = _TERM.match(text, pos)
+        if m is None or (pos and not m.group(1)):
+            raise ValueError(f"not an affine expression of symbols: {text!r}")
+        sign = -1 if m.group(1) == "-" else 1
+        coeff = int(m.group(2) or 1)
+        atom = m.group(3)
+        expr = expr + sign * coeff * (int(atom) if atom.isdigit() else symbol(atom))
+        pos = m.end()
+    if pos == 0:
+        raise ValueError(f"not an affine expression of symbols: {text!r}")
+    return as_int(expr) if not isinstance(expr, int) else expr
+
+
+class Tight:
+    """A symbolic value that formats without spaces: a field of a mark's text, whose
+    words are split at spaces."""
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def __format__(self, spec: str) -> str:
+        return str(self.expr).replace(" ", "")
+
+    __str__ = __repr__ = lambda self: format(self, "")

@@ -288,3 +288,47 @@ def test_differential_case_symbolic_at_two_sizes(c):
         for name in graph.outputs:
             np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64),
                                        rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+# --- front end and service -------------------------------------------------------------
+
+def test_onnx_dim_param_is_a_symbol():
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    w = np.random.default_rng(0).random((16, 8)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    graph = polyc.import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert graph.to_json()["inputs"][0]["shape"] == ["batch", 16]
+    compiled = polyc.compile(graph)
+    for n in (1, 6):
+        x = np.random.default_rng(n).random((n, 16)).astype(np.float32)
+        np.testing.assert_allclose(compiled(x=x)["y"], run_reference(graph, {"x": x})["y"],
+                                   rtol=1e-5, atol=1e-7)
+
+
+def test_service_round_trip(tmp_path):
+    import warnings
+    from polyc.server import Settings, create_app
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+    app = create_app(Settings(cache_url=f"sqlite:///{tmp_path}/cache.sqlite3", workers=1))
+    with TestClient(app) as client:
+        r = client.post("/v1/compile", json={"graph": SOFTMAX})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert "int64_t polyc_sym_N" in answer["c_source"]
+        record = client.get(f"/v1/kernels/{answer['key']}").json()
+        assert record["kernels"][0]["arrays"][0]["shape"] == ["N", 24]
+        again = client.post("/v1/compile", json={"graph": SOFTMAX}).json()
+        assert again["cache_hit"] and again["key"] == answer["key"]  # one entry for every N
+        for n in (3, 200):
+            run = client.post(f"/v1/kernels/{answer['key']}/run", json={"symbols": {"N": n}})
+            assert run.status_code == 200, run.text
+            assert all(o["ok"] for o in run.json()["outputs"])
+        bad = client.post(f"/v1/kernels/{answer['key']}/run", json={"symbols": {"N": 0}})
+        assert bad.status_code == 422 and "symbols.N" in bad.text

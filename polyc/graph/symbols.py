@@ -46,10 +46,6 @@ def free_names(dims: Iterable) -> set[str]:
     return {s.name for d in dims if not is_static(d) for s in d.free_symbols}
 
 
-def dim_text(d) -> str:
-    return str(d)
-
-
 def as_int(d):
     """`d` as a Python int when sympy folded it to a number, else unchanged."""
     if is_static(d):
@@ -79,10 +75,6 @@ def open_scope(scope: Scope):
 
 def close_scope(token) -> None:
     _SCOPE.reset(token)
-
-
-class Undecided(Exception):
-    """Raised by `compare` when a relation holds for some values of the symbols only."""
 
 
 def bounds(expr, ranges: Mapping[str, tuple[int, int]]) -> tuple[float, float] | None:
@@ -137,8 +129,8 @@ def sign_of(expr) -> str:
 def assume(relation, message: str) -> None:
     """Record that a call must check `relation` (a sympy relational)."""
     scope = _SCOPE.get()
-    if scope is None:
-        raise Undecided(message)
+    if scope is None:  # a front end's own inference: the loader records it after
+        return
     scope.assumptions.append((relation, f"{scope.where}: {message}" if scope.where else message))
 
 

@@ -8,7 +8,7 @@ with `same_dim`, which answers from the symbols' ranges:
     always equal          -> fine
     never equal in range  -> OpError now (the loader names the node and field)
     equal for some values -> an assumption, kept in the graph and checked when a call
-                             binds the symbols (`check_binding`)
+                             binds the symbols (`binding.bind_symbols`)
 
 Assumptions are collected in the `Scope` the loader opens around shape inference.
 """
@@ -77,7 +77,7 @@ def close_scope(token) -> None:
     _SCOPE.reset(token)
 
 
-def bounds(expr, ranges: Mapping[str, tuple[int, int]]) -> tuple[float, float] | None:
+def _bounds(expr, ranges: Mapping[str, tuple[int, int]]) -> tuple[float, float] | None:
     """Lowest and highest value of an affine `expr` over the ranges (None: not affine)."""
     import sympy
     syms = sorted(expr.free_symbols, key=lambda s: s.name)
@@ -111,7 +111,7 @@ def sign_of(expr) -> str:
     if expr.is_number:
         v = int(expr) if expr.is_Integer else float(expr)
         return "zero" if v == 0 else "pos" if v > 0 else "neg"
-    b = bounds(expr, _ranges())
+    b = _bounds(expr, _ranges())
     if b is None:
         return "unknown"
     lo, hi = b
@@ -174,15 +174,8 @@ def substitute_shape(shape: tuple, values: Mapping[str, int]) -> tuple[int, ...]
     return tuple(substitute(d, values) for d in shape)
 
 
-def c_symbols(expr):
-    """`expr` with every symbol renamed to its C/isl name (C_PREFIX + name)."""
-    if is_static(expr):
-        return expr
-    return expr.xreplace({s: symbol(C_PREFIX + s.name) for s in expr.free_symbols})
-
-
 def user_symbols(expr):
-    """The inverse of `c_symbols`."""
+    """`expr` with the symbols' C names (C_PREFIX + name) back to the user's names."""
     if is_static(expr):
         return expr
     return expr.xreplace({s: symbol(s.name[len(C_PREFIX):]) for s in expr.free_symbols

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from ..graph.ir import FrozenDict
-from ..graph.symbols import DEFAULT_MAX, symbol
+from ..graph.symbols import symbol
 
 BASE, STEP, CHECK = 1009, 4, 10  # a prime: no decision at the base hinges on divisibility
 
@@ -94,10 +94,8 @@ def _fit(values: Sequence[int], probes: Sequence[Mapping[str, int]], where: str,
     if all(v == values[0] for v in values):
         return values[0]
     base = probes[0]
-    syms = sorted(base)
-    expr = values[0]
     coeffs = {}
-    for k, name in enumerate(syms):
+    for k, name in enumerate(sorted(base)):
         step = probes[1 + k][name] - base[name]
         delta = values[1 + k] - values[0]
         if step == 0:
@@ -115,6 +113,4 @@ def _fit(values: Sequence[int], probes: Sequence[Mapping[str, int]], where: str,
     for name, c in coeffs.items():
         if c:
             expr = expr + c * symbol(names.get(name, name))
-    if abs(const) > DEFAULT_MAX:
-        raise NotGeneral(where, values)
     return expr

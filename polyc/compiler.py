@@ -45,6 +45,7 @@ from .schedule_tree.passes import NEUTRAL
 from .schedule_tree.promotion import Promotion
 from .schedule_tree.state import KernelState, Pass
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
+from .symbolic import compile_symbolic
 from .targets.backend import Backend
 from .targets.cpu.options import CpuOptions
 from .tiling.tile import TILE
@@ -286,10 +287,14 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     options = backend.options(options)
     trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
-    if loaded.symbols:
-        from .symbolic import compile_symbolic  # sympy's import only for symbolic graphs
-        return compile_symbolic(loaded, backend, machine, options, trace, build)
-    g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
+    if loaded.symbols:  # one compile for every value of the symbols
+        g, plan, parts, functions, options = compile_symbolic(
+            loaded, backend, machine, options, trace, compile_graph=compile_graph,
+            quiet_trace=Trace)
+        results = [KernelResult(kernel, model, model.schedule, report, trees)
+                   for kernel, model, report, trees in parts]
+    else:
+        g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:

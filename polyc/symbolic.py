@@ -26,7 +26,6 @@ from dataclasses import replace
 
 import islpy as isl
 
-from .codegen.build import build_shared_object
 from .errors import GraphError, InternalError, Problem
 from .graph.binding import bind_graph
 from .graph.ir import Graph
@@ -42,8 +41,13 @@ _DOMAIN = re.compile(r'domain: "[^"]*"')
 _MARK = re.compile(r'mark: "([^"]*)"')
 
 
-def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: bool):
-    from .compiler import CompiledGraph, Trace
+def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile_graph,
+                     quiet_trace):
+    """The primitive graph (symbolic types, the loaded graph's inputs and symbols), the
+    fusion plan, per kernel (kernel, parametric model with its tree, report, trees), the
+    C functions, and the options used. `compile_graph` is the static pipeline
+    (`compiler.compile_graph`); `quiet_trace()` a trace for the probes after the first."""
+    pipeline = (compile_graph, quiet_trace)
     if backend.name != "cpu":
         raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
@@ -52,7 +56,7 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
     note = ()
     try:
         g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend, machine,
-                                               options, trace, note)
+                                               options, trace, note, pipeline)
     except NotGeneral as e:
         if not options.microkernels:
             raise _refusal(loaded, e) from None
@@ -61,28 +65,23 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, build: boo
                 f"microkernels, {e.where} depended on the sizes)",)
         try:
             g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend,
-                                                   machine, options, Trace(), note)
+                                                   machine, options, quiet_trace(), note,
+                                                   pipeline)
         except NotGeneral as e2:
             raise _refusal(loaded, e2) from None
-    kernels = [r.kernel for r in results]
-    source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
     # another is written as that one in the generalised types)
     primitive = replace(g, inputs=loaded.inputs, symbols=loaded.symbols,
                         assumptions=loaded.assumptions)
-    program = None
-    if build:
-        so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
-        program = backend.program(primitive, tuple(kernels), so, machine, options)
-    return CompiledGraph(loaded, primitive, backend.name, options, plan, tuple(results), source,
-                         trace, machine, program)
+    return primitive, plan, results, functions, options
 
 
-def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note):
+def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note, pipeline):
     """Decide at the probes, generalise, prove and emit every kernel; a NotGeneral when
     the probes disagree or an emitter decides on a size it cannot compare."""
-    from .compiler import KernelResult, Trace
-    runs = [_decide(loaded, p, backend, machine, options, trace if k == 0 else Trace())
+    compile_graph, quiet_trace = pipeline
+    runs = [compile_graph(bind_graph(loaded, p), backend, machine, options,
+                          trace if k == 0 else quiet_trace())[:3]
             for k, p in enumerate(probes)]
     g, plan, kernels, trees = _generalise(runs, fit_probes)
     ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in loaded.symbols.items())
@@ -99,8 +98,8 @@ def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note)
             raise NotGeneral(f"kernel {kernel.name}'s code generation", ["compares sizes"])
         report = (probe_result.fusion_report + note
                   + (f"decided at {base}; schedule proved legal by isl for {ranges}",))
-        results.append(KernelResult(kernel, emitted, emitted.schedule, report,
-                                    probe_result.trees + (("symbolic", emitted.schedule),)))
+        results.append((kernel, emitted, report,
+                        probe_result.trees + (("symbolic", emitted.schedule),)))
         functions.append(code)
     return g, plan, results, functions
 
@@ -157,13 +156,6 @@ def _linear_bound(relation):
         return (sym.name, (int(edge), int(edge))) if edge.is_Integer else None
     return (sym.name, (int(sympy.ceiling(edge)), 2**31 - 1) if c > 0
             else (1, int(sympy.floor(edge))))
-
-
-def _decide(loaded, probe, backend, machine, options, trace):
-    from .compiler import compile_graph
-    g, plan, results, _ = compile_graph(bind_graph(loaded, probe), backend, machine, options,
-                                        trace)
-    return g, plan, results
 
 
 def _refusal(graph: Graph, e: NotGeneral) -> GraphError:

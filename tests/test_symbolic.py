@@ -207,6 +207,16 @@ def test_call_time_mismatch_names_inputs_and_symbol(softmax):
     assert "input 'x' must be float32[N,24]" in str(e.value)
 
 
+def test_call_time_size_limit():
+    """Kernels index with C ints: a binding that makes a tensor too large is refused."""
+    big = load_graph({"inputs": [{"name": "x", "shape": ["N", 4096]}],
+                      "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["y"]}],
+                      "outputs": ["y"]})
+    with pytest.raises(GraphError) as e:
+        bind_symbols(big, {"x": (1 << 17, 4096)})
+    assert "over the limit of 268435456 per tensor" in str(e.value)
+
+
 def test_call_time_assumption_names_the_node():
     d = {"inputs": [{"name": "x", "shape": ["N", 3]}, {"name": "z", "shape": ["M", 3]}],
          "nodes": [{"op": "add", "inputs": ["x", "z"], "outputs": ["y"], "name": "sum"}],

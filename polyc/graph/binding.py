@@ -15,7 +15,10 @@ import numpy as np
 
 from ..errors import GraphError, Problem
 from .ir import FrozenDict, Graph, Tensor, TensorType
-from .symbols import substitute_shape
+from .load import Limits
+from .symbols import substitute, substitute_shape
+
+MAX_ELEMENTS = Limits.max_elements  # the loader's default limit per tensor
 
 
 def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
@@ -41,6 +44,14 @@ def bind_symbols(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
             problems.append(Problem(f"symbol {name} = {values[name]} (from {seen[name]}) is "
                                     f"outside its range [{lo}, {hi}]", field="inputs"))
     if not problems:
+        # kernels index with C ints: the loader's per-tensor limit, now that sizes are known
+        for name, t in graph.types.items():
+            if not t.static and (size := substitute(t.size, values)) > MAX_ELEMENTS:
+                bound = ", ".join(f"{k}={values[k]}" for k in sorted(values))
+                problems.append(Problem(f"with {bound} tensor {name!r} would hold {size} "
+                                        f"elements, over the limit of {MAX_ELEMENTS} per tensor",
+                                        field="inputs"))
+                break
         for relation, message in graph.assumptions:
             if not bool(relation.subs({s: values[s.name] for s in relation.free_symbols})):
                 bound = ", ".join(f"{k}={values[k]}" for k in sorted(values))

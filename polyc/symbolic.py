@@ -186,6 +186,9 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
         if any(p != plain[0] for p in plain):
             raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
+        for a in kernel.arrays:  # a contracted buffer is a fixed C array per thread
+            if a.kept is not None and not all(type(d) is int for d in a.buffer_shape):
+                raise NotGeneral(f"kernel {name}'s buffer for {a.tensor!r}", a.buffer_shape)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     if len({len(r[2]) for r in runs}) > 1:
         raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])

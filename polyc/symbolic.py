@@ -14,9 +14,11 @@
 
 The decisions (fusion, tile sizes, which loop is parallel) are those the pipeline makes
 at the base probe, sizes of about a thousand; they are kept only when the other probes
-make the very same ones. Microkernels take fixed shapes and their marks carry the
-sizes: when they make the probes differ, the graph is compiled again without them (the
-portable loops, with `omp simd`), and the report says so.
+make the very same ones. Microkernel marks carry sizes (`gemm ... m=N`), generalised
+like the rest; when a microkernel makes the probes differ, or its emitter decides by a
+size it cannot compare, the graph is compiled again without microkernels (the portable
+loops, with `omp simd`), and the report says so. A parallel loop whose work depends on
+the symbols runs its threads only when a call has enough work (an OpenMP `if`).
 """
 from __future__ import annotations
 
@@ -164,18 +166,19 @@ def _refusal(graph: Graph, e: NotGeneral) -> GraphError:
                               "function of the symbols); give static shapes", field="symbols"))
 
 
-def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
-    """The primitive graph (user's symbol names), the fusion plan and the kernels (the
-    symbols' C names) the probes agree on."""
+def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
+    """The primitive graph (user's symbol names), the fusion plan, the kernels (the
+    symbols' C names) and their trees' texts the probes agree on."""
     graphs = [r[0] for r in runs]
     g = generalise(graphs, probes, "the primitive graph")
     plan = runs[0][1]  # its report speaks of the base probe's sizes
     if len({r[1].groups for r in runs}) > 1:
         raise NotGeneral("the fusion groups", [r[1].groups for r in runs])
+    if len({len(r[2]) for r in runs}) > 1:
+        raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])
     c_names = {name: C_PREFIX + name for name in probes[0]}  # the free symbols
-    kernels = []
-    trees = []
-    for k, results in enumerate(zip(*(r[2] for r in runs))):
+    kernels, trees = [], []
+    for results in zip(*(r[2] for r in runs)):
         name = results[0].kernel.name
         trees.append(_general_tree([str(r.schedule) for r in results], probes, name, c_names))
         # the cpu's copies are a microkernel's packed panels, whose size the tiles fix:
@@ -190,8 +193,6 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel]]:
             if a.kept is not None and not all(type(d) is int for d in a.buffer_shape):
                 raise NotGeneral(f"kernel {name}'s buffer for {a.tensor!r}", a.buffer_shape)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
-    if len({len(r[2]) for r in runs}) > 1:
-        raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])
     return g, plan, kernels, trees
 
 

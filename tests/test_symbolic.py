@@ -256,20 +256,22 @@ def _symbolic_case(c):
 
 # the cases a symbolic N cannot compile, each refused with a message saying why: a
 # reshape that is not integral for every N, a step on a symbolic axis, a mean's 1/N (a
-# value, not a size), a symbolic kernel width (its tiles differ with N)
+# value, not a size), tiles balanced to N, a per-thread buffer as long as N
 REFUSED = {"reshape": "for every value of N", "slice-steps-negative": "a step of 3",
            "reduce_mean-variance": "constants", "variance-all": "constants",
            "rms_norm": "constants", "size1-everywhere": "constants",
-           "conv2d-bias": "schedule tree"}
+           "parallel-elementwise-broadcast": "schedule tree",
+           "parallel-matmul-softmax": "buffer for 'softmax_2.exp'"}
 
 
 def _differential_cases():
-    """Every third case (the whole set takes ~100 s; run it with POLYC_SYMBOLIC_ALL=1)
-    and every case that is refused."""
+    """Every third case (the whole set takes ~100 s; run it with POLYC_SYMBOLIC_ALL=1),
+    every case that is refused, and conv2d-bias (its kernel's width is the symbol)."""
     import os
     from test_differential import CASES
     every = os.environ.get("POLYC_SYMBOLIC_ALL") == "1"
-    return [c for k, c in enumerate(CASES) if every or k % 3 == 0 or c.id in REFUSED]
+    return [c for k, c in enumerate(CASES)
+            if every or k % 3 == 0 or c.id in REFUSED or c.id == "conv2d-bias"]
 
 
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in _differential_cases()])

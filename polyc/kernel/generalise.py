@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from ..graph.ir import FrozenDict
 from ..graph.symbols import symbol
 
-BASE, STEP, CHECK = 1009, 4, 10  # a prime: no decision at the base hinges on divisibility
+BASE = 1009  # the first probe: about a thousand, and prime (see `choose_probes`)
 
 
 class NotGeneral(Exception):
@@ -31,14 +31,22 @@ class NotGeneral(Exception):
 
 def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:
     """The bindings to compile at: base, one per symbol that moves it, then all moved
-    further. Within each symbol's range; a symbol with fewer than three values is
-    probed at all of them (its fit is then exact on its whole range)."""
+    further. Each symbol takes three primes, from 1009 (or its minimum) up: 1009, 1013,
+    1019 for the first, the next three for the second; the largest in its range when
+    they do not fit: sizes no tile divides evenly, so that no decision at the probes
+    hinges on divisibility. A range with too
+    few primes takes its top values; a symbol with fewer than three values is probed at
+    all of them (its fit is then exact on its whole range)."""
     base, moved, further = {}, {}, {}
-    for k, (name, (lo, hi)) in enumerate(sorted(ranges.items())):
-        b = BASE + 30 * k
-        values = [b, b + STEP, b + CHECK]
-        if not (lo <= b and b + CHECK <= hi):
-            values = [v for v in (hi, hi - 1, hi - 2) if v >= lo] or [hi]
+    start = BASE
+    for name, (lo, hi) in sorted(ranges.items()):
+        values = _primes_from(max(start, lo), hi, 3)
+        if len(values) == 3:
+            start = values[-1] + 1
+        else:
+            values = _primes_down(hi, max(lo, 2), 3)
+            if len(values) < 3:
+                values = [v for v in (hi, hi - 1, hi - 2) if v >= lo] or [hi]
         values += [values[-1]] * (3 - len(values))
         base[name], moved[name], further[name] = values
     probes = [dict(base)]
@@ -46,6 +54,28 @@ def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]
         probes.append({**base, name: moved[name]})
     probes.append(dict(further))
     return probes
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n ** 0.5) + 1))
+
+
+def _primes_from(n: int, hi: int, count: int) -> list[int]:
+    out = []
+    while len(out) < count and n <= hi:
+        if _is_prime(n):
+            out.append(n)
+        n += 1
+    return out
+
+
+def _primes_down(n: int, lo: int, count: int) -> list[int]:
+    out = []
+    while len(out) < count and n >= lo:
+        if _is_prime(n):
+            out.append(n)
+        n -= 1
+    return out
 
 
 def generalise(values: Sequence[Any], probes: Sequence[Mapping[str, int]], where: str,

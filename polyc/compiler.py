@@ -30,6 +30,7 @@ from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
 from .graph.load import Limits, load_graph
 from .graph.simplify import simplify_graph
+from .graph.symbols import user_symbols
 from .graph.storage import unshare_widening, widen_storage
 from .graph.verify import verify_graph
 from .kernel import Kernel, build_kernels
@@ -44,6 +45,7 @@ from .schedule_tree.passes import NEUTRAL
 from .schedule_tree.promotion import Promotion
 from .schedule_tree.state import KernelState, Pass
 from .schedule_tree.tree import schedule_to_json, schedule_to_text
+from .symbolic import compile_symbolic
 from .targets.backend import Backend
 from .targets.cpu.options import CpuOptions
 from .tiling.tile import TILE
@@ -87,6 +89,11 @@ class Trace:
             if kernel is None or of == kernel:
                 out[stage] = out.get(stage, 0.0) + seconds
         return out
+
+
+def dims_json(shape: tuple) -> list:
+    """A shape for JSON: a symbolic dim as its expression's text, in the user's names."""
+    return [d if type(d) is int else str(user_symbols(d)) for d in shape]
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class KernelResult:
             "nodes": list(self.kernel.nodes),
             "statements": [str(s) for s in self.kernel.statements],
             "arrays": [{"tensor": a.tensor, "c_name": a.c_name, "role": a.role,
-                        "shape": list(a.type.shape), "dtype": a.type.dtype}
+                        "shape": dims_json(a.type.shape), "dtype": a.type.dtype}
                        for a in self.kernel.arrays],
             "dependences": str(self.model.dependences),
             "schedule_tree": schedule_to_json(self.schedule),
@@ -156,7 +163,7 @@ class KernelResult:
                           "direction": p.direction, "shape": list(p.extents),
                           "bytes": p.bytes, "layout": p.layout, "at": p.at}
                          for p in self.promotions],
-            "buffers": {a.tensor: list(a.buffer_shape) for a in self.kernel.arrays
+            "buffers": {a.tensor: dims_json(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},
         }
 
@@ -255,18 +262,10 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
         raise InternalError(where, f"schedule violates dependences {violated}")
 
 
-def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
-            options: CommonOptions | Mapping[str, Any] | None = None,
-            limits: Limits = Limits(), build: bool = True,
-            print_after_all: Callable[[str], None] | None = None,
-            dump_dir: str | Path | None = None) -> CompiledGraph:
-    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
-    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
-    backend = targets.backend(target.name if isinstance(target, Machine) else target)
-    machine = target if isinstance(target, Machine) else backend.machine()
-    options = backend.options(options)
-    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
-    loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
+def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
+                  trace: Trace) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
+    """A static graph through every pass up to C: the primitive graph, the fusion plan,
+    each kernel's result and its C function."""
     g = trace.run("widen", widen_storage, loaded)
     g = trace.run("decompose", decompose_graph, g)
     g = trace.run("simplify", simplify_graph, g)
@@ -285,6 +284,29 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
                                       options, trace)
         results.append(result)
         functions.append(code)
+    return g, plan, results, functions
+
+
+def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
+            options: CommonOptions | Mapping[str, Any] | None = None,
+            limits: Limits = Limits(), build: bool = True,
+            print_after_all: Callable[[str], None] | None = None,
+            dump_dir: str | Path | None = None) -> CompiledGraph:
+    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
+    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
+    backend = targets.backend(target.name if isinstance(target, Machine) else target)
+    machine = target if isinstance(target, Machine) else backend.machine()
+    options = backend.options(options)
+    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
+    loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
+    if loaded.symbols:  # one compile for every value of the symbols
+        g, plan, parts, functions, options = compile_symbolic(
+            loaded, backend, machine, options, trace, compile_graph=compile_graph,
+            quiet_trace=Trace)
+        results = [KernelResult(kernel, model, model.schedule, report, trees)
+                   for kernel, model, report, trees in parts]
+    else:
+        g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:

@@ -12,6 +12,7 @@ import pytest
 
 from polyc import load_graph
 from polyc.graph.ir import TensorType
+from polyc.graph.symbols import symbol
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -20,6 +21,7 @@ EXPECTED = {
     "linear_gelu.json": {"y": TensorType((256, 1024), "float32")},
     "log_softmax.json": {"y": TensorType((512, 1000), "float32")},
     "softmax.json": {"y": TensorType((512, 1000), "float32")},
+    "softmax_symbolic.json": {"y": TensorType((symbol("N"), 1000), "float32")},
     "layer_norm.json": {"y": TensorType((256, 768), "float32")},
     "attention.json": {"y": TensorType((2, 4, 64, 32), "float32")},
     # pads [1, 1, 1, 1] with a 3x3 kernel keep the 32x32 image size.

@@ -3,7 +3,7 @@ and no set of modules imports itself round in a cycle (function-level imports co
 
     errors paths options machine version
       -> graph -> frontends -> kernel -> schedule_tree -> tiling, microkernels -> codegen
-      -> targets -> compiler -> cli, tune, server, torch_compile, the package itself
+      -> targets -> compiler, symbolic -> cli, tune, server, torch_compile, the package itself
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LAYERS = [
     {"tiling", "microkernels"},
     {"codegen"},
     {"targets"},
-    {"compiler"},
+    {"compiler", "symbolic"},
     {"cli", "tune", "server", "torch_compile", "__init__", "__main__"},
 ]
 LAYER = {part: k for k, parts in enumerate(LAYERS) for part in parts}

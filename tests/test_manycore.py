@@ -39,6 +39,10 @@ def _check(graph, inputs=None, rtol=1e-4, atol=1e-4, **options):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.json")), ids=lambda p: p.stem)
 def test_every_example_runs_on_the_simulated_chip(path):
     graph = polyc.load_graph(json.loads(path.read_text()))
+    if graph.symbols:  # the chip targets take static shapes only, and say so
+        with pytest.raises(GraphError, match="target 'manycore' does not compile symbolic"):
+            polyc.compile(graph, "manycore", build=False)
+        return
     compiled, inputs = _check(graph, atol=2e-4)
     profile = compiled.profile(**inputs)
     assert 0 < profile["high_water"]["LDM"] <= LDM

@@ -48,6 +48,10 @@ def _check(graph, inputs=None, rtol=1e-4, atol=1e-4, **options):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.json")), ids=lambda p: p.stem)
 def test_every_example_runs_on_the_simulated_ai_core(path):
     graph = polyc.load_graph(json.loads(path.read_text()))
+    if graph.symbols:  # the chip targets take static shapes only, and say so
+        with pytest.raises(GraphError, match="target 'npu' does not compile symbolic"):
+            polyc.compile(graph, "npu", build=False)
+        return
     _, profile = _check(graph, atol=2e-3)
     assert profile["cycles"] > 0 and profile["transfers"] > 0
     assert set(profile["bytes"]) == {"gm->l1", "gm->ub", "l1->l0a", "l1->l0b", "l0c->ub",

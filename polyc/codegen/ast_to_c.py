@@ -14,7 +14,8 @@ pragmas and vector loops from its marks, packs microkernel operands, ...):
 
 The ABI of every kernel function is `void NAME(T *restrict p0, ..., T *restrict pn)`: one
 pointer per `in` / `out` array, in `Kernel.params` order, each a dense row-major buffer
-of the array's shape and dtype; `in` pointers are `const`. Arrays never alias.
+of the array's shape and dtype; `in` pointers are `const`. Arrays never alias. A
+symbolic kernel takes its symbols' values after them (`int64_t`, `Kernel.symbols`).
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class CBuilder:
 
     def declare_local(self, a: Array) -> tuple[cgen.Generable, cgen.Generable]:
         return (cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
-                               f"malloc({a.type.nbytes})"),
+                               f"malloc((size_t)({a.type.nbytes}))"),
                 cgen.Statement(f"free({a.c_name})"))
 
     # -- the function -----------------------------------------------------------------
@@ -112,6 +113,7 @@ class CBuilder:
         for a in self.kernel.params:
             value = cgen.RestrictPointer(cgen.Value(C_TYPE[a.type.dtype], a.c_name))
             params.append(cgen.Const(value) if a.role == "in" else value)
+        params += [cgen.Value("int64_t", name) for name in self.kernel.symbols]
         body = [cgen.Comment(c_comment(f"{a.c_name}: {a.role} {a.type} tensor '{a.tensor}'"))
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))

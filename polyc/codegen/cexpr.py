@@ -181,7 +181,9 @@ class ExprPrinter:
             e = c_index(index[d], self.iters)
             if e != "0":
                 e = e if e.replace("_", "").isalnum() else f"({e})"
-                terms.append(e if stride == 1 else f"{e} * {stride}")
+                # a symbolic stride (64*N, N + 1) is an expression: parenthesised
+                terms.append(e if stride == 1 else f"{e} * {stride}" if type(stride) is int
+                             else f"{e} * ({stride})")
             stride *= a.type.shape[d]
         return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
 

@@ -4,6 +4,8 @@ A `Program` owns the loaded shared object, the constants as numpy arrays and reu
 buffers for intermediates, and calls the kernels in order. Inputs are checked (names,
 shapes, dtypes) before any pointer reaches C. The kernels themselves use OpenMP threads;
 a Program serves one call at a time (its intermediate buffers are shared between calls).
+A symbolic graph's call binds its symbols from the inputs' shapes (refusing a mismatch),
+allocates with the bound shapes and passes the values to the kernels after the arrays.
 """
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import numpy as np
 
 from ..errors import GraphError, Problem
 from ..graph.ir import Graph
-from ..graph.reference import check_inputs, constant_value
+from ..graph.binding import bind_symbols, bound_shape
+from ..graph.reference import bind_inputs, constant_value
+from ..graph.symbols import C_PREFIX
 from ..kernel import Kernel
 
 
@@ -31,21 +35,29 @@ class Program:
         for k in kernels:
             fn = getattr(self._lib, k.name)
             fn.restype = None
-            fn.argtypes = [ctypes.c_void_p] * len(k.params)
+            fn.argtypes = [ctypes.c_void_p] * len(k.params) + [ctypes.c_int64] * len(k.symbols)
             self._fns.append(fn)
         self._constants = {c.name: constant_value(c) for c in graph.constants}
         self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
+        # a symbolic graph's binding and shapes per input shapes: sympy is slow per call
+        self._bind = functools.lru_cache(maxsize=64)(
+            lambda graph, shapes: bind_symbols(graph, dict(shapes)))
+        self._shape = functools.lru_cache(maxsize=1024)(
+            lambda t, values: bound_shape(t, dict(values)))
 
-    def _output_buffer(self, name: str, out: Mapping[str, np.ndarray] | None) -> np.ndarray:
+    def _output_buffer(self, name: str, out: Mapping[str, np.ndarray] | None,
+                       binding: Mapping[str, int]) -> np.ndarray:
         t = self.graph.types[name]
+        shape = self._shape(t, tuple(binding.items()))
         if out is not None and name in out:
             a = out[name]
-            if (not isinstance(a, np.ndarray) or a.shape != t.shape or a.dtype != np.dtype(t.dtype)
+            if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.dtype(t.dtype)
                     or not a.flags.c_contiguous or not a.flags.writeable):
-                raise GraphError(Problem(f"out[{name!r}] must be a writeable C-contiguous {t} "
-                                         "array", field="out"))
+                raise GraphError(Problem(f"out[{name!r}] must be a writeable C-contiguous "
+                                         f"{t.dtype}[{','.join(map(str, shape))}] array",
+                                         field="out"))
             return a
-        return np.empty(t.shape, t.dtype)
+        return np.empty(shape, t.dtype)
 
     def __call__(self, inputs: Mapping[str, np.ndarray],
                  out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -60,27 +72,32 @@ class Program:
         calling them all computes the outputs; one alone can be timed (after the ones
         before it have filled its inputs)."""
         # C reads dense row-major buffers; a 0-d array is dense already
+        checked, binding = bind_inputs(
+            self.graph, inputs, lambda g, shapes: self._bind(g, tuple(shapes.items())))
         env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
-               for k, v in check_inputs(self.graph, inputs).items()}
+               for k, v in checked.items()}
         env.update(self._constants)
         results = {}
         for name in self.graph.outputs:
             if name in env:  # an input or a constant returned as is: copy, never alias
-                buf = self._output_buffer(name, out)
+                buf = self._output_buffer(name, out, binding)
                 np.copyto(buf, env[name])
                 results[name] = buf
             else:
-                results[name] = env[name] = self._output_buffer(name, out)
+                results[name] = env[name] = self._output_buffer(name, out, binding)
+        c_values = {C_PREFIX + k: v for k, v in binding.items()}  # the kernels' names
         calls = []
         for kernel, fn in zip(self.kernels, self._fns):
             args = []
             for a in kernel.params:
                 if a.tensor not in env:
-                    if a.tensor not in self._scratch:
-                        self._scratch[a.tensor] = np.empty(a.type.shape, a.type.dtype)
+                    shape = self._shape(a.type, tuple(c_values.items()))
+                    if a.tensor not in self._scratch or self._scratch[a.tensor].shape != shape:
+                        self._scratch[a.tensor] = np.empty(shape, a.type.dtype)
                     env[a.tensor] = self._scratch[a.tensor]
                 # a pointer that keeps its array alive: the contiguous copies made here
                 # must outlive this function
                 args.append(env[a.tensor].ctypes.data_as(ctypes.c_void_p))
+            args += [c_values[name] for name in kernel.symbols]
             calls.append(functools.partial(fn, *args))
         return results, calls

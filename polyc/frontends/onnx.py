@@ -2,8 +2,9 @@
 
 An ONNX graph (opset 13 or later, default domain) becomes polyc's subgraph format, then
 goes through the same loader and validation as JSON. Values keep their ONNX names.
-The inputs' shapes must be static; every other shape is polyc's own inference on the
-nodes the import writes (ONNX's shape inference checks the model first). What depends only on
+An input dim with a `dim_param` that is an identifier becomes a symbol of the same name
+(DESIGN.md's symbolic dims; an op whose conversion needs that dim's value is refused,
+naming the node); other shapes are polyc's own inference on the nodes the import writes (ONNX's shape inference checks the model first). What depends only on
 constants (initializers, `Constant`, `Shape` of a static input and any computation on
 those: the usual shape arithmetic in front of a Reshape) is evaluated at import by
 ONNX's reference evaluator, so such values arrive as constants, and a shape input
@@ -21,6 +22,8 @@ import numpy as np
 from ..errors import GraphError, Problem
 from ..graph.ir import Graph, TensorType
 from ..graph.load import load_graph
+from ..graph.ops import OpError
+from ..graph.symbols import is_identifier, symbol
 from . import onnx_ops
 from .onnx_state import Importer, dtype_name, onnx_module
 
@@ -57,7 +60,7 @@ def _check_opset(model) -> None:
     raise GraphError("the model imports no opset of the default ONNX domain")
 
 
-def _static_shape(t, where: str) -> tuple[int, ...]:
+def _input_shape(t, where: str) -> tuple:
     if not t.HasField("shape"):
         raise GraphError(Problem("has no shape (ONNX shape inference could not find it)",
                                  field=where))
@@ -65,10 +68,13 @@ def _static_shape(t, where: str) -> tuple[int, ...]:
     for d in t.shape.dim:
         if d.HasField("dim_value"):
             dims.append(d.dim_value)
+        elif is_identifier(d.dim_param):
+            dims.append(symbol(d.dim_param))
         else:
             sym = d.dim_param or "?"
-            raise GraphError(Problem(f"dim '{sym}' is not static: polyc imports static "
-                                     "shapes (give the input a fixed shape)", field=where))
+            raise GraphError(Problem(f"dim '{sym}' is neither static nor a named symbol (an "
+                                     "identifier): give the input a fixed shape or name the "
+                                     "dim", field=where))
     return tuple(dims)
 
 
@@ -104,7 +110,7 @@ def import_onnx(model_or_path, *, constants: dict[str, Any] | None = None) -> Gr
     for v in g.input:
         if v.name not in consts:  # an input with an initializer is a constant
             tt = v.type.tensor_type
-            shape = _static_shape(tt, f"input {v.name}")
+            shape = _input_shape(tt, f"input {v.name}")
             if 0 in shape:
                 raise GraphError(Problem(
                     f"has no elements (shape {list(shape)}): polyc tensors have no zero-sized "
@@ -112,10 +118,18 @@ def import_onnx(model_or_path, *, constants: dict[str, Any] | None = None) -> Gr
                     "on it at import", field=f"input {v.name}"))
             dtype = dtype_name(tt.elem_type, f"input {v.name}")
             imp.types[v.name] = TensorType(shape, dtype)
-            imp.inputs.append({"name": v.name, "shape": list(shape), "dtype": dtype})
+            imp.inputs.append({"name": v.name, "shape": [d if type(d) is int else str(d)
+                                                         for d in shape], "dtype": dtype})
     for n in g.node:
         imp.node = n
-        onnx_ops.convert(imp, n)
+        try:
+            onnx_ops.convert(imp, n)
+        except (TypeError, OpError) as e:  # a conversion that needs a symbolic dim's value
+            if not any(t.shape and not t.static for t in imp.types.values()):
+                raise
+            raise GraphError(Problem(f"its conversion needs the value of a symbolic dim "
+                                     f"({e})", node=n.name or n.output[0], op=n.op_type)
+                             ) from None
     imp.node = None
     outputs = []
     for v in g.output:

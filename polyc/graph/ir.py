@@ -67,10 +67,15 @@ class TensorType:
 
     @property
     def size(self) -> int:
+        """The element count: an int, or a sympy expression when a dim is symbolic."""
         n = 1
         for d in self.shape:
             n *= d
         return n
+
+    @property
+    def static(self) -> bool:
+        return all(type(d) is int for d in self.shape)
 
     @property
     def ndim(self) -> int:
@@ -141,6 +146,10 @@ class Graph:
     outputs: tuple[str, ...]
     types: FrozenDict  # tensor name -> TensorType, for inputs, constants and node outputs
     notes: tuple[str, ...] = ()  # warnings for the report (e.g. dropped nodes)
+    # symbolic dims (graph/symbols.py): name -> (min, max), and the relations between
+    # them shape inference assumed, each (sympy relation, message), checked per call
+    symbols: FrozenDict = field(default_factory=FrozenDict)
+    assumptions: tuple = ()
 
     def type_of(self, tensor: str) -> TensorType:
         return self.types[tensor]
@@ -189,19 +198,26 @@ class Graph:
         for n in self.nodes:
             lines.append(f"  {n.output}: {self.types[n.output]} = {str(n).split(' = ', 1)[1]}")
         lines.append("  outputs " + ", ".join(self.outputs))
+        for name, (lo, hi) in self.symbols.items():
+            lines.append(f"  symbol {name} in [{lo}, {hi}]")
         for note in self.notes:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        """The subgraph format of DESIGN.md (canonical: defaults filled in)."""
-        return {
+        """The subgraph format of DESIGN.md (canonical: defaults filled in; `symbols` only
+        in a symbolic graph, so a static graph's form, and cache key, are unchanged)."""
+        doc = {
             "name": self.name,
-            "inputs": [{"name": t.name, "shape": list(t.type.shape), "dtype": t.type.dtype}
-                       for t in self.inputs],
+            "inputs": [{"name": t.name, "shape": [d if type(d) is int else str(d)
+                                                  for d in t.type.shape],
+                        "dtype": t.type.dtype} for t in self.inputs],
             "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": [n.output],
                        "attrs": thaw(n.attrs), "name": n.name} for n in self.nodes],
             "outputs": list(self.outputs),
             "constants": [{"name": c.name, "shape": list(c.type.shape), "dtype": c.type.dtype,
                            "data": list(c.data)} for c in self.constants],
         }
+        if self.symbols:
+            doc["symbols"] = {k: {"min": lo, "max": hi} for k, (lo, hi) in self.symbols.items()}
+        return doc

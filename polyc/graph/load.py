@@ -19,6 +19,8 @@ from typing import Any
 from ..errors import GraphError, Problem
 from .ir import DTYPES, FrozenDict, Graph, Node, Tensor, TensorType
 from .ops import OPS, OpError, check_attrs, infer
+from .symbols import (DEFAULT_MAX, DEFAULT_MIN, Scope, close_scope, free_names, is_identifier,
+                      is_static_shape, open_scope, substitute, symbol)
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,8 @@ class Limits:
     max_name_length: int = 256
 
 
-TOP_KEYS = {"name", "inputs", "nodes", "outputs", "constants"}
+TOP_KEYS = {"name", "inputs", "nodes", "outputs", "constants", "symbols"}
+SYMBOL_KEYS = {"min", "max"}
 NODE_KEYS = {"op", "inputs", "outputs", "attrs", "name"}
 INPUT_KEYS = {"name", "shape", "dtype"}
 CONST_KEYS = INPUT_KEYS | {"data"}
@@ -101,6 +104,7 @@ class _Loader:
         self.limits = limits
         self.problems: list[Problem] = []
         self.total_elements = 0
+        self.declared: dict[str, tuple[int, int]] = {}  # symbol ranges the graph declares
         # Each suggestion scans every known name; a hostile graph with thousands of typos
         # would otherwise take minutes. A user fixes the first few and reloads anyway.
         self.hints_left = 8
@@ -143,17 +147,27 @@ class _Loader:
                                      f"{self.limits.max_nodes}", field="nodes"))
 
         types: dict[str, TensorType] = {}
+        declared = self.declared = self._symbols(doc.get("symbols", {}))
         inputs = tuple(t for i, d in enumerate(doc["inputs"])
                        if (t := self._tensor(d, f"inputs[{i}]", INPUT_KEYS, types)))
         constants = tuple(t for i, d in enumerate(doc.get("constants", []))
                           if (t := self._tensor(d, f"constants[{i}]", CONST_KEYS, types)))
         raw_nodes = [n for i, d in enumerate(doc["nodes"]) if (n := self._node(d, i))]
         outputs = self._outputs(doc["outputs"])
+        used = free_names(d for t in inputs for d in t.type.shape)
+        for name in sorted(set(declared) - used):
+            self.error("is declared but no input's shape uses it", field=f"symbols.{name}")
         self.fail_if_any()
+        ranges = FrozenDict({k: declared.get(k, (DEFAULT_MIN, DEFAULT_MAX)) for k in used})
 
         nodes = self._sort(raw_nodes, set(types))
         self.fail_if_any()
-        typed = self._infer(nodes, types)
+        scope = Scope(ranges)
+        token = open_scope(scope)
+        try:
+            typed = self._infer(nodes, types, scope)
+        finally:
+            close_scope(token)
         self.fail_if_any()
         for o in outputs:
             if o not in types:
@@ -162,13 +176,44 @@ class _Loader:
         kept, notes = _drop_dead(typed, outputs)
         named = {t.name for t in inputs + constants} | {n.output for n in kept}
         return Graph(name, inputs, constants, tuple(kept), tuple(outputs),
-                     FrozenDict({k: v for k, v in types.items() if k in named}), tuple(notes))
+                     FrozenDict({k: v for k, v in types.items() if k in named}), tuple(notes),
+                     ranges, tuple(dict.fromkeys(scope.assumptions)))
 
     # -- pieces -----------------------------------------------------------------------
     def _is_name(self, v: Any) -> bool:
         return isinstance(v, str) and 0 < len(v) <= self.limits.max_name_length
 
-    def _shape(self, shape: Any, where: str) -> tuple[int, ...] | None:
+    def _symbols(self, doc: Any) -> dict[str, tuple[int, int]]:
+        """The `symbols` field: name -> (min, max), each checked."""
+        if not isinstance(doc, dict):
+            self.error(f"must be an object of symbol ranges, got {doc!r}", field="symbols")
+            return {}
+        out = {}
+        for name, r in doc.items():
+            where = f"symbols.{name}"
+            if not is_identifier(name):
+                self.error(f"{name!r} is not an identifier (a letter or _, then letters, "
+                           "digits or _)", field=where)
+                continue
+            if not isinstance(r, dict):
+                self.error(f"must be an object {{\"min\": .., \"max\": ..}}, got {r!r}",
+                           field=where)
+                continue
+            for key in sorted(set(r) - SYMBOL_KEYS):
+                self.error("unknown field (allowed: max, min)", field=f"{where}.{key}")
+            lo, hi = r.get("min", DEFAULT_MIN), r.get("max", DEFAULT_MAX)
+            bad = [k for k, v in (("min", lo), ("max", hi))
+                   if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= DEFAULT_MAX]
+            for k in bad:
+                self.error(f"must be an integer from 1 to {DEFAULT_MAX}, got {r[k]!r}",
+                           field=f"{where}.{k}")
+            if not bad and lo > hi:
+                self.error(f"min {lo} is greater than max {hi}", field=where)
+            elif not bad:
+                out[name] = (lo, hi)
+        return out
+
+    def _shape(self, shape: Any, where: str, symbols_ok: bool = True) -> tuple[int, ...] | None:
         if not isinstance(shape, list):
             self.error(f"shape must be a list of integers, got {shape!r}", where, field="shape")
             return None
@@ -177,11 +222,17 @@ class _Loader:
                        field="shape")
             return None
         for d in shape:
+            if symbols_ok and is_identifier(d):
+                continue
             if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-                self.error(f"every dim must be an integer >= 1, got {d!r} in {shape!r}", where,
+                what = ("an integer >= 1" if not symbols_ok else
+                        "an integer >= 1 or a symbol (an identifier such as N)")
+                self.error(f"every dim must be {what}, got {d!r} in {shape!r}", where,
                            field="shape")
                 return None
-        return tuple(shape)
+        if is_static_shape(shape):
+            return tuple(shape)
+        return tuple(d if isinstance(d, int) else symbol(d) for d in shape)
 
     def _count(self, t: TensorType, where: str, op: str | None = None) -> bool:
         # Inputs were checked by _shape already; this catches reshape / broadcast_to.
@@ -189,11 +240,14 @@ class _Loader:
             self.error(f"rank {t.ndim} exceeds the limit of {self.limits.max_rank}", where, op,
                        "shape")
             return False
-        if t.size > self.limits.max_elements:
-            self.error(f"{list(t.shape)} has {t.size} elements, over the limit of "
+        # a symbolic shape counts at its symbols' lowest values: what every call needs
+        size = t.size if t.static else substitute(t.size, {
+            k: self.declared.get(k, (DEFAULT_MIN,))[0] for k in free_names(t.shape)})
+        if size > self.limits.max_elements:
+            self.error(f"{list(t.shape)} has {size} elements, over the limit of "
                        f"{self.limits.max_elements} per tensor", where, op, "shape")
             return False
-        self.total_elements += t.size
+        self.total_elements += size
         if self.total_elements > self.limits.max_total_elements:
             self.error(f"the graph's tensors hold more than {self.limits.max_total_elements} "
                        "elements in total", where, op, "shape")
@@ -225,7 +279,8 @@ class _Loader:
             self.error(f"unknown dtype {dtype!r} (allowed: {', '.join(DTYPES)})", name,
                        field="dtype")
             return None
-        shape = self._shape(d.get("shape"), name)
+        # a constant's data is written out: its shape is static
+        shape = self._shape(d.get("shape"), name, symbols_ok="data" not in keys)
         if shape is None:
             return None
         t = TensorType(shape, dtype)
@@ -382,11 +437,12 @@ class _Loader:
             return []
         return [nodes[k] for k in order]
 
-    def _infer(self, nodes: list[Node], types: dict[str, TensorType]) -> list[Node]:
+    def _infer(self, nodes: list[Node], types: dict[str, TensorType], scope: Scope) -> list[Node]:
         out = []
         for n in nodes:
             if any(i not in types for i in n.inputs):
                 continue  # an earlier node failed; its problem is already reported
+            scope.where = f"node {n.name!r} ({n.op})"
             try:
                 t = infer(OPS[n.op], n.attrs, [types[i] for i in n.inputs])
             except OpError as e:

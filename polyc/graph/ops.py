@@ -12,14 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .ir import DTYPES, FrozenDict, TensorType
-
-
-class OpError(Exception):
-    """A node is wrong; `field` names the attribute or 'inputs'."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
+from .op_error import OpError
+from .symbolic_rules import (not_broadcastable, same_shape, symbolic_broadcast,
+                             symbolic_reshape, symbolic_slice)
+from .symbols import as_int, at_least, is_identifier, is_static, is_static_shape, same_dim
 
 
 # --- attribute kinds ---------------------------------------------------------------
@@ -48,6 +44,10 @@ def _bool(name: str, v: Any) -> bool:
 
 def _ints(name: str, v: Any) -> tuple[int, ...]:
     if not isinstance(v, (list, tuple)) or not all(_is_int(x) for x in v):
+        sym = next((x for x in v if is_identifier(x)), None) if isinstance(v, list) else None
+        if sym is not None:
+            raise OpError(f"expected a list of integers, got {v!r}: a symbol ({sym!r}) cannot "
+                          "be used here, the value must be a constant", name)
         raise OpError(f"expected a list of integers, got {v!r}", name)
     return tuple(v)
 
@@ -121,10 +121,10 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for i in range(ndim):
         dims = {s[len(s) - ndim + i] for s in shapes if len(s) - ndim + i >= 0}
         dims.discard(1)
-        if len(dims) > 1:
-            raise OpError("shapes " + " and ".join(str(list(s)) for s in shapes)
-                          + " cannot be broadcast together", "inputs")
-        out.append(dims.pop() if dims else 1)
+        if len(dims) > 1 and is_static_shape(dims):
+            raise not_broadcastable(shapes)
+        out.append(symbolic_broadcast(dims, shapes) if len(dims) > 1 else
+                   dims.pop() if dims else 1)
     return tuple(out)
 
 
@@ -173,7 +173,7 @@ def matmul_shapes(a: tuple[int, ...], b: tuple[int, ...], ta: bool, tb: bool) ->
         raise OpError("matmul operands must have rank >= 1", "inputs")
     a2 = (1,) + a if len(a) == 1 else a[:-2] + ((a[-1], a[-2]) if ta else a[-2:])
     b2 = b + (1,) if len(b) == 1 else b[:-2] + ((b[-1], b[-2]) if tb else b[-2:])
-    if a2[-1] != b2[-2]:
+    if not same_dim(a2[-1], b2[-2], f"contraction dims {a2[-1]} and {b2[-2]} must be equal"):
         raise OpError(f"contraction dims differ: {a2[-1]} (from {list(a)}) vs {b2[-2]} "
                       f"(from {list(b)})", "inputs")
     batch = broadcast_shapes(a2[:-2], b2[:-2])
@@ -195,10 +195,10 @@ def _conv2d(spec, attrs, ts):
     if x.ndim != 4 or w.ndim != 4:
         raise OpError(f"conv2d needs x [N,C,H,W] and w [O,C,KH,KW], got {list(x.shape)} "
                       f"and {list(w.shape)}", "inputs")
-    if x.shape[1] != w.shape[1]:
+    if not same_dim(x.shape[1], w.shape[1], "x's and w's input channels must be equal"):
         raise OpError(f"input channels differ: x has {x.shape[1]}, w has {w.shape[1]}",
                       "inputs")
-    if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+    if len(ts) == 3 and not same_shape(ts[2].shape, (w.shape[0],), "bias must match w"):
         raise OpError(f"bias must have shape [{w.shape[0]}], got {list(ts[2].shape)}", "inputs")
     for key, n in (("strides", 2), ("pads", 4), ("dilations", 2)):
         if len(attrs[key]) != n:
@@ -210,7 +210,7 @@ def _conv2d(spec, attrs, ts):
     if min(attrs["pads"]) < 0:
         raise OpError("pads must be >= 0", "pads")
     out = conv2d_out_hw(x.shape, w.shape, attrs)
-    if min(out) < 1:
+    if not all(at_least(d, 1, "the output must not be empty") for d in out):
         raise OpError(f"the output would be empty ({out[0]}x{out[1]})", "inputs")
     return TensorType((x.shape[0], w.shape[0]) + out, _same_dtype(ts))
 
@@ -219,7 +219,7 @@ def conv2d_out_hw(xs, ws, attrs) -> tuple[int, int]:
     (sh, sw), (pt, pl, pb, pr), (dh, dw) = attrs["strides"], attrs["pads"], attrs["dilations"]
     oh = (xs[2] + pt + pb - dh * (ws[2] - 1) - 1) // sh + 1
     ow = (xs[3] + pl + pr - dw * (ws[3] - 1) - 1) // sw + 1
-    return oh, ow
+    return as_int(oh), as_int(ow)
 
 
 def _transpose(spec, attrs, ts):
@@ -238,6 +238,8 @@ def reshape_target(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
     if list(shape).count(-1) > 1:
         raise OpError("at most one -1 is allowed", "shape")
     known = math.prod(d for d in shape if d != -1)
+    if not is_static(size):
+        return symbolic_reshape(shape, size, known)
     if -1 in shape:
         if size % known:
             raise OpError(f"cannot reshape {size} elements into {list(shape)}", "shape")
@@ -257,7 +259,8 @@ def _broadcast_to(spec, attrs, ts):
         raise OpError(f"dims must be >= 1, got {list(shape)}", "shape")
     src = ts[0].shape
     ok = len(src) <= len(shape) and all(
-        s in (1, d) for s, d in zip(src[::-1], shape[::-1]))
+        s == 1 or same_dim(s, d, f"dim {s} must equal the target's {d}")
+        for s, d in zip(src[::-1], shape[::-1]))
     if not ok:
         raise OpError(f"cannot broadcast {list(src)} to {list(shape)}", "shape")
     return TensorType(tuple(shape), ts[0].dtype)
@@ -286,6 +289,9 @@ def slice_params(shape: tuple[int, ...], attrs) -> list[tuple[int, int, int]]:
         raise OpError(f"repeated axis in {list(axes)}", "axes")
     params = [(0, 1, d) for d in shape]
     for a, s, e, st in zip(norm, starts, ends, steps):
+        if not is_static(shape[a]):
+            params[a] = symbolic_slice(shape[a], s, e, st, a)
+            continue
         start, stop, step = slice(s, e, st).indices(shape[a])
         length = len(range(start, stop, step))
         if length == 0:
@@ -305,12 +311,13 @@ def _concat(spec, attrs, ts):
         raise OpError("cannot concatenate scalars", "inputs")
     axis = norm_axis(attrs["axis"], nd)
     for t in ts[1:]:
-        if t.ndim != nd or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape))
+        if t.ndim != nd or any(not same_dim(a, b, f"dims outside axis {axis} must be equal")
+                               for i, (a, b) in enumerate(zip(t.shape, ts[0].shape))
                                if i != axis):
             raise OpError("shapes " + ", ".join(str(list(t.shape)) for t in ts)
                           + f" differ outside axis {axis}", "inputs")
     shape = list(ts[0].shape)
-    shape[axis] = sum(t.shape[axis] for t in ts)
+    shape[axis] = as_int(sum(t.shape[axis] for t in ts))
     return TensorType(tuple(shape), _same_dtype(ts))
 
 
@@ -321,7 +328,8 @@ def _pad(spec, attrs, ts):
                       f"{len(pads)}", "pads")
     if any(x < 0 for p in pads for x in p):
         raise OpError(f"negative pads are not allowed, got {[list(p) for p in pads]}", "pads")
-    return TensorType(tuple(d + a + b for d, (a, b) in zip(ts[0].shape, pads)), ts[0].dtype)
+    return TensorType(tuple(as_int(d + a + b) for d, (a, b) in zip(ts[0].shape, pads)),
+                      ts[0].dtype)
 
 
 def _one_hot(spec, attrs, ts):
@@ -344,7 +352,7 @@ def _norm_params(ts: list[TensorType], axis: int, what: tuple[str, ...]):
     ax = norm_axis(axis, x.ndim)
     norm_shape = x.shape[ax:]
     for t, name in zip(ts[1:], what):
-        if t.shape != norm_shape:
+        if not same_shape(t.shape, norm_shape, f"{name} must have the normalised dims' shape"):
             raise OpError(f"{name} must have the normalised dims' shape {list(norm_shape)}, "
                           f"got {list(t.shape)}", "inputs")
     _same_dtype(ts)
@@ -365,7 +373,7 @@ def _batch_norm(spec, attrs, ts):
         raise OpError(f"batch_norm needs rank >= 2 (channels on axis 1), got {list(x.shape)}",
                       "inputs")
     for t, name in zip(ts[1:], ("scale", "bias", "mean", "var")):
-        if t.shape != (x.shape[1],):
+        if not same_shape(t.shape, (x.shape[1],), f"{name} must match x's channels"):
             raise OpError(f"{name} must have shape [{x.shape[1]}], got {list(t.shape)}",
                           "inputs")
     _same_dtype(ts)
@@ -381,13 +389,12 @@ def _linear(spec, attrs, ts):
     x, w = ts[0], ts[1]
     if w.ndim != 2:
         raise OpError(f"w must be [in, out], got {list(w.shape)}", "inputs")
-    if x.ndim < 1 or x.shape[-1] != w.shape[0]:
+    if x.ndim < 1 or not same_dim(x.shape[-1], w.shape[0], "x's last dim must equal w's first"):
         raise OpError(f"x's last dim must equal w's first ({w.shape[0]}), got "
                       f"{list(x.shape)}", "inputs")
     out = x.shape[:-1] + (w.shape[1],)
     if len(ts) == 3:
-        broadcast_shapes(out, ts[2].shape)
-        if broadcast_shapes(out, ts[2].shape) != out:
+        if not same_shape(broadcast_shapes(out, ts[2].shape), out, "bias must broadcast"):
             raise OpError(f"bias {list(ts[2].shape)} does not broadcast to {list(out)}",
                           "inputs")
     return TensorType(out, _same_dtype(ts))
@@ -397,10 +404,10 @@ def _attention(spec, attrs, ts):
     q, k, v = ts
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise OpError("q, k and v need rank >= 2", "inputs")
-    if q.shape[-1] != k.shape[-1]:
+    if not same_dim(q.shape[-1], k.shape[-1], "q and k must share the last dim"):
         raise OpError(f"q and k must share the last dim, got {q.shape[-1]} and "
                       f"{k.shape[-1]}", "inputs")
-    if k.shape[-2] != v.shape[-2]:
+    if not same_dim(k.shape[-2], v.shape[-2], "k and v must share Lk"):
         raise OpError(f"k and v must share Lk, got {k.shape[-2]} and {v.shape[-2]}", "inputs")
     batch = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     return TensorType(batch + (q.shape[-2], v.shape[-1]), _same_dtype(ts))

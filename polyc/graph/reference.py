@@ -14,14 +14,19 @@ from typing import Callable
 import numpy as np
 
 from ..errors import GraphError, InternalError, Problem
+from .binding import bind_graph, bind_symbols, check_shape, symbol_values
+from .symbols import substitute_shape
 from .ir import Graph, Node, Tensor, TensorType
 from .ops import norm_axes, norm_axis, slice_params
 
 
 def run_reference(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Execute `graph` on `inputs` (name -> array of exactly the input's shape and dtype)
-    and return its outputs by name."""
-    values = check_inputs(graph, inputs)
+    and return its outputs by name; a symbolic graph runs with its symbols bound from
+    the inputs' shapes."""
+    values, binding = bind_inputs(graph, inputs)
+    if binding:
+        graph = bind_graph(graph, binding)
     for c in graph.constants:
         values[c.name] = constant_value(c)
     for node in graph.nodes:
@@ -37,15 +42,24 @@ def constant_value(tensor: Tensor) -> np.ndarray:
 
 
 def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return bind_inputs(graph, inputs)[0]
+
+
+def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray], binder=bind_symbols
+                ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The inputs as arrays, checked, and the symbols' values their shapes bind ({} for
+    a static graph); `binder(graph, shapes)` is `bind_symbols` or a memo of it."""
     # every compiled call passes here: one pass, and a message is only built for a
     # problem there is
     values, problems = {}, []
+    symbolic = bool(graph.symbols)
     for t in graph.inputs:
         if t.name not in inputs:
             problems.append(Problem(f"input {t.name!r} ({t.type}) is missing"))
             continue
         arr = np.asarray(inputs[t.name])
-        if arr.shape != t.type.shape or arr.dtype != t.type.dtype:
+        if (not check_shape(graph, t.name, arr) if symbolic
+                else arr.shape != t.type.shape or arr.dtype != t.type.dtype):
             got = f"{arr.dtype}[{','.join(map(str, arr.shape))}]"
             problems.append(Problem(f"input {t.name!r} must be {t.type}, got {got}"))
         values[t.name] = arr
@@ -56,7 +70,9 @@ def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
                         for name in sorted(set(inputs) - set(values))]
     if problems:
         raise GraphError(problems)
-    return values
+    if not symbolic:
+        return values, {}
+    return values, binder(graph, {k: v.shape for k, v in values.items()})
 
 
 def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.ndarray:
@@ -329,17 +345,21 @@ IMPLS: dict[str, Impl] = {
 }
 
 
-def random_inputs(graph, seed: int = 0) -> dict[str, np.ndarray]:
+def random_inputs(graph, seed: int = 0, symbols: dict[str, int] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
-    small nonzero integers for int32 (div), 0 and 1 for bool."""
+    small nonzero integers for int32 (div), 0 and 1 for bool. A symbolic graph's shapes
+    take `symbols` (each symbol not given: 16, or the end of its range nearer to it)."""
     rng = np.random.default_rng(seed)
+    values = symbol_values(graph, symbols or {}) if graph.symbols else {}
     out = {}
     for t in graph.inputs:
+        shape = substitute_shape(t.type.shape, values)
         if t.type.dtype == "int32":
-            v = rng.integers(1, 10, size=t.type.shape) * rng.choice([-1, 1], size=t.type.shape)
+            v = rng.integers(1, 10, size=shape) * rng.choice([-1, 1], size=shape)
         elif t.type.dtype == "bool":
-            v = rng.integers(0, 2, size=t.type.shape)
+            v = rng.integers(0, 2, size=shape)
         else:
-            v = rng.uniform(0.5, 2.0, size=t.type.shape)
+            v = rng.uniform(0.5, 2.0, size=shape)
         out[t.name] = np.asarray(v, dtype=t.type.dtype)
     return out

@@ -55,6 +55,7 @@ class Kernel:
     nodes: tuple[str, ...]  # graph node names it covers, in order
     statements: tuple[Statement, ...]
     arrays: tuple[Array, ...]  # the C ABI: 'in' and 'out' arrays in this order are the parameters
+    symbols: tuple[str, ...] = ()  # a symbolic kernel's: C names of its int64_t parameters, after the arrays
 
     @property
     def params(self) -> tuple[Array, ...]:

@@ -27,6 +27,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..graph.symbols import parse_affine
+
 _KINDS: dict[str, type["Mark"]] = {}
 
 
@@ -70,7 +72,8 @@ class Mark:
 
 def _typed(f: dataclasses.Field, text: str):
     if f.type == "int":
-        return int(text)
+        # a symbolic kernel's sizes are affine expressions of its symbols
+        return int(text) if text.lstrip("-").isdigit() else parse_affine(text)
     if f.type == "tuple[str, ...]":
         return () if text == "-" else tuple(text.split(","))
     return text
@@ -94,6 +97,9 @@ def word(text: str) -> str:
 class Parallel(Mark):
     word: ClassVar[str] = "parallel"
     threads: int = 0  # a fixed team (0: the runtime's)
+    # a symbolic kernel's: the statement instances below, an affine expression of its
+    # symbols; the threads run only when a call has enough of them (the cpu's `if`)
+    work: int = 0
 
 
 @dataclass(frozen=True)

@@ -86,16 +86,23 @@ def _access(s: Statement, array: str, index, guards: tuple[Guard, ...]) -> str:
     return f"{s.name}[{iters}] -> {array}[{idx}]" + (f" : {cond}" if cond else "")
 
 
-def _union_map(parts: list[str], domain: isl.UnionSet, ctx: isl.Context) -> isl.UnionMap:
-    text = "{ " + "; ".join(parts) + " }" if parts else "{ }"
+def _union_map(parts: list[str], domain: isl.UnionSet, ctx: isl.Context,
+               prefix: str = "") -> isl.UnionMap:
+    text = prefix + ("{ " + "; ".join(parts) + " }" if parts else "{ }")
     return isl.UnionMap.read_from_str(ctx, text).intersect_domain(domain)
 
 
 def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
-                ctx: isl.Context | None = None) -> PolyModel:
-    """The polyhedral model of a kernel; `arrays` maps tensor names to C names."""
+                ctx: isl.Context | None = None, context: isl.Set | None = None) -> PolyModel:
+    """The polyhedral model of a kernel; `arrays` maps tensor names to C names. The
+    statements of a symbolic kernel have extents and offsets in its symbols: `context`
+    (`[N] -> { : 1 <= N <= 8192 }`) declares them as isl parameters and their ranges."""
     ctx = ctx or isl.DEFAULT_CONTEXT
-    domain = isl.UnionSet.read_from_str(ctx, "{ " + "; ".join(_domain(s) for s in statements) + " }")
+    params = context.get_space().get_var_names(isl.dim_type.param) if context else []
+    prefix = f"[{', '.join(params)}] -> " if params else ""
+    domain = isl.UnionSet.read_from_str(ctx, prefix + "{ " + "; ".join(_domain(s) for s in statements) + " }")
+    if context is not None:
+        domain = domain.intersect_params(context)
     reads, writes, order = [], [], []
     depth = max(len(s.extents) for s in statements)
     for pos, s in enumerate(statements):
@@ -107,5 +114,5 @@ def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
         iters = [s.iter_name(d) for d in range(len(s.extents))]
         padded = iters + ["0"] * (depth - len(iters))
         order.append(f"{s.name}[{', '.join(iters)}] -> [{', '.join([str(pos)] + padded)}]")
-    return PolyModel(domain, _union_map(reads, domain, ctx), _union_map(writes, domain, ctx),
-                     _union_map(order, domain, ctx))
+    return PolyModel(domain, _union_map(reads, domain, ctx, prefix),
+                     _union_map(writes, domain, ctx, prefix), _union_map(order, domain, ctx, prefix))

@@ -28,7 +28,10 @@ _TENSOR_SCHEMA = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "minLength": 1},
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "shape": {"type": "array", "items": {"anyOf": [
+            {"type": "integer", "minimum": 1},
+            {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+             "description": "a symbol: a dim bound per call (DESIGN.md, symbolic dims)"}]}},
         "dtype": {"type": "string", "enum": list(DTYPES)},
     },
     "required": ["name", "shape"],
@@ -59,6 +62,11 @@ GRAPH_SCHEMA = {
                            "data": {"type": "array", "items": {"type": "number"}}},
             "required": ["name", "shape", "data"],
         }},
+        "symbols": {"type": "object", "description": "ranges of the symbolic dims",
+                    "additionalProperties": {
+                        "type": "object",
+                        "properties": {"min": {"type": "integer", "minimum": 1},
+                                       "max": {"type": "integer", "minimum": 1}}}},
     },
     "required": ["inputs", "nodes", "outputs"],
     "example": {
@@ -177,7 +185,7 @@ class ArrayInfo(BaseModel):
     tensor: str
     c_name: str
     role: str
-    shape: list[int]
+    shape: list[int | str] = Field(description="a symbolic dim is its expression (64*N)")
     dtype: str
 
 
@@ -307,6 +315,9 @@ class RunRequest(BaseModel):
                       description="seed of the random inputs (graph.reference.random_inputs)")
     repeat: int = Field(5, ge=1, le=100, strict=True,
                         description="runs per kernel; the median time is reported")
+    symbols: dict[StrictStr, StrictInt] | None = Field(
+        None, description="a symbolic graph's symbols for this run (each one left out: "
+                          "16, or the end of its range nearer to it)")
 
 
 class OutputCheck(BaseModel):

@@ -30,7 +30,7 @@ def run_job(job: dict) -> dict:
         so.write_bytes(job["object"])
         program = backend.program(result.primitive, tuple(k.kernel for k in result.kernels),
                                   so, result.machine, result.options)
-    inputs = random_inputs(result.graph, job["seed"])
+    inputs = random_inputs(result.graph, job["seed"], job.get("symbols"))
     ref = run_reference(result.graph, inputs)
     names = [k.name for k in result.kernels]
     if program.simulated:

@@ -18,7 +18,8 @@ async def run_entry(service, entry: Entry, request: RunRequest) -> bytes:
     rec = entry.record
     job = {"kind": "run", "graph": rec["graph"], "target": rec["target"],
            "options": rec["options"], "object": entry.object, "seed": request.seed,
-           "repeat": request.repeat, "limits": service.settings.limits}
+           "repeat": request.repeat, "symbols": request.symbols,
+           "limits": service.settings.limits}
     timeout = service.settings.compile_timeout_s
     try:
         reply = await service.pool.run(job, timeout_s=timeout)

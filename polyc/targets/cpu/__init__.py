@@ -46,7 +46,8 @@ class CpuBackend(Backend):
         return (MICROKERNELS, TILE, CONTRACT, RECOMPUTE, LOWER)
 
     def codegen(self, state, machine, options):
-        build = isl.AstBuild.from_context(isl.Set.read_from_str(state.ctx, "{ : }"))
+        # a symbolic kernel's symbols are isl parameters: the AST knows their ranges
+        build = isl.AstBuild.from_context(state.model.domain.params())
         builder = CpuBuilder(state.kernel, state.promotions)
         code = str(builder.function(build.node_from_schedule(state.schedule)))
         return code, buffer_report(builder)

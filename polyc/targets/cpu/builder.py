@@ -22,6 +22,7 @@ from ...kernel.comprehension import loads
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion
 from .emit import MicrokernelEmitter, handles as is_microkernel_mark
+from .lower import MIN_PARALLEL_INSTANCES
 
 _T = isl.ast_node_type
 
@@ -148,6 +149,8 @@ class CpuBuilder(CBuilder):
         private = [m for m in marks if isinstance(m, str) and m.startswith("private(")]
         if par and par.threads:
             words.append(f"num_threads({par.threads})")
+        if par and type(par.work) is not int:  # decided at a size: checked per call
+            words.append(f"if({par.work} >= {MIN_PARALLEL_INSTANCES})")
         if par and self.buffers:  # each thread its own contracted buffers
             words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
         elif words:

@@ -193,7 +193,7 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
         # sharing a loop of one iteration with a scalar puts the whole of the other
         # side under it; in sequence the other keeps its own loops and tiles
         return _sequence_answer(graph, a, b, small, capacity,
-                            f"sharing {depth} loop(s) touches {_mib(foot)} per iteration")
+                                f"sharing {depth} loop(s) touches {_mib(foot)} per iteration")
     return answer
 
 

@@ -168,6 +168,19 @@ def test_run_checks_against_the_reference(client):
     assert all(k["seconds"] > 0 for k in run["kernels"])
 
 
+def test_runs_share_the_workers_by_client_like_compiles(client, monkeypatch):
+    pool = client.app.state.service.pool
+    seen, run = [], pool.run
+
+    async def spy(job, *, timeout_s, client=""):
+        seen.append((job.get("kind", "compile"), client))
+        return await run(job, timeout_s=timeout_s, client=client)
+    monkeypatch.setattr(pool, "run", spy)
+    key = compile_(client, SOFTMAX, threads=1).json()["key"]
+    assert client.post(f"/v1/kernels/{key}/run", json={}).status_code == 200
+    assert ("run", "testclient") in seen and all(who == "testclient" for _, who in seen)
+
+
 def test_run_on_a_simulated_target_returns_its_profile(client):
     r = client.post("/v1/compile", json={"graph": SOFTMAX, "target": "manycore"})
     assert r.status_code == 200, r.text

@@ -13,8 +13,9 @@ from .models import RunRequest
 from .problems import ApiProblem
 from .workers import CompileTimeout, QueueFull, WorkerCrashed
 
-async def run_entry(service, entry: Entry, request: RunRequest) -> bytes:
-    """In the server: the run's answer as JSON bytes, or an ApiProblem."""
+async def run_entry(service, entry: Entry, request: RunRequest, client: str = "") -> bytes:
+    """In the server: the run's answer as JSON bytes, or an ApiProblem. `client` (its
+    address) shares the workers fairly with everyone else's compiles and runs."""
     rec = entry.record
     job = {"kind": "run", "graph": rec["graph"], "target": rec["target"],
            "options": rec["options"], "object": entry.object, "seed": request.seed,
@@ -22,7 +23,7 @@ async def run_entry(service, entry: Entry, request: RunRequest) -> bytes:
            "limits": service.settings.limits}
     timeout = service.settings.compile_timeout_s
     try:
-        reply = await service.pool.run(job, timeout_s=timeout)
+        reply = await service.pool.run(job, timeout_s=timeout, client=client)
     except QueueFull as e:
         raise ApiProblem(503, "queue-full", "Service Unavailable",
                          f"every worker is busy and the queue is full; retry in "

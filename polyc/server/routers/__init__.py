@@ -18,6 +18,11 @@ def get_service(request: Request):
     return service
 
 
+def client_of(request: Request) -> str:
+    """Who asked (its address): compiles and runs share the workers fairly by it."""
+    return request.client.host if request.client is not None else ""
+
+
 def problem_responses(*codes: int) -> dict:
     """OpenAPI entries for error statuses, each a problem+json body."""
     return {code: {"model": ProblemDetails, "description": HTTPStatus(code).phrase,

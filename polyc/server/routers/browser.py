@@ -25,7 +25,7 @@ from ...microkernels import registry
 from ..models import KEY_PATTERN, MicrokernelChoice, RunRequest, RunResult
 from ..problems import ApiProblem, pydantic_errors
 from ..runs import run_entry
-from . import get_service, problem_responses
+from . import client_of, get_service, problem_responses
 
 router = APIRouter(tags=["browser"])
 STATIC = Path(__file__).resolve().parent.parent / "static"
@@ -85,7 +85,8 @@ async def run_stored(key: Key, request: Request) -> Response:
                          "; ".join(f"{x['pointer']}: {x['message']}" for x in errors),
                          errors=errors) from None
     entry = await service.lookup(key)
-    return Response(await run_entry(service, entry, run), media_type="application/json")
+    return Response(await run_entry(service, entry, run, client_of(request)),
+                    media_type="application/json")
 
 
 @router.get("/v1/microkernels", response_model=list[MicrokernelChoice],

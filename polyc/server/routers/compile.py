@@ -6,7 +6,7 @@ from fastapi.responses import Response
 
 from ..body import read_body
 from ..models import CompileResponse
-from . import get_service, problem_responses
+from . import client_of, get_service, problem_responses
 
 router = APIRouter(tags=["compile"])
 
@@ -23,5 +23,5 @@ REQUEST_BODY = {"requestBody": {"required": True, "content": {"application/json"
 async def compile_graph(request: Request) -> Response:
     service = get_service(request)
     body = await read_body(request, service.settings.max_body_bytes)
-    client = request.client.host if request.client is not None else ""
-    return Response(await service.compile_request(body, client), media_type="application/json")
+    return Response(await service.compile_request(body, client_of(request)),
+                    media_type="application/json")

@@ -76,7 +76,6 @@
 #ifndef POLYC_MANYCORE_H
 #define POLYC_MANYCORE_H
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -197,9 +196,8 @@ static inline void polyc_mc_launch(polyc_mc_run *run, const char *kernel, int co
     return;
   }
   polyc_mc_core *core = calloc((size_t)cores, sizeof *core);
-  pthread_t *thread = calloc((size_t)cores, sizeof *thread);
   char *started = calloc((size_t)cores, 1);
-  if (!core || !thread || !started) {
+  if (!core || !started) {
     polyc_sim_fail(&run->error, "kernel %s: out of host memory for %d cores", kernel, cores);
     goto out;
   }
@@ -211,17 +209,12 @@ static inline void polyc_mc_launch(polyc_mc_run *run, const char *kernel, int co
     core[i] = (polyc_mc_core){.run = run, .kernel = kernel, .id = i, .count = cores,
                               .body = body, .args = args, .ldm = run->ldm[i]};
   }
-  for (int i = 0; i < cores; i++) {
-    if (pthread_create(&thread[i], NULL, polyc_mc__core_main, &core[i]) != 0)
-      polyc_sim_fail(&run->error, "kernel %s: cannot start compute core %d", kernel, i);
-    else
-      started[i] = 1;
-  }
+  polyc_sim_run_cores(&run->error, kernel, "compute core", core, sizeof *core, cores,
+                      polyc_mc__core_main, started);
   unsigned long long longest = 0;
   for (int i = 0; i < cores; i++) {
     if (!started[i])
       continue;
-    pthread_join(thread[i], NULL);
     polyc_mc_core *c = &core[i];
     unsigned long long end = c->clock > c->last_done ? c->clock : c->last_done;
     if (end > longest)
@@ -246,7 +239,6 @@ out:
       free(core[i].buffers);
     }
   free(core);
-  free(thread);
   free(started);
 }
 

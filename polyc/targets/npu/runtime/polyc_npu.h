@@ -136,7 +136,6 @@
 #ifndef POLYC_NPU_H
 #define POLYC_NPU_H
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -330,9 +329,8 @@ static inline void polyc_npu_launch(polyc_npu_run *run, const char *kernel, int 
     return;
   }
   polyc_npu_core *core = calloc((size_t)cores, sizeof *core);
-  pthread_t *thread = calloc((size_t)cores, sizeof *thread);
   char *started = calloc((size_t)cores, 1);
-  if (!core || !thread || !started) {
+  if (!core || !started) {
     polyc_sim_fail(&run->error, "kernel %s: out of host memory for %d cores", kernel, cores);
     goto out;
   }
@@ -353,17 +351,12 @@ static inline void polyc_npu_launch(polyc_npu_run *run, const char *kernel, int 
       goto out;
     }
   }
-  for (int i = 0; i < cores; i++) {
-    if (pthread_create(&thread[i], NULL, polyc_npu__core_main, &core[i]) != 0)
-      polyc_sim_fail(&run->error, "kernel %s: cannot start AI core %d", kernel, i);
-    else
-      started[i] = 1;
-  }
+  polyc_sim_run_cores(&run->error, kernel, "AI core", core, sizeof *core, cores,
+                      polyc_npu__core_main, started);
   unsigned long long longest = 0, busiest[POLYC_NPU__STATS] = {0};
   for (int i = 0; i < cores; i++) {
     if (!started[i])
       continue;
-    pthread_join(thread[i], NULL);
     polyc_npu_core *c = &core[i];
     if (c->horizon > longest)
       longest = c->horizon;
@@ -391,7 +384,6 @@ out:
     for (int i = 0; i < cores; i++)
       polyc_npu__free_core(&core[i]);
   free(core);
-  free(thread);
   free(started);
 }
 

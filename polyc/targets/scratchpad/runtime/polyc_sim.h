@@ -9,6 +9,7 @@
  *   polyc_sim_regions    the run's table of main-memory regions behind opaque handles:
  *                        an id's high half is the run's tag (a handle of another run is
  *                        refused), its low half the region's index + 1 (0 is no region)
+ *   polyc_sim_run_cores  a launch's cores, one thread each, started and joined
  *
  * Every function is `static inline` for the same reason as in the chips' headers: each
  * generated translation unit carries its own copy.
@@ -16,6 +17,7 @@
 #ifndef POLYC_SIM_H
 #define POLYC_SIM_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -153,6 +155,31 @@ static inline long polyc_sim_region_index(const polyc_sim_regions *table, unsign
   if ((unsigned)(id >> 32) != table->tag || index == 0 || index > table->n)
     return -1;
   return (long)index - 1;
+}
+
+/* Run `cores` records of `size` bytes from `core`, each on its own thread through `main`,
+   and join them all; `started[i]` tells which ran (a core whose thread cannot start is
+   reported in `error`, naming it as `what`, and left out). The chip merges the records
+   after: in core order, so the lowest failing core's error is the one kept. */
+static inline void polyc_sim_run_cores(polyc_sim_error *error, const char *kernel,
+                                       const char *what, void *core, size_t size, int cores,
+                                       void *(*main)(void *), char *started)
+{
+  pthread_t *thread = calloc((size_t)cores, sizeof *thread);
+  if (!thread) {
+    polyc_sim_fail(error, "kernel %s: out of host memory for %d cores", kernel, cores);
+    return;
+  }
+  for (int i = 0; i < cores; i++) {
+    if (pthread_create(&thread[i], NULL, main, (char *)core + (size_t)i * size) != 0)
+      polyc_sim_fail(error, "kernel %s: cannot start %s %d", kernel, what, i);
+    else
+      started[i] = 1;
+  }
+  for (int i = 0; i < cores; i++)
+    if (started[i])
+      pthread_join(thread[i], NULL);
+  free(thread);
 }
 
 #endif

@@ -33,6 +33,13 @@ def declare_run_api(lib: ctypes.CDLL, prefix: str) -> None:
                                                       ctypes.POINTER(ctypes.c_ulonglong)]
 
 
+def declare_scenarios(lib: ctypes.CDLL, harness: str, argtypes: list) -> None:
+    """Every `SCENARIO(name)` of the harness's source takes `argtypes`."""
+    for line in harness.splitlines():
+        if line.startswith("SCENARIO("):
+            getattr(lib, line.split("(")[1].split(")")[0]).argtypes = argtypes
+
+
 class Run:
     """One run of a runtime (`prefix`, its record's field names `STATS`): launches
     scenarios (a subclass's `launch`) and reads the record."""

@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 import pytest
 import simharness
-from simharness import Record, data, declare_run_api, launch_once
+from simharness import Record, data, declare_run_api, declare_scenarios, launch_once
 
 from polyc import GraphBuilder, GraphError
 from polyc.codegen.build import cc
@@ -231,18 +231,13 @@ SCENARIO(sc_ids)  /* every core puts (id, count) at y[2 id] */
 }
 """.replace("LDM_TOO_BIG", str(LDM + 1))
 
-SCENARIOS = [line.split("(")[1].split(")")[0] for line in HARNESS.splitlines()
-             if line.startswith("SCENARIO(")]
-
-
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     lib = build(tmp_path_factory.mktemp("harness"), "harness", HARNESS)
     declare_run_api(lib, "polyc_mc")
-    for name in SCENARIOS:
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong,
-                                       ctypes.c_longlong]
+    declare_scenarios(lib, HARNESS, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong,
+                                     ctypes.c_longlong])
     return lib
 
 

@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 import pytest
 import simharness
-from simharness import Record, data, declare_run_api, launch_once
+from simharness import Record, data, declare_run_api, declare_scenarios, launch_once
 
 from polyc.codegen.build import cc
 from polyc.targets.npu.machine import RUNTIME
@@ -472,18 +472,13 @@ SCENARIO(sc_ids)  /* every core puts (id, count) at y[2 id] */
 }
 """
 
-SCENARIOS = [line.split("(")[1].split(")")[0] for line in HARNESS.splitlines()
-             if line.startswith("SCENARIO(")]
-
-
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     lib = build(tmp_path_factory.mktemp("npu"), "harness", HARNESS)
     declare_run_api(lib, "polyc_npu")
-    for name in SCENARIOS:
-        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                       ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                                       ctypes.POINTER(ctypes.c_longlong)]
+    declare_scenarios(lib, HARNESS, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.POINTER(ctypes.c_longlong)])
     return lib
 
 

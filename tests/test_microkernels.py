@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polyc import GraphBuilder, GraphError
-from polyc.codegen.build import cc
+from polyc.errors import BuildError
+from polyc.codegen.build import cc, compile_c
+from polyc.codegen.runtime import Program
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
@@ -166,6 +168,45 @@ def test_avx512_kernel_compiles():
                           " long, int) = polyc_sgemm_avx512_14x32;\n",
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemm_kernels_are_linked_as_prebuilt_parts(isa, tmp_path, monkeypatch):
+    """A gemm kernel is compiled once per toolchain and linked; the unit names it, and
+    built alone (a user's download) it pastes the kernel and computes the same."""
+    graph, inputs = _matmul((37, 50), (50, 70))
+    compiled = _check(graph, inputs, _isa(isa))
+    toolchain = cpu_toolchain(compiled.machine)
+    (name, _), = toolchain.linked(compiled.c_source)
+    assert f"/* polyc link: {name} */" in compiled.c_source
+    assert name in _gemm_marks(compiled)[0]
+    unit, alone = tmp_path / "unit.c", tmp_path / "alone.so"
+    unit.write_text(compiled.c_source)
+    subprocess.run(toolchain.command(unit, alone), check=True, capture_output=True)
+    program = Program(compiled.primitive, tuple(k.kernel for k in compiled.kernels), alone)
+    np.testing.assert_array_equal(program(inputs)[graph.outputs[0]],
+                                  compiled(**inputs)[graph.outputs[0]])
+
+
+def test_a_cache_that_cannot_be_written_still_links_prebuilt_parts(tmp_path, monkeypatch):
+    """The part's object goes to a private directory when the cache cannot take it (here
+    the cache's path runs through a file: no user, root included, can create it)."""
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "cache"
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(cache))
+    source = registry.unit_source([registry.by_name(PORTABLE)]) + (
+        "\nvoid run(const float *a, const float *b, float *c) "
+        "{ polyc_sgemm_vec_6x16(1, a, b, c, 16, 0); }\n")
+    toolchain = cpu_toolchain(cpu_machine())
+    out = tmp_path / "unit.so"
+    compile_c(source, toolchain, out)
+    assert out.exists() and not cache.exists()
+
+
+def test_a_unit_linking_an_unknown_part_is_a_build_error():
+    toolchain = cpu_toolchain(cpu_machine())
+    with pytest.raises(BuildError, match="no prebuilt part"):
+        toolchain.key("/* polyc link: sgemm_nowhere */\n")
 
 
 # --- marks and generated C -------------------------------------------------------------

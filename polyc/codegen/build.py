@@ -11,13 +11,22 @@ the headers it includes (a simulator's runtime), so a toolchain upgrade never se
 stale object; objects are written to a temporary
 name and renamed into place, so concurrent builds of the same source are safe. The
 service's workers call `compile_c` with their own process-group and resource limits.
+
+A toolchain may carry prebuilt parts: C that many units need and that costs more to
+compile than they do (the cpu's gemm microkernels). A unit names the parts it links on
+lines `/* polyc link: NAME */`; each part is compiled once per toolchain into an object
+cached beside the shared objects, and the unit is built with POLYC_PREBUILT defined and
+linked with it.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import hashlib
 import os
+import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +37,7 @@ from ..errors import BuildError, BuildInterrupted
 from ..paths import cache_dir
 
 BUILD_TIMEOUT_S = 120
+LINK = re.compile(r"^/\* polyc link: (\S+) \*/$", re.MULTILINE)
 
 
 def cc() -> str:
@@ -49,10 +59,29 @@ class Toolchain:
     cc: str
     flags: tuple[str, ...]  # everything but the input and output names
     headers: tuple[Path, ...] = ()  # what the source includes besides system headers
+    parts: tuple[tuple[str, str], ...] = ()  # prebuilt parts a unit may link: (name, C)
 
-    def command(self, c_file: Path | str, out: Path | str) -> list[str]:
+    def command(self, c_file: Path | str, out: Path | str,
+                objects: tuple[Path, ...] = ()) -> list[str]:
         """The one command line that turns generated C into a shared object."""
-        return [self.cc, *self.flags, "-o", str(out), str(c_file), "-lm"]
+        prebuilt = ("-DPOLYC_PREBUILT",) if objects else ()
+        return [self.cc, *self.flags, *prebuilt, "-o", str(out), str(c_file),
+                *map(str, objects), "-lm"]
+
+    def part_command(self, c_file: Path | str, out: Path | str) -> list[str]:
+        # a part pastes support code only some of its users call
+        flags = [f for f in self.flags if f != "-shared"]
+        return [self.cc, *flags, "-Wno-unused-function", "-c", "-o", str(out), str(c_file)]
+
+    def linked(self, source: str) -> list[tuple[str, str]]:
+        """The (name, C) of the parts `source` links."""
+        parts = dict(self.parts)
+        names = dict.fromkeys(LINK.findall(source))
+        unknown = [n for n in names if n not in parts]
+        if unknown:
+            raise BuildError(f"the generated unit links {unknown}, which this toolchain "
+                             f"has no prebuilt part for (a polyc bug)")
+        return [(n, parts[n]) for n in names]
 
     def headers_digest(self) -> str:
         """sha256 of the headers' contents: a simulator's runtime that changes changes
@@ -65,42 +94,76 @@ class Toolchain:
     def key(self, source: str) -> str:
         h = hashlib.sha256()
         for part in (source, self.cc, " ".join(self.flags), compiler_version(self.cc),
-                     self.headers_digest()):
+                     self.headers_digest(), *(text for _, text in self.linked(source))):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
 
 
+def _run(command: list[str], cc: str, *, timeout_s: float, new_session: bool,
+         preexec_fn: Callable[[], None] | None) -> None:
+    """Run one compiler command (see the module docstring for the failures)."""
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
+                                start_new_session=new_session, preexec_fn=preexec_fn)
+    except OSError as e:
+        raise BuildError(f"cannot run the C compiler {cc!r}: {e.strerror}") from None
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise BuildError(f"{cc} took longer than {timeout_s:g} s") from None
+    if proc.returncode < 0:
+        raise BuildInterrupted(f"{cc} was killed by signal {-proc.returncode}")
+    if "signal terminated program" in stderr:  # the driver outlived its cc1 or as
+        raise BuildInterrupted(f"{cc}: {stderr.strip().splitlines()[-1]}")
+    if proc.returncode != 0:
+        if "No space left on device" in stderr:
+            raise OSError(errno.ENOSPC, f"{cc}: no space left on device")
+        if "memory exhausted" in stderr or "out of memory" in stderr.lower():
+            raise MemoryError()
+        raise BuildError(f"{cc} failed on generated code (a polyc bug):\n{stderr[-4000:]}")
+
+
 def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float = BUILD_TIMEOUT_S,
               new_session: bool = True, preexec_fn: Callable[[], None] | None = None) -> None:
     """Build `source` into `out` (see the module docstring for the failures)."""
+    run = functools.partial(_run, cc=toolchain.cc, timeout_s=timeout_s,
+                            new_session=new_session, preexec_fn=preexec_fn)
+    objects = tuple(_part_object(text, toolchain, run) for _, text in toolchain.linked(source))
     with tempfile.TemporaryDirectory(prefix="polyc-build-") as tmp:
         c_file = Path(tmp) / "kernels.c"
         c_file.write_text(source, encoding="utf-8")
-        try:
-            proc = subprocess.Popen(toolchain.command(c_file, out), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    encoding="utf-8", errors="replace",
-                                    start_new_session=new_session, preexec_fn=preexec_fn)
-        except OSError as e:
-            raise BuildError(f"cannot run the C compiler {toolchain.cc!r}: {e.strerror}") from None
-        try:
-            _, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise BuildError(f"{toolchain.cc} took longer than {timeout_s:g} s") from None
-    if proc.returncode < 0:
-        raise BuildInterrupted(f"{toolchain.cc} was killed by signal {-proc.returncode}")
-    if "signal terminated program" in stderr:  # the driver outlived its cc1 or as
-        raise BuildInterrupted(f"{toolchain.cc}: {stderr.strip().splitlines()[-1]}")
-    if proc.returncode != 0:
-        if "No space left on device" in stderr:
-            raise OSError(errno.ENOSPC, f"{toolchain.cc}: no space left on device")
-        if "memory exhausted" in stderr or "out of memory" in stderr.lower():
-            raise MemoryError()
-        raise BuildError(f"{toolchain.cc} failed on generated code (a polyc bug):\n"
-                         f"{stderr[-4000:]}")
+        run(toolchain.command(c_file, out, objects))
+
+
+def _part_object(text: str, toolchain: Toolchain, run: Callable[[list[str]], None]) -> Path:
+    """The object of one prebuilt part, compiled on first use. Where the cache cannot be
+    written (a read-only cache), the process keeps its own copy."""
+    obj_dir = cache_dir() / "build"
+    try:
+        obj_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(obj_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable", str(obj_dir))
+    except OSError:
+        obj_dir = _private_dir()
+    obj = obj_dir / f"{toolchain.key(text)}.o"
+    if not obj.exists():
+        with tempfile.TemporaryDirectory(dir=obj_dir) as tmp:
+            c_file, tmp_obj = Path(tmp) / "part.c", Path(tmp) / "part.o"
+            c_file.write_text(text, encoding="utf-8")
+            run(toolchain.part_command(c_file, tmp_obj))
+            os.replace(tmp_obj, obj)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _private_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="polyc-parts-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def build_shared_object(source: str, toolchain: Toolchain) -> Path:

@@ -4,7 +4,8 @@ Each entry names its C file (one kernel per file, its contract in the file's hea
 comment), the tile it computes, the layout its operands must be packed in, its alignment
 and the target features it needs. The matcher reads the registry to pick a kernel and
 its tile shape; codegen pastes the chosen files (include-guarded) into the translation
-unit; the browser view can show `to_json()`.
+unit, except the cpu's gemm kernels, which it links prebuilt (`unit_source`); the
+browser view can show `to_json()`.
 
 A target's features are those gcc enables for its `-march` (the flags the generated code
 is built with, `target.features`), so a kernel is only chosen where it compiles and runs.
@@ -164,17 +165,76 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
                        + "".join(f"; vs {text(m)}" for m in scored[1:]))
 
 
+def _files(kernels: list[Microkernel]) -> list[str]:
+    """The C files of `kernels` and what they need, each once, dependencies first."""
+    order: list[str] = []
+    for m in kernels:
+        for file in (*m.needs, m.file):
+            if file not in order:
+                order.append(file)
+    return order
+
+
+def _text(files: list[str]) -> str:
+    return "\n".join((HERE / f).read_text() for f in files)
+
+
 def c_source(kernels: list[Microkernel]) -> str:
     """The C of `kernels` and what they need, each file once, dependencies first.
     Every file is include-guarded, so kernels pasted by two functions do not clash."""
-    order: list[str] = []
+    return _text(_files(kernels))
 
-    def add(file: str) -> None:
-        if file not in order:
-            order.append(file)
 
+# the scratch and packing helpers the generated code calls itself
+SUPPORT = "support.c"
+_ENTRY_ARGS = "long kc, const float *restrict A, const float *restrict B, "
+_C_ARGS = "float *restrict C, long ldc, int accumulate"
+_HIDDEN = '__attribute__((visibility("hidden")))'
+
+
+def prebuilt(m: Microkernel) -> bool:
+    """A cpu gemm kernel is compiled once per toolchain and linked (codegen/build.py):
+    its row-count instantiations cost more gcc time than most kernels that call it."""
+    return m.kind == "gemm" and m.target == "cpu"
+
+
+def prototypes(m: Microkernel) -> str:
+    lines = [f"{_HIDDEN} void {m.c_function}({_ENTRY_ARGS}{_C_ARGS});"]
+    if m.rows_variant:
+        lines.append(f"{_HIDDEN} void {m.rows_variant}({_ENTRY_ARGS}{_C_ARGS}, long rows, "
+                     "long cols);")
+    if m.b_rows_variant:
+        lines.append(f"{_HIDDEN} void {m.b_rows_variant}({_ENTRY_ARGS}"
+                     f"const long *restrict off, {_C_ARGS});")
+    return "\n".join(lines)
+
+
+def unit_source(kernels: list[Microkernel]) -> str:
+    """The C a generated unit carries for `kernels`. A prebuilt kernel is named on a
+    `polyc link` line: built with POLYC_PREBUILT the unit sees only its prototypes and
+    links the part (`part_source`); built alone it pastes the kernel, so the unit a
+    user downloads still compiles by itself."""
+    pasted = [m for m in kernels if not prebuilt(m)]
+    files = _files(pasted)
+    if len(pasted) < len(kernels) and SUPPORT not in files:
+        files.insert(0, SUPPORT)
+    out = [_text(files)]
     for m in kernels:
-        for need in m.needs:
-            add(need)
-        add(m.file)
-    return "\n".join((HERE / f).read_text() for f in order)
+        if prebuilt(m):
+            own = [f for f in _files([m]) if f not in files]
+            files += own
+            out.append(f"/* polyc link: {m.name} */\n#ifdef POLYC_PREBUILT\n{prototypes(m)}\n"
+                       f"#else\n{_text(own)}\n#endif")
+    return "\n".join(out)
+
+
+def part_source(m: Microkernel) -> str:
+    """The C of the prebuilt part of `m`: the kernel with visible (hidden) entry points."""
+    return (f"#define POLYC_MK_ENTRY __attribute__((noinline)) {_HIDDEN}\n"
+            + c_source([m]))
+
+
+def prebuilt_parts(features: frozenset[str] | set[str]) -> tuple[tuple[str, str], ...]:
+    """(name, C) of every prebuilt kernel a target with `features` can build."""
+    return tuple((m.name, part_source(m)) for m in REGISTRY
+                 if prebuilt(m) and set(m.features) <= set(features))

@@ -77,21 +77,21 @@ polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restri
   }
 }
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_4x24(
+POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate)
 {
   polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 4, 24);
 }
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_4x24_b_rows(
+POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
     long kc, const float *restrict A, const float *restrict B, const long *restrict off,
     float *restrict C, long ldc, int accumulate)
 {
   polyc_sgemm_avx2_4x24_impl(kc, A, B, off, C, ldc, accumulate, 4, 24);
 }
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_4x24_rows(
+POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_rows(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate, long rows, long cols)
 {

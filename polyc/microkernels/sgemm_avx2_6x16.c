@@ -25,7 +25,7 @@
 #define POLYC_SGEMM_AVX2_6X16
 #include <immintrin.h>
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_6x16(long kc, const float *restrict A, const float *restrict B,
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16(long kc, const float *restrict A, const float *restrict B,
                                   float *restrict C, long ldc, int accumulate)
 {
   __m256 lo[6], hi[6];  /* fully unrolled: gcc keeps all 12 in registers */
@@ -108,7 +108,7 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restri
   }
 }
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_6x16_rows(
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_rows(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate, long rows, long cols)
 {
@@ -122,7 +122,7 @@ __attribute__((noinline)) static void polyc_sgemm_avx2_6x16_rows(
   }
 }
 
-__attribute__((noinline)) static void polyc_sgemm_avx2_6x16_b_rows(
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(
     long kc, const float *restrict A, const float *restrict B, const long *restrict off,
     float *restrict C, long ldc, int accumulate)
 {

@@ -85,13 +85,13 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, const float *restrict 
   case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, cols); break; } /* fall through */
 
 #define POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) \
-__attribute__((noinline)) static void name( \
+POLYC_MK_ENTRY void name( \
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
     int accumulate) \
 { \
   polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
 } \
-__attribute__((noinline)) static void name##_rows( \
+POLYC_MK_ENTRY void name##_rows( \
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
     int accumulate, long rows, long cols) \
 { \
@@ -106,7 +106,7 @@ __attribute__((noinline)) static void name##_rows( \
   default: polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, cols); \
   } \
 } \
-__attribute__((noinline)) static void name##_b_rows( \
+POLYC_MK_ENTRY void name##_b_rows( \
     long kc, const float *restrict A, const float *restrict B, const long *restrict off, \
     float *restrict C, long ldc, int accumulate) \
 { \

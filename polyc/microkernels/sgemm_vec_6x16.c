@@ -62,15 +62,16 @@ polyc_sgemm_vec_6x16_impl(long kc, const float *restrict A, const float *restric
   }
 }
 
-static void polyc_sgemm_vec_6x16(long kc, const float *restrict A, const float *restrict B,
-                                 float *restrict C, long ldc, int accumulate)
+POLYC_MK_ENTRY void polyc_sgemm_vec_6x16(long kc, const float *restrict A,
+                                         const float *restrict B, float *restrict C, long ldc,
+                                         int accumulate)
 {
   polyc_sgemm_vec_6x16_impl(kc, A, B, 0, C, ldc, accumulate);
 }
 
-static void polyc_sgemm_vec_6x16_b_rows(long kc, const float *restrict A,
-                                        const float *restrict B, const long *restrict off,
-                                        float *restrict C, long ldc, int accumulate)
+POLYC_MK_ENTRY void polyc_sgemm_vec_6x16_b_rows(long kc, const float *restrict A,
+                                                const float *restrict B, const long *restrict off,
+                                                float *restrict C, long ldc, int accumulate)
 {
   polyc_sgemm_vec_6x16_impl(kc, A, B, off, C, ldc, accumulate);
 }

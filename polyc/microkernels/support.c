@@ -18,6 +18,12 @@
  */
 #ifndef POLYC_MK_SUPPORT
 #define POLYC_MK_SUPPORT
+/* a gemm kernel's entry points: private to the unit the kernel is pasted into, unless
+   the kernel is built once as a prebuilt part (codegen/build.py), which defines this as
+   hidden: linked into each shared object, exported by none */
+#ifndef POLYC_MK_ENTRY
+#define POLYC_MK_ENTRY __attribute__((noinline)) static
+#endif
 #include <stdlib.h>
 #include <string.h>
 #if defined(__AVX__)

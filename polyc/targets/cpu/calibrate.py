@@ -26,7 +26,7 @@ import os
 
 from ...codegen.build import build_shared_object, compiler_version
 from ...machine import Machine
-from ...microkernels.registry import c_source
+from ...microkernels.registry import unit_source
 from ...paths import read_cache_json, write_cache_json
 from .machine import cpu_model, cpu_toolchain, host_can_run
 
@@ -99,7 +99,8 @@ def measure(machine: Machine, kernels) -> dict[str, float]:
     target's flags; {} when the host cannot run the target's code."""
     if not kernels or not host_can_run(machine.arch):
         return {}
-    source = [_HARNESS, c_source(list(kernels))]
+    # linked as the kernels that call them will be: the parts are built once, here
+    source = [_HARNESS, unit_source(list(kernels))]
     for m in kernels:
         source.append(_ONE.format(name=m.name, kc=KC, mb=_up(ROWS, m.mr), nb=_up(COLS, m.nr),
                                   mr=m.mr, nr=m.nr, fn=m.c_function))

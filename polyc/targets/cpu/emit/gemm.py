@@ -181,6 +181,6 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                            cgen.Statement(p.update(target, s.reduce, value, s.dtype).rstrip(";"))])
 
     def sources(self) -> str:
-        return registry.c_source(self.used) if self.used else ""
+        return registry.unit_source(self.used) if self.used else ""
 
 

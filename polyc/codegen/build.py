@@ -15,8 +15,8 @@ service's workers call `compile_c` with their own process-group and resource lim
 A toolchain may carry prebuilt parts: C that many units need and that costs more to
 compile than they do (the cpu's gemm microkernels). A unit names the parts it links on
 lines `/* polyc link: NAME */`; each part is compiled once per toolchain into an object
-cached beside the shared objects, and the unit is built with POLYC_PREBUILT defined and
-linked with it.
+cached in the cache directory's `parts/`, and the unit is built with POLYC_PREBUILT
+defined and linked with it.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float 
 def _part_object(text: str, toolchain: Toolchain, run: Callable[[list[str]], None]) -> Path:
     """The object of one prebuilt part, compiled on first use. Where the cache cannot be
     written (a read-only cache), the process keeps its own copy."""
-    obj_dir = cache_dir() / "build"
+    obj_dir = cache_dir() / "parts"
     try:
         obj_dir.mkdir(parents=True, exist_ok=True)
         if not os.access(obj_dir, os.W_OK):

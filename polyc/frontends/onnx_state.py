@@ -73,7 +73,8 @@ class Importer:
         """A new constant tensor holding `value` (a scalar or an array) as `dtype`."""
         self.count += 1
         name = f"{self._prefix()}const{self.count}"
-        self.consts[name] = np.asarray(value, dtype=_np_dtype(dtype))
+        # a dtype name, bfloat16 too: graph.ir registers ml_dtypes' with numpy
+        self.consts[name] = np.asarray(value, dtype=dtype)
         return self.tensor(name)
 
     def known(self, value: str, what: str) -> np.ndarray:
@@ -137,14 +138,7 @@ class Importer:
         return out
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        raise GraphError("a bfloat16 constant made by the importer is not supported")
-    return np.dtype(name)
-
-
 def _np_dtype_name(dt: np.dtype, where: str) -> str:
-    names = {"float32", "float16", "float64", "int32", "int64", "bool"}
-    if dt.name in names:
+    if dt.name in DTYPES.values():
         return dt.name
     raise GraphError(Problem(f"element type {dt.name} is not one of polyc's dtypes", field=where))

@@ -85,10 +85,11 @@ def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.nd
     impl = IMPLS.get(node.op)
     if impl is None:
         raise InternalError("reference", f"no reference implementation of op {node.op!r}")
-    wide = [a.astype(np.float64) if a.dtype in _WIDENED else a for a in map(np.asarray, args)]
     # Out-of-domain values give IEEE inf/nan (and casts of them C's garbage), as in the
-    # C kernels, rather than numpy warnings.
+    # C kernels, rather than numpy warnings (ml_dtypes warns widening a bfloat16 NaN).
     with np.errstate(all="ignore"):
+        wide = [a.astype(np.float64) if a.dtype in _WIDENED else a
+                for a in map(np.asarray, args)]
         result = np.asarray(impl(node.attrs, *wide))
         if result.shape != out_type.shape:
             raise InternalError("reference", f"{node.provenance}: computed shape "

@@ -104,6 +104,21 @@ def test_int64_and_bfloat16_values_keep_their_dtypes():
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("t,dtype", [(TensorProto.FLOAT, np.float32),
+                                     (TensorProto.BFLOAT16, "bfloat16")])
+def test_infinite_and_nan_constants_are_written_as_quotients(t, dtype):
+    # JSON has no Infinity: a mask of -inf (attention's) arrives as num / den of finite
+    # constants (a max over nothing too: the conformance cases)
+    mask = np.array([[0.0, -np.inf], [np.inf, np.nan]], dtype)
+    m = model([helper.make_node("Add", ["x", "mask"], ["y"])], [io("x", [2, 2], t)],
+              [io("y", [2, 2], t)], [numpy_helper.from_array(mask, "mask")])
+    graph = polyc.import_onnx(m)
+    assert all(np.isfinite(c.data).all() for c in graph.constants)
+    x = np.array([[1.5, 2.0], [-3.0, 4.0]], dtype)
+    got = polyc.compile(graph)(x=x)["y"].astype(np.float64)
+    np.testing.assert_array_equal(got, (x + mask).astype(np.float64))
+
+
 def test_einsum_as_a_broadcast_product_and_sum():
     m = model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bkj->bik")],
               [io("a", [2, 3, 4]), io("b", [2, 5, 4])], [io("y", [2, 3, 5])])

@@ -64,10 +64,26 @@ class Importer:
             if 0 in a.shape:
                 raise self.fail(f"constant '{value}' is empty (shape {list(a.shape)}): "
                                 "polyc tensors have no zero-sized dims")
-            self.constants[value] = {"name": value, "shape": list(a.shape), "dtype": dtype,
-                                     "data": a.reshape(-1).tolist()}
-            self.types[value] = TensorType(tuple(a.shape), dtype)
+            if a.dtype.kind in "iub" or np.isfinite(a.astype(np.float64)).all():
+                self._write_constant(value, a, dtype)
+            else:
+                self._write_nonfinite(value, a, dtype)
         return value
+
+    def _write_constant(self, name: str, a: np.ndarray, dtype: str) -> None:
+        self.constants[name] = {"name": name, "shape": list(a.shape), "dtype": dtype,
+                                "data": a.reshape(-1).tolist()}
+        self.types[name] = TensorType(tuple(a.shape), dtype)
+
+    def _write_nonfinite(self, name: str, a: np.ndarray, dtype: str) -> None:
+        """A constant holding infinities or NaNs, which JSON cannot: the quotient of two
+        finite ones, exact in IEEE arithmetic (x / 1 = x, +-1 / 0 = +-inf, 0 / 0 = NaN)."""
+        wide = a.astype(np.float64)
+        finite = np.isfinite(wide)
+        num = np.where(finite, wide, np.where(np.isnan(wide), 0.0, np.sign(wide)))
+        self._write_constant(f"{name}/num", num.astype(dtype), dtype)
+        self._write_constant(f"{name}/den", finite.astype(dtype), dtype)
+        self.op("div", f"{name}/num", f"{name}/den", out=name)
 
     def const(self, value, dtype: str) -> str:
         """A new constant tensor holding `value` (a scalar or an array) as `dtype`."""

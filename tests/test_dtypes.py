@@ -106,7 +106,9 @@ def test_bfloat16_data_movement_is_exact():
 def test_int64_and_bfloat16_on_the_simulated_chips(target):
     b = GraphBuilder("chips")
     x, i = b.input("x", (16, 32), "bfloat16"), b.input("i", (16, 32), "int64")
-    graph = b.build([b.softmax(x, out="s"), b.reduce_sum(b.mul(i, i), axes=[1], out="r")])
+    w = b.input("w", (32, 24), "bfloat16")
+    graph = b.build([b.softmax(x, out="s"), b.reduce_sum(b.mul(i, i), axes=[1], out="r"),
+                     b.matmul(x, w, out="mm"), b.matmul(i, b.transpose(i), out="ii")])
     _check(graph, target, scale={"i": 2**20})
 
 

@@ -56,17 +56,21 @@ def _array(a) -> np.ndarray:
 
 
 def _frozen(case, inputs: dict) -> dict:
-    """The inputs a case feeds where polyc needs a constant (a shape, axes, bounds): the
-    data set's values, frozen into the model at import (polyc compiles for one shape).
-    An input with no elements holds no data, only its static shape: frozen too, as
-    `import_onnx`'s message for it asks."""
+    """The inputs a case feeds where polyc needs a constant (a shape, axes, bounds),
+    directly or through the arithmetic that computes one (CenterCropPad's expansion
+    computes Pad's pads from its `shape` input): the data set's values, frozen into the
+    model at import (polyc compiles for one shape). A `Shape` reads only its input's
+    static shape, so what it reads is not frozen. An input with no elements holds no
+    data, only its static shape: frozen too, as `import_onnx`'s message for it asks."""
     from polyc.frontends.onnx_ops import SHAPE_INPUTS
 
-    out = {k: v for k, v in inputs.items() if v.size == 0}
-    for n in case.model.graph.node:
-        for pos in SHAPE_INPUTS.get(n.op_type, ()):
-            if pos < len(n.input) and n.input[pos] in inputs:
-                out[n.input[pos]] = inputs[n.input[pos]]
+    nodes = case.model.graph.node
+    needed = {n.input[pos] for n in nodes for pos in SHAPE_INPUTS.get(n.op_type, ())
+              if pos < len(n.input) and n.input[pos]}
+    for n in reversed(nodes):  # topological order: a value's producer comes before it
+        if n.op_type != "Shape" and needed & set(n.output):
+            needed |= {v for v in n.input if v}
+    out = {k: v for k, v in inputs.items() if v.size == 0 or k in needed}
     return out
 
 

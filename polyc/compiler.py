@@ -1,7 +1,7 @@
 """The pipeline of DESIGN.md as one readable function, and what it returns.
 
-    graph    load -> widen (float16 computed in float32) -> decompose -> simplify
-             -> unshare (each reader of a widened float16 tensor casts it itself)
+    graph    load -> widen (float16, bfloat16 computed in float32) -> decompose -> simplify
+             -> unshare (each reader of a widened storage tensor casts it itself)
              -> fuse (each proposal asked of the oracle) -> kernels
     kernel   the neutral passes (model, dependences, schedule: `schedule_tree.passes`)
              then the target's (`targets.<name>`), each `(state, machine, options) ->

@@ -112,7 +112,15 @@ def _torch_dtype(name: str) -> torch.dtype:
 def _array(t: torch.Tensor):
     # shares the tensor's memory; only a strided view is copied into a dense block
     t = t.detach()
-    return (t if t.is_contiguous() else t.contiguous()).numpy()
+    return _numpy(t if t.is_contiguous() else t.contiguous())
+
+
+def _numpy(t: torch.Tensor):
+    """numpy's view of contiguous `t`'s memory; a bfloat16 tensor (which `Tensor.numpy`
+    refuses) through its bits, as ml_dtypes' bfloat16."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view("bfloat16")
+    return t.numpy()
 
 
 def _run(kernels: _Kernels, args: tuple) -> tuple:
@@ -120,7 +128,7 @@ def _run(kernels: _Kernels, args: tuple) -> tuple:
     results = {name: torch.empty(shape, dtype=dtype)
                for name, (shape, dtype) in kernels.results.items()}
     with kernels.lock:
-        kernels.compiled.program(arrays, {name: t.numpy() for name, t in results.items()})
+        kernels.compiled.program(arrays, {name: _numpy(t) for name, t in results.items()})
     out, seen = [], set()
     for name, perm in kernels.outputs:  # a result returned twice is two tensors, as in eager
         t = results[name].clone() if name in seen else results[name]

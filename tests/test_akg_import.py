@@ -89,6 +89,28 @@ def test_logical_ops_select_and_is_inf_is_nan():
     np.testing.assert_array_equal(got["sel"], np.where(np.isfinite(xs) & ms, xs, 0))
 
 
+def test_int64_and_bfloat16_tensors():
+    i, x = t("i", [4, 8], "int64"), t("x", [4, 8], "bfloat16")
+    ib, prod, inf = t("ib", [4, 8], "bfloat16"), t("p", [4, 8], "bfloat16"), t("inf", [4, 8], "bool")
+    total, shifted = t("total", [4], "int64"), t("shifted", [4, 8], "int64")
+    doc = kernel([i, x], [op("Cast", [i], ib, dst_type="bfloat16"),
+                          op("Mul", [ib, x], prod), op("IsInf", [prod], inf),
+                          op("ReduceSum", [i], total, axis=[1], keep_dims=False),
+                          op("Add", [i, t("big", [1], "int64", value=2**40)], shifted)],
+                 [prod, inf, total, shifted])
+    rng = np.random.default_rng(3)  # its own: the tests after it keep RNG's values
+    ints = rng.integers(-2**20, 2**20, (4, 8))
+    xs = rng.uniform(-2, 2, (4, 8)).astype("bfloat16")
+    xs[0, :2] = [np.inf, 3e38]  # 3e38 * an integer overflows bfloat16 too
+    got = run(doc, i=ints, x=xs)
+    np.testing.assert_array_equal(got["total"], ints.sum(1))
+    np.testing.assert_array_equal(got["shifted"], ints + 2**40)
+    with np.errstate(over="ignore"):
+        want = ints.astype("bfloat16").astype(np.float32) * xs.astype(np.float32)
+    np.testing.assert_allclose(got["p"].astype(np.float32), want, rtol=8e-3)
+    np.testing.assert_array_equal(got["inf"], np.isinf(want.astype("bfloat16")))
+
+
 def test_reductions_cast_broadcast_and_mindspore_scalars():
     x = t("x", [4, 6, 5])
     s = t("s", [1])  # MindSpore's shape of a whole reduction is [1]

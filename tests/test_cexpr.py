@@ -11,7 +11,7 @@ from polyc.kernel.comprehension import Call, Const
 
 
 @pytest.mark.parametrize("dtype,fns", [("float32", _FLOAT_FNS), ("float64", _FLOAT_FNS),
-                                       ("int32", _INT_FNS)])
+                                       ("int32", _INT_FNS), ("int64", _INT_FNS)])
 def test_negative_constants_never_meet_a_minus(dtype, fns):
     # `(-{a})` of a bare `-2.0f` printed `(--2.0f)`, a decrement gcc rejects; constants
     # reach op templates whenever a scalar constant is folded into the code.
@@ -27,6 +27,13 @@ def test_literals():
     assert c_literal(3, "float64") == "3.0"
     assert c_literal(float("-inf"), "float32") == "(-INFINITY)"
     assert c_literal(-2**31, "int32") == "(-2147483647 - 1)"
+    assert c_literal(-2**63, "int64") == "(-9223372036854775807 - 1)"
+    assert c_literal(2**40, "int64") == "1099511627776"
+    # bfloat16 is its bits, rounded to nearest even: 1 + 2^-8 is a tie, 1 + 3 * 2^-8 too
+    assert c_literal(1.0, "bfloat16") == "((polyc_bf16)0x3f80)"
+    assert c_literal(1 + 2**-8, "bfloat16") == "((polyc_bf16)0x3f80)"
+    assert c_literal(1 + 3 * 2**-8, "bfloat16") == "((polyc_bf16)0x3f82)"
+    assert c_literal(float("-inf"), "bfloat16") == "((polyc_bf16)0xff80)"
     assert c_literal(-0.0, "float64") == "(-0.0)"
 
 

@@ -12,6 +12,7 @@ from polyc.compiler import compile
 from polyc.graph.fuse import MAX_GROUP_NODES
 from polyc.graph.load import load_graph
 from polyc.graph.reference import run_reference
+from polyc.graph.storage import STORAGE, widen_storage
 from polyc.schedule_tree import oracle
 from polyc.targets.cpu import cpu_machine
 
@@ -79,6 +80,10 @@ def test_pointwise_shortcut_leaves_other_groups_to_isl():
     machine = cpu_machine()
     assert oracle._pointwise_answer(g, (names[0],), (names[1],), machine) is None  # broadcast
     assert oracle._pointwise_answer(g, (names[1],), (names[2],), machine) is None  # reduction
+    for dtype in STORAGE:  # widening casts recomputed where read: isl's model counts them
+        g = widen_storage(load_graph(chain(4, (33,), dtype)))
+        names = [n.name for n in g.nodes]
+        assert oracle._pointwise_answer(g, tuple(names[:2]), tuple(names[2:3]), machine) is None
 
 
 def test_a_long_chain_is_cut_into_kernels_within_the_fusion_budget():

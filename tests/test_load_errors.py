@@ -119,7 +119,7 @@ def test_attribute_on_an_op_without_attributes():
     ("layer_norm", {"epsilon": True}, "attrs.epsilon", "expected a finite number"),
     ("layer_norm", {"epsilon": math.inf}, "attrs.epsilon", "expected a finite number"),
     ("gelu", {"approximate": "fast"}, "attrs.approximate", "'none', 'tanh', got 'fast'"),
-    ("cast", {"to": "bfloat16"}, "attrs.to", "float64, int32, float16, bool, got 'bfloat16'"),
+    ("cast", {"to": "uint8"}, "attrs.to", "int64, float16, bfloat16, bool, got 'uint8'"),
     ("pad", {"pads": [1, 1]}, "attrs.pads", "[before, after] integer pairs"),
     ("pad", {"pads": [[0, 1], [2.0, 0]]}, "attrs.pads", "[before, after] integer pairs"),
     ("transpose", {"perm": [1.0, 0.0]}, "attrs.perm", "expected a list of integers"),
@@ -284,8 +284,8 @@ def test_missing_input_shape_is_reported_once():
 
 
 def test_unknown_dtype():
-    refused(unary("relu", [4], "bfloat16"), node="x", field="dtype",
-            says="unknown dtype 'bfloat16'")
+    refused(unary("relu", [4], "uint8"), node="x", field="dtype",
+            says="unknown dtype 'uint8'")
 
 
 @pytest.mark.parametrize("shape", [[0], [4, -1], [2.0], ["3"], [True], [None], "4", 4])
@@ -363,21 +363,23 @@ def test_dtype_mismatch():
             says=["dtype mismatch", "float32", "int32"])
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
 @pytest.mark.parametrize("op, n_inputs", [("exp", 1), ("log", 1), ("pow", 2), ("softmax", 1),
                                           ("sqrt", 1), ("gelu", 1), ("reduce_mean", 1)])
-def test_int32_refused_by_transcendental_ops(op, n_inputs):
+def test_integers_refused_by_transcendental_ops(op, n_inputs, dtype):
     if n_inputs == 1:
-        d = unary(op, [4], "int32")
+        d = unary(op, [4], dtype)
     else:
-        d = binary(op, [4], [4], "int32", "int32")
-    refused(d, node="y", field="inputs", says=f"'{op}' is not defined on int32")
+        d = binary(op, [4], [4], dtype, dtype)
+    refused(d, node="y", field="inputs", says=f"'{op}' is not defined on {dtype}")
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
 @pytest.mark.parametrize("op", ["add", "div", "neg", "abs", "relu", "reduce_sum", "greater"])
-def test_int32_accepted_where_it_makes_sense(op):
+def test_integers_accepted_where_they_make_sense(op, dtype):
     spec = polyc.graph.ops.OPS[op]
-    d = binary(op, [4], [4], "int32", "int32") if spec.arity[0] == 2 else unary(op, [4], "int32")
-    assert load_graph(d).type_of("y").dtype == "int32"
+    d = binary(op, [4], [4], dtype, dtype) if spec.arity[0] == 2 else unary(op, [4], dtype)
+    assert load_graph(d).type_of("y").dtype == dtype
 
 
 def test_transpose_a_on_a_vector():
@@ -572,14 +574,21 @@ def test_bool_in_constant_data():
     refused(const_doc([1.0, True, 0.0, 1.0]), node="c", field="data", says="got True")
 
 
-def test_fraction_in_int32_constant():
-    refused(const_doc([1, 2, 3.5, 4], dtype="int32"), node="c", field="data",
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_fraction_in_integer_constant(dtype):
+    refused(const_doc([1, 2, 3.5, 4], dtype=dtype), node="c", field="data",
             says=["an integer", "3.5"])
 
 
-def test_int32_constant_out_of_range():
-    refused(const_doc([1, 2, 2**31, 4], dtype="int32"), node="c", field="data",
-            says="does not fit in int32")
+@pytest.mark.parametrize("dtype,big", [("int32", 2**31), ("int64", 2**63), ("int64", -2**63 - 1)])
+def test_integer_constant_out_of_range(dtype, big):
+    refused(const_doc([1, 2, big, 4], dtype=dtype), node="c", field="data",
+            says=f"does not fit in {dtype}")
+
+
+def test_int64_constant_keeps_values_past_int32():
+    graph = load_graph(const_doc([1, -2**63, 2**40, 2**63 - 1], dtype="int64"))
+    assert graph.constants[0].data == (1, -2**63, 2**40, 2**63 - 1)
 
 
 def test_constant_without_data():

@@ -82,6 +82,43 @@ def test_composed_ops_match_their_onnx_definitions():
     check(polyc.import_onnx(m), {"x": x}, want)
 
 
+def test_int64_and_bfloat16_values_keep_their_dtypes():
+    from onnx.reference import ReferenceEvaluator
+    nodes = [helper.make_node("Max", ["i", "j"], ["m"]),
+             helper.make_node("Div", ["m", "j"], ["q"]),
+             helper.make_node("Cast", ["i"], ["ib"], to=TensorProto.BFLOAT16),
+             helper.make_node("Mul", ["ib", "x"], ["p"]),
+             helper.make_node("Softmax", ["p"], ["s"]),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)]
+    m = model(nodes, [io("i", [3, 5], TensorProto.INT64), io("j", [3, 5], TensorProto.INT64),
+                      io("x", [3, 5], TensorProto.BFLOAT16)],
+              [io("q", [3, 5], TensorProto.INT64), io("y", [3, 5])])
+    graph = polyc.import_onnx(m)
+    assert [t.type.dtype for t in graph.inputs] == ["int64", "int64", "bfloat16"]
+    rng = np.random.default_rng(0)
+    feeds = {"i": rng.integers(-2**40, 2**40, (3, 5)), "j": rng.integers(1, 2**20, (3, 5)),
+             "x": (rng.uniform(-1, 1, (3, 5)) * 2**-40).astype("bfloat16")}
+    want = dict(zip(["q", "y"], ReferenceEvaluator(m).run(None, feeds)))
+    got = check(graph, feeds, rtol=1e-2, atol=1e-2)
+    np.testing.assert_array_equal(got["q"], want["q"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("t,dtype", [(TensorProto.FLOAT, np.float32),
+                                     (TensorProto.BFLOAT16, "bfloat16")])
+def test_infinite_and_nan_constants_are_written_as_quotients(t, dtype):
+    # JSON has no Infinity: a mask of -inf (attention's) arrives as num / den of finite
+    # constants (a max over nothing too: the conformance cases)
+    mask = np.array([[0.0, -np.inf], [np.inf, np.nan]], dtype)
+    m = model([helper.make_node("Add", ["x", "mask"], ["y"])], [io("x", [2, 2], t)],
+              [io("y", [2, 2], t)], [numpy_helper.from_array(mask, "mask")])
+    graph = polyc.import_onnx(m)
+    assert all(np.isfinite(c.data).all() for c in graph.constants)
+    x = np.array([[1.5, 2.0], [-3.0, 4.0]], dtype)
+    got = polyc.compile(graph)(x=x)["y"].astype(np.float64)
+    np.testing.assert_array_equal(got, (x + mask).astype(np.float64))
+
+
 def test_einsum_as_a_broadcast_product_and_sum():
     m = model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bkj->bik")],
               [io("a", [2, 3, 4]), io("b", [2, 5, 4])], [io("y", [2, 3, 5])])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from polyc import GraphBuilder, GraphError
 from polyc.errors import InternalError
-from polyc.graph.ir import Node, TensorType
+from polyc.graph.ir import Node, TensorType, int_range
 from polyc.graph.ops import OPS
 from polyc.graph.reference import IMPLS, erf, eval_node, run_reference
 
@@ -69,11 +69,12 @@ def test_unary_float32(op):
     close(run1(op, x), fn(x.astype(np.float64)))
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
 @pytest.mark.parametrize("op,want", [("neg", [3, 0, -5]), ("abs", [3, 0, 5]),
                                      ("relu", [0, 0, 5])])
-def test_unary_int32_is_exact(op, want):
-    out = run1(op, np.array([-3, 0, 5], np.int32))
-    assert out.dtype == np.int32 and out.tolist() == want
+def test_unary_integers_are_exact(op, want, dtype):
+    out = run1(op, np.array([-3, 0, 5], dtype))
+    assert out.dtype == np.dtype(dtype) and out.tolist() == want
 
 
 def test_erf_matches_math_erf_to_double_precision():
@@ -86,9 +87,10 @@ def test_erf_of_infinities_and_nan():
     assert out[0] == 1.0 and out[1] == -1.0 and np.isnan(out[2])
 
 
-def test_cast_float_to_int32_truncates_toward_zero():
-    out = run1("cast", np.array([-2.7, -0.5, 0.5, 2.7, 3.0], np.float32), to="int32")
-    assert out.dtype == np.int32 and out.tolist() == [-2, 0, 0, 2, 3]
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_cast_float_to_integers_truncates_toward_zero(dtype):
+    out = run1("cast", np.array([-2.7, -0.5, 0.5, 2.7, 3.0], np.float32), to=dtype)
+    assert out.dtype == np.dtype(dtype) and out.tolist() == [-2, 0, 0, 2, 3]
 
 
 def test_cast_int32_to_floats():
@@ -120,31 +122,37 @@ def test_binary_float64_scalar_operand():
     close(run1("mul", a, np.array(2.5)), a * 2.5, dtype="float64", rtol=0, atol=0)
 
 
-def test_int32_div_truncates_toward_zero():
-    a = np.array([7, -7, 7, -7, 6, -6, 0, 1], np.int32)
-    b = np.array([2, 2, -2, -2, 3, 3, 5, -3], np.int32)
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_div_truncates_toward_zero(dtype):
+    a = np.array([7, -7, 7, -7, 6, -6, 0, 1], dtype)
+    b = np.array([2, 2, -2, -2, 3, 3, 5, -3], dtype)
     out = run1("div", a, b)
-    assert out.dtype == np.int32 and out.tolist() == [3, -3, -3, 3, 2, -2, 0, 0]
+    assert out.dtype == np.dtype(dtype) and out.tolist() == [3, -3, -3, 3, 2, -2, 0, 0]
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.integers(-2**31 + 1, 2**31 - 1),
-                          st.integers(-2**31 + 1, 2**31 - 1).filter(bool)),
-                min_size=1, max_size=20))
-def test_int32_div_matches_c_division(pairs):
-    a, b = (np.array(v, np.int32) for v in zip(*pairs))
+@given(data=st.data())
+def test_integer_div_matches_c_division(dtype, data):
+    lo, hi = int_range(dtype)
+    pairs = data.draw(st.lists(st.tuples(st.integers(lo + 1, hi),
+                                         st.integers(lo + 1, hi).filter(bool)),
+                               min_size=1, max_size=20))
+    a, b = (np.array(v, dtype) for v in zip(*pairs))
     node = Node("div", ("a", "b"), "q")
-    out = eval_node(node, [a, b], TensorType(a.shape, "int32"))
+    out = eval_node(node, [a, b], TensorType(a.shape, dtype))
     want = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in pairs]
     assert out.tolist() == want
 
 
-def test_int32_arithmetic_wraps_like_c():
-    out = run1("add", np.array([2**31 - 1], np.int32), np.array([1], np.int32))
-    assert out.tolist() == [-2**31]
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_arithmetic_wraps_like_c(dtype):
+    lo, hi = int_range(dtype)
+    out = run1("add", np.array([hi], dtype), np.array([1], dtype))
+    assert out.tolist() == [lo]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("dtype", ["float32", "int32", "int64"])
 def test_compare_returns_input_dtype_holding_0_or_1(dtype):
     a = np.array([[1, 2, 3]], dtype)
     b = np.array([[2], [3]], dtype)

@@ -102,11 +102,13 @@ def test_key_covers_everything_that_changes_the_output(change):
     assert change() != key_of(graph_doc())
 
 
-def test_int32_constants_stay_integers_in_the_canonical_form():
-    doc = graph_doc(inputs=[{"name": "x", "shape": [3], "dtype": "int32"}],
-                    constants=[{"name": "c", "shape": [3], "dtype": "int32", "data": [1, 2, 3]}],
+@pytest.mark.parametrize("dtype,data", [("int32", [1, 2, 3]), ("int64", [1, 2**53 + 1, 3])])
+def test_integer_constants_stay_integers_in_the_canonical_form(dtype, data):
+    # as floats, 2^53 + 1 would become 2^53: two graphs, one key
+    doc = graph_doc(inputs=[{"name": "x", "shape": [3], "dtype": dtype}],
+                    constants=[{"name": "c", "shape": [3], "dtype": dtype, "data": data}],
                     nodes=[{"op": "add", "inputs": ["x", "c"], "outputs": ["y"]}])
-    assert b'"data":[1,2,3]' in canonical_graph(load_graph(doc))
+    assert f'"data":[{",".join(map(str, data))}]'.encode() in canonical_graph(load_graph(doc))
 
 
 def test_real_toolchain_is_detected():

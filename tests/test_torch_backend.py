@@ -135,6 +135,21 @@ def test_float64_and_float16_match_eager():
     assert all(len(p.kernels) == 1 for p in backend.partitions)
 
 
+def test_bfloat16_and_int64_match_eager():
+    def fn(a, i):
+        return torch.softmax(a * 2 + 1, -1), i * 3 + 2**40
+
+    a, i = torch.randn(6, 8, dtype=torch.bfloat16), torch.randint(-2**40, 2**40, (6, 8))
+    compiled, backend = _compile(fn)
+    (ga, gi), (ea, ei) = compiled(a, i), fn(a, i)
+    assert ga.dtype == torch.bfloat16 and gi.dtype == torch.int64
+    torch.testing.assert_close(ga, ea, rtol=1.6e-2, atol=1e-2)
+    assert torch.equal(gi, ei)
+    assert [len(p.kernels) for p in backend.partitions] == [1]
+    assert _array(a).view(np.uint16).tolist() == a.view(torch.int16).numpy().view(
+        np.uint16).tolist() and _array(a).ctypes.data == a.data_ptr()
+
+
 def test_shapes_polyc_refuses_run_in_pytorch_with_a_warning():
     compiled, backend = _compile(lambda x: torch.softmax(x, -1) * 2)
     x = torch.randn(0, 4)  # polyc tensors have no zero-sized dims

@@ -8,15 +8,20 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
+import numpy as np
+
+from ..graph.ir import INT_BITS, int_range
 from ..kernel import Array
 from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
 # float16 (a storage type: only loads, stores and casts touch it) is gcc's _Float16, the
-# IEEE binary16 numpy's float16 holds; a conversion to it rounds to nearest even. bool
-# (a storage type too) is _Bool, one byte holding 0 or 1 as numpy's bool does; a
-# conversion to it is "nonzero", as numpy's astype(bool)
-C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "float16": "_Float16",
-          "bool": "_Bool"}
+# IEEE binary16 numpy's float16 holds; a conversion to it rounds to nearest even.
+# bfloat16 (a storage type too) is its bits in a uint16_t, converted by the prelude's
+# polyc_bf16_* (gcc 12's __bf16 has neither arithmetic nor conversions). bool (a storage
+# type too) is _Bool, one byte holding 0 or 1 as numpy's bool does; a conversion to it is
+# "nonzero", as numpy's astype(bool)
+C_TYPE = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t",
+          "float16": "_Float16", "bfloat16": "polyc_bf16", "bool": "_Bool"}
 
 # Helpers every target's generated C relies on (ExprPrinter's calls, isl's AST helpers),
 # emitted once per translation unit after the target's own prelude.
@@ -36,10 +41,25 @@ static inline long max(long a, long b) { return a > b ? a : b; }
 POLYC_EXTREMA(float, float32)
 POLYC_EXTREMA(double, float64)
 POLYC_EXTREMA(int32_t, int32)
+POLYC_EXTREMA(int64_t, int64)
+/* C integer division, total: x / 0 is 0 and the least value / -1 wraps, as the
+   reference does */
+#define POLYC_IDIV(T, U, NAME) \
+  static inline T polyc_idiv_##NAME(T a, T b) { return b == 0 ? 0 : (b == -1 ? (T)((U)0 - (U)a) : a / b); }
+POLYC_IDIV(int32_t, uint32_t, int32)
+POLYC_IDIV(int64_t, uint64_t, int64)
 /* float32 transcendentals that gcc can vectorise (libm's are opaque calls): branch-free,
    within 2 ulp (erf: 4e-7 absolute), with IEEE results for +-inf and NaN */
 static inline float polyc_bits_to_float(int32_t i) { union { int32_t i; float f; } u = { i }; return u.f; }
 static inline int32_t polyc_float_to_bits(float f) { union { float f; int32_t i; } u = { f }; return u.i; }
+/* bfloat16, stored as its bits: the high half of a float32. Narrowing rounds to nearest
+   even, as ml_dtypes and PyTorch do; a NaN stays a NaN (quiet, its sign kept) */
+typedef uint16_t polyc_bf16;
+static inline float polyc_bf16_to_float(polyc_bf16 h) { return polyc_bits_to_float((int32_t)((uint32_t)h << 16)); }
+static inline polyc_bf16 polyc_float_to_bf16(float f) {
+  uint32_t u = (uint32_t)polyc_float_to_bits(f);
+  return f != f ? (polyc_bf16)((u >> 16) | 0x40u) : (polyc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 /* exp for arguments that cannot overflow (x <= ln(FLT_MAX), e.g. x - max(x)); results
    below 2^-125 flush to zero, as with FTZ hardware */
 static inline float polyc_expf_no_overflow(float x) {
@@ -110,10 +130,6 @@ static inline float polyc_erff(float x) {
   y = x < 0.0f ? -y : y;
   return x != x ? x : y;
 }
-/* C integer division, total: x / 0 is 0 and INT32_MIN / -1 wraps, as the reference does */
-static inline int32_t polyc_idiv(int32_t a, int32_t b) {
-  return b == 0 ? 0 : (b == -1 ? (int32_t)(0u - (uint32_t)a) : a / b);
-}
 """
 
 # name -> template over args a, b; {f} is the float function suffix, {t} the dtype.
@@ -131,14 +147,21 @@ _FLOAT_FNS = {
 # float32 ops whose prelude version vectorises
 _FLOAT32_FNS = {"exp": "polyc_expf({a})", "log": "polyc_logf({a})", "tanh": "polyc_tanhf({a})",
                 "erf": "polyc_erff({a})", "sigmoid": "polyc_sigmoidf({a})"}
+# integer ops over {i} (int32_t / int64_t) wrap like the reference: signed overflow is
+# undefined in C, so they compute in the unsigned type {u}
 _INT_FNS = {
-    "neg": "(int32_t)(0u - (uint32_t){a})", "abs": "({a} < 0 ? (int32_t)(0u - (uint32_t){a}) : {a})",
+    "neg": "({i})(({u})0 - ({u}){a})", "abs": "({a} < 0 ? ({i})(({u})0 - ({u}){a}) : {a})",
     "relu": "({a} > 0 ? {a} : 0)",
-    "add": "(int32_t)((uint32_t){a} + (uint32_t){b})",
-    "sub": "(int32_t)((uint32_t){a} - (uint32_t){b})",
-    "mul": "(int32_t)((uint32_t){a} * (uint32_t){b})", "div": "polyc_idiv({a}, {b})",
+    "add": "({i})(({u}){a} + ({u}){b})",
+    "sub": "({i})(({u}){a} - ({u}){b})",
+    "mul": "({i})(({u}){a} * ({u}){b})", "div": "polyc_idiv_{t}({a}, {b})",
     "maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})",
 }
+_INT_UPDATE = {"sum": "+", "prod": "*"}
+
+
+def _int_types(dtype: str) -> dict[str, str]:
+    return {"i": C_TYPE[dtype], "u": "u" + C_TYPE[dtype], "t": dtype}
 _COMPARE = {"greater": ">", "less": "<", "equal": "==", "greater_equal": ">=",
             "less_equal": "<=", "not_equal": "!="}
 
@@ -149,9 +172,13 @@ def c_literal(value: float | int, dtype: str) -> str:
     decrement, not a number."""
     if dtype == "bool":
         return "1" if value else "0"
-    if dtype == "int32":
+    if dtype == "bfloat16":  # its bits, rounded as the runtime's polyc_float_to_bf16 does
+        bits = np.asarray(value, np.float32).astype("bfloat16").view(np.uint16)
+        return f"((polyc_bf16)0x{int(bits):04x})"
+    if dtype in INT_BITS:
         v = int(value)
-        text = "-2147483647 - 1" if v == -2**31 else str(v)  # -2147483648 is not an int literal
+        # the least value's digits do not fit the type: -2147483648 is not an int literal
+        text = f"{v + 1} - 1" if v == int_range(dtype)[0] else str(v)
     else:
         v = float(value)
         if math.isinf(v):
@@ -202,7 +229,7 @@ class ExprPrinter:
     def call(self, e: Call) -> str:
         args = [self.value(a) for a in e.args]
         if e.fn == "cast":
-            return f"(({C_TYPE[e.dtype]})({args[0]}))"
+            return _cast(args[0], e.args[0].dtype, e.dtype)
         if e.fn == "nonpositive":  # a fact about the value (prologue.recompute), no code
             return args[0]
         if e.fn == "select":
@@ -210,8 +237,8 @@ class ExprPrinter:
         if e.fn in _COMPARE:
             return f"(({C_TYPE[e.dtype]})({args[0]} {_COMPARE[e.fn]} {args[1]}))"
         a, b = (args + [None])[:2]
-        if e.dtype == "int32":
-            return _INT_FNS[e.fn].format(a=a, b=b)
+        if e.dtype in INT_BITS:
+            return _INT_FNS[e.fn].format(a=a, b=b, **_int_types(e.dtype))
         if e.dtype == "float32" and e.fn == "exp" and (
                 (isinstance(e.args[0], Load) and self.arrays[e.args[0].tensor].nonpositive)
                 or (isinstance(e.args[0], Call) and e.args[0].fn == "nonpositive")):
@@ -226,12 +253,21 @@ class ExprPrinter:
         """The C statement `target (reduce)= value`."""
         if reduce is None:
             return f"{target} = {value};"
-        if reduce == "sum":
-            if dtype == "int32":
-                return f"{target} = (int32_t)((uint32_t){target} + (uint32_t)({value}));"
-            return f"{target} += {value};"
-        if reduce == "prod":
-            if dtype == "int32":
-                return f"{target} = (int32_t)((uint32_t){target} * (uint32_t)({value}));"
-            return f"{target} *= {value};"
+        if reduce in _INT_UPDATE:
+            op = _INT_UPDATE[reduce]
+            if dtype in INT_BITS:
+                t = _int_types(dtype)
+                return f"{target} = ({t['i']})(({t['u']}){target} {op} ({t['u']})({value}));"
+            return f"{target} {op}= {value};"
         return f"{target} = polyc_{reduce}_{dtype}({target}, {value});"
+
+
+def _cast(value: str, src: str, dst: str) -> str:
+    """C converting `value` from dtype `src` to `dst`; bfloat16 goes through float32."""
+    if src == dst:
+        return value
+    if src == "bfloat16":
+        value, src = f"polyc_bf16_to_float({value})", "float32"
+    if dst == "bfloat16":
+        return f"polyc_float_to_bf16({value if src == 'float32' else f'(float)({value})'})"
+    return f"(({C_TYPE[dst]})({value}))"

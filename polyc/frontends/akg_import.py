@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..errors import GraphError, Problem
-from ..graph.ir import DTYPES, Graph, TensorType
+from ..graph.ir import DTYPES, INT_BITS, Graph, TensorType
 from ..graph.load import Limits, load_graph
 from ..graph.ops import OPS, OpError, check_attrs, infer
 
@@ -214,7 +214,7 @@ class Importer:
         if not ok or len(data) != ttype.size:
             raise AkgError(f"value of {name!r} must be {ttype.size} finite number(s) for "
                            f"{ttype}, got {value!r}", where)
-        if ttype.dtype == "int32" or ttype.dtype == "bool":
+        if ttype.dtype in INT_BITS or ttype.dtype == "bool":
             if any(v != int(v) for v in data):
                 raise AkgError(f"value of {name!r} must be integers for {ttype}, got {value!r}",
                                where)

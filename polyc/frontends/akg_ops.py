@@ -136,8 +136,8 @@ def _logical_not(imp, ins, attrs, declared):
     imp.emit("equal", x, imp.scalar(0, "bool"), out=imp.out)
 
 
-_FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38,
-              "float64": 1.7976931348623157e308}
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+              "float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 def _float_input(imp: Importer, ins: list) -> str:

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..graph.ir import INT_BITS
 from .onnx_state import Importer, dtype_name
 
 Converter = Callable[..., list[str]]
@@ -124,7 +125,9 @@ def _simple(imp: Importer, inputs, **attrs):
 def _pow(imp: Importer, inputs):
     x, y = inputs
     dt = imp.dtype(x)
-    if dt == "int32":  # polyc's pow is float only: float64 holds every int32 exactly
+    # polyc's pow is float only: in float64 the powers of integers are exact up to 2^53
+    # (every int32 result; an int64 result past that is rounded)
+    if dt in INT_BITS:
         xf, yf = (imp.op("cast", imp.tensor(v), to="float64") for v in (x, y))
         return [imp.op("cast", imp.op("pow", xf, yf), to=dt)]
     if imp.dtype(y) != dt:  # ONNX lets the exponent have its own type

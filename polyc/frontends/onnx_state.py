@@ -64,16 +64,33 @@ class Importer:
             if 0 in a.shape:
                 raise self.fail(f"constant '{value}' is empty (shape {list(a.shape)}): "
                                 "polyc tensors have no zero-sized dims")
-            self.constants[value] = {"name": value, "shape": list(a.shape), "dtype": dtype,
-                                     "data": a.reshape(-1).tolist()}
-            self.types[value] = TensorType(tuple(a.shape), dtype)
+            if a.dtype.kind in "iub" or np.isfinite(a.astype(np.float64)).all():
+                self._write_constant(value, a, dtype)
+            else:
+                self._write_nonfinite(value, a, dtype)
         return value
+
+    def _write_constant(self, name: str, a: np.ndarray, dtype: str) -> None:
+        self.constants[name] = {"name": name, "shape": list(a.shape), "dtype": dtype,
+                                "data": a.reshape(-1).tolist()}
+        self.types[name] = TensorType(tuple(a.shape), dtype)
+
+    def _write_nonfinite(self, name: str, a: np.ndarray, dtype: str) -> None:
+        """A constant holding infinities or NaNs, which JSON cannot: the quotient of two
+        finite ones, exact in IEEE arithmetic (x / 1 = x, +-1 / 0 = +-inf, 0 / 0 = NaN)."""
+        wide = a.astype(np.float64)
+        finite = np.isfinite(wide)
+        num = np.where(finite, wide, np.where(np.isnan(wide), 0.0, np.sign(wide)))
+        self._write_constant(f"{name}/num", num.astype(dtype), dtype)
+        self._write_constant(f"{name}/den", finite.astype(dtype), dtype)
+        self.op("div", f"{name}/num", f"{name}/den", out=name)
 
     def const(self, value, dtype: str) -> str:
         """A new constant tensor holding `value` (a scalar or an array) as `dtype`."""
         self.count += 1
         name = f"{self._prefix()}const{self.count}"
-        self.consts[name] = np.asarray(value, dtype=_np_dtype(dtype))
+        # a dtype name, bfloat16 too: graph.ir registers ml_dtypes' with numpy
+        self.consts[name] = np.asarray(value, dtype=dtype)
         return self.tensor(name)
 
     def known(self, value: str, what: str) -> np.ndarray:
@@ -137,14 +154,7 @@ class Importer:
         return out
 
 
-def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        raise GraphError("a bfloat16 constant made by the importer is not supported")
-    return np.dtype(name)
-
-
 def _np_dtype_name(dt: np.dtype, where: str) -> str:
-    names = {"float32", "float16", "float64", "int32", "int64", "bool"}
-    if dt.name in names:
+    if dt.name in DTYPES.values():
         return dt.name
     raise GraphError(Problem(f"element type {dt.name} is not one of polyc's dtypes", field=where))

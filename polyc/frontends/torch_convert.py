@@ -25,8 +25,9 @@ from ..graph.builder import GraphBuilder
 from ..graph.ir import Graph
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-          torch.int32: "int32", torch.bool: "bool"}
-FLOATS = ("float32", "float64", "float16")
+          torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64",
+          torch.bool: "bool"}
+FLOATS = ("float32", "float64", "float16", "bfloat16")
 
 Handler = Callable[["Converter", dict[str, Any], fx.Node], str]
 HANDLERS: dict[Any, Handler] = {}

@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from ..errors import InternalError
-from .ir import FrozenDict, Graph, Node, Tensor, TensorType
+from .ir import INT_BITS, FrozenDict, Graph, Node, Tensor, TensorType
 from .ops import OPS, OpError, check_attrs, infer, norm_axes, norm_axis, reduced_shape
 
 
@@ -89,7 +89,7 @@ class _Emitter:
               dtype: str | None = None) -> str:
         dtype = dtype or self.dtype
         data = tuple(values) if isinstance(values, Iterable) else (values,)
-        convert = {"int32": int, "bool": bool}.get(dtype, float)
+        convert = int if dtype in INT_BITS else bool if dtype == "bool" else float
         t = TensorType(shape, dtype)
         name = self.fresh(role)
         self.constants.append(Tensor(name, t, tuple(convert(v) for v in data)))
@@ -286,12 +286,13 @@ def _linear(e: _Emitter, n: Node) -> None:
 
 def _one_hot(e: _Emitter, n: Node) -> None:
     # out[.., j, ..] = on if indices[..] == j else off, j on the new axis: the index j is
-    # an int32 constant [depth] along that axis, compared with the indices broadcast to it
+    # a constant [depth] of the indices' dtype along that axis, compared with the indices
+    # broadcast to it
     indices, on, off = n.inputs
     shape = e.type(n.output).shape
     axis = norm_axis(n.attrs["axis"], len(shape))
     along = tuple(d if k == axis else 1 for k, d in enumerate(shape))
-    iota = e.const("iota", range(shape[axis]), along, "int32")
+    iota = e.const("iota", range(shape[axis]), along, e.type(indices).dtype)
     lifted = e.op("reshape", indices, shape=tuple(1 if k == axis else d
                                                   for k, d in enumerate(shape)))
     hot = e.op("equal", lifted, iota, role="hot")

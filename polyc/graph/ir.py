@@ -11,8 +11,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Mapping
 
-DTYPES = ("float32", "float64", "int32", "float16", "bool")
-ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "bool": 1}
+import ml_dtypes  # noqa: F401  registers numpy's "bfloat16" dtype, which numpy lacks
+
+DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16", "bool")
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+            "bool": 1}
+# the integer compute types: exact arithmetic that wraps as C's does on overflow
+INT_BITS = {"int32": 32, "int64": 64}
+
+
+def int_range(dtype: str) -> tuple[int, int]:
+    """The least and greatest value of integer `dtype`."""
+    bits = INT_BITS[dtype]
+    return -2 ** (bits - 1), 2 ** (bits - 1) - 1
 
 
 class FrozenDict(Mapping):

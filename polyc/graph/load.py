@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GraphError, Problem
-from .ir import DTYPES, FrozenDict, Graph, Node, Tensor, TensorType
+from .ir import DTYPES, INT_BITS, FrozenDict, Graph, Node, Tensor, TensorType, int_range
 from .ops import OPS, OpError, check_attrs, infer
 from .symbols import (DEFAULT_MAX, DEFAULT_MIN, Scope, close_scope, free_names, is_identifier,
                       is_static_shape, open_scope, substitute, symbol)
@@ -307,15 +307,17 @@ class _Loader:
                 ok = v in (0, 1)  # true, false, 0 or 1
             else:
                 ok = (not isinstance(v, bool) and isinstance(v, (int, float))
-                      and math.isfinite(v) and (t.dtype != "int32" or isinstance(v, int)))
+                      and math.isfinite(v) and (t.dtype not in INT_BITS or isinstance(v, int)))
             if not ok:
-                kind = {"int32": "an integer", "bool": "true, false, 0 or 1"}.get(
-                    t.dtype, "a finite number")
+                kind = ("an integer" if t.dtype in INT_BITS else
+                        "true, false, 0 or 1" if t.dtype == "bool" else "a finite number")
                 self.error(f"every value must be {kind}, got {v!r}", name, field="data")
                 return None
-        if t.dtype == "int32" and any(not -2**31 <= v < 2**31 for v in data):
-            self.error("a value does not fit in int32", name, field="data")
-            return None
+        if t.dtype in INT_BITS:
+            lo, hi = int_range(t.dtype)
+            if any(not lo <= v <= hi for v in data):
+                self.error(f"a value does not fit in {t.dtype}", name, field="data")
+                return None
         return tuple(data)
 
     def _node(self, d: Any, index: int) -> Node | None:

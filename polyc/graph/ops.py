@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .ir import DTYPES, FrozenDict, TensorType
+from .ir import DTYPES, INT_BITS, FrozenDict, TensorType
 from .op_error import OpError
 from .symbolic_rules import (not_broadcastable, same_shape, symbolic_broadcast,
                              symbolic_reshape, symbolic_slice)
@@ -90,7 +90,7 @@ class OpSpec:
     infer: Callable[["OpSpec", FrozenDict, list[TensorType]], TensorType]
     attrs: dict[str, Attr] = field(default_factory=dict)
     composite: bool = False
-    float_only: bool = False  # refuses int32 (transcendental or fractional results)
+    float_only: bool = False  # refuses integers (transcendental or fractional results)
     family: str = ""
 
 
@@ -334,8 +334,8 @@ def _pad(spec, attrs, ts):
 
 def _one_hot(spec, attrs, ts):
     indices, on, off = ts
-    if indices.dtype != "int32":
-        raise OpError(f"indices must be int32, got {indices.dtype}", "inputs")
+    if indices.dtype not in INT_BITS:
+        raise OpError(f"indices must be int32 or int64, got {indices.dtype}", "inputs")
     if on.size != 1 or off.size != 1:
         raise OpError(f"on_value and off_value must hold one value each, got "
                       f"{list(on.shape)} and {list(off.shape)}", "inputs")
@@ -515,6 +515,7 @@ def infer(spec: OpSpec, attrs: FrozenDict, types: list[TensorType]) -> TensorTyp
     if len(types) < lo or (hi != -1 and len(types) > hi):
         want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi != -1 else f"at least {lo}"
         raise OpError(f"expects {want} inputs, got {len(types)}", "inputs")
-    if spec.float_only and any(t.dtype == "int32" for t in types):
-        raise OpError(f"'{spec.name}' is not defined on int32", "inputs")
+    integer = next((t.dtype for t in types if t.dtype in INT_BITS), None)
+    if spec.float_only and integer:
+        raise OpError(f"'{spec.name}' is not defined on {integer}", "inputs")
     return spec.infer(spec, attrs, types)

@@ -1,9 +1,11 @@
 """The numpy reference executor: the semantics of DESIGN.md, op by op, as plain numpy.
 
 Every generated kernel is checked against it, so it aims to be obviously right and more
-accurate than the kernels: float32 and float16 values are computed in float64 and
-rounded once at the end of each op (to nearest even: float16 is a storage type); int32 stays exact integer arithmetic (wrapping like C); bool holds
-numpy's bool (a cast to it is "nonzero", as C's _Bool). `eval_node`
+accurate than the kernels: float32, float16 and bfloat16 values are computed in float64
+and rounded once at the end of each op (to nearest even: float16 and bfloat16 are
+storage types; bfloat16 is ml_dtypes'); int32 and int64 stay exact integer arithmetic
+(wrapping like C); bool holds numpy's bool (a cast to it is "nonzero", as C's _Bool).
+`eval_node`
 runs one op and is shared with constant folding; `run_reference` runs a whole graph.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from ..errors import GraphError, InternalError, Problem
 from .binding import bind_graph, bind_symbols, check_shape, symbol_values
 from .symbols import substitute_shape
-from .ir import Graph, Node, Tensor, TensorType
+from .ir import INT_BITS, Graph, Node, Tensor, TensorType
 from .ops import norm_axes, norm_axis, slice_params
 
 
@@ -75,16 +77,19 @@ def bind_inputs(graph: Graph, inputs: dict[str, np.ndarray], binder=bind_symbols
     return values, binder(graph, {k: v.shape for k, v in values.items()})
 
 
+_WIDENED = tuple(np.dtype(t) for t in ("float32", "float16", "bfloat16"))
+
+
 def eval_node(node: Node, args: list[np.ndarray], out_type: TensorType) -> np.ndarray:
     """Apply `node`'s op to `args`; the result has exactly `out_type`'s shape and dtype."""
     impl = IMPLS.get(node.op)
     if impl is None:
         raise InternalError("reference", f"no reference implementation of op {node.op!r}")
-    wide = [a.astype(np.float64) if a.dtype in (np.float32, np.float16) else a
-            for a in map(np.asarray, args)]
     # Out-of-domain values give IEEE inf/nan (and casts of them C's garbage), as in the
-    # C kernels, rather than numpy warnings.
+    # C kernels, rather than numpy warnings (ml_dtypes warns widening a bfloat16 NaN).
     with np.errstate(all="ignore"):
+        wide = [a.astype(np.float64) if a.dtype in _WIDENED else a
+                for a in map(np.asarray, args)]
         result = np.asarray(impl(node.attrs, *wide))
         if result.shape != out_type.shape:
             raise InternalError("reference", f"{node.provenance}: computed shape "
@@ -348,14 +353,14 @@ IMPLS: dict[str, Impl] = {
 def random_inputs(graph, seed: int = 0, symbols: dict[str, int] | None = None
                   ) -> dict[str, np.ndarray]:
     """Inputs in a range every op is defined on: positive for float (log, sqrt, pow),
-    small nonzero integers for int32 (div), 0 and 1 for bool. A symbolic graph's shapes
+    small nonzero integers for int32 and int64 (div), 0 and 1 for bool. A symbolic graph's shapes
     take `symbols` (each symbol not given: 16, or the end of its range nearer to it)."""
     rng = np.random.default_rng(seed)
     values = symbol_values(graph, symbols or {}) if graph.symbols else {}
     out = {}
     for t in graph.inputs:
         shape = substitute_shape(t.type.shape, values)
-        if t.type.dtype == "int32":
+        if t.type.dtype in INT_BITS:
             v = rng.integers(1, 10, size=shape) * rng.choice([-1, 1], size=shape)
         elif t.type.dtype == "bool":
             v = rng.integers(0, 2, size=shape)

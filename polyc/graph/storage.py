@@ -1,5 +1,6 @@
-"""float16 is a storage type (DESIGN.md): loaded, computed in float32, rounded to the
-nearest even when stored, as PyTorch's CPU kernels do.
+"""float16 and bfloat16 are storage types (DESIGN.md): loaded, computed in float32,
+rounded to the nearest even when stored, as PyTorch's CPU kernels do. (Below, "float16"
+stands for either.)
 
 `widen_storage` makes that explicit in the graph, before composites are opened: every
 op that reads or writes float16 (but casts and data movement, which are exact on any
@@ -29,7 +30,7 @@ from .ops import OPS
 
 # storage type -> the type it is computed in; bool's 0 and 1 are exact in float32, so an
 # op on bool (select's condition, a logical op written as maximum) computes there too
-STORAGE = {"float16": "float32", "bool": "float32"}
+STORAGE = {"float16": "float32", "bfloat16": "float32", "bool": "float32"}
 
 
 def widen_storage(graph: Graph) -> Graph:
@@ -115,6 +116,6 @@ def unshare_widening(graph: Graph) -> Graph:
 
 
 def widens(node: Node, graph: Graph) -> bool:
-    """Is `node` a float16 tensor read into float32 (what `widen_storage` adds)?"""
+    """Is `node` a storage-type tensor read into float32 (what `widen_storage` adds)?"""
     return (node.op == "cast" and graph.types[node.inputs[0]].dtype in STORAGE
             and node.attrs["to"] == STORAGE[graph.types[node.inputs[0]].dtype])

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
-from ..graph.ir import Node, Tensor, TensorType
+from ..graph.ir import INT_BITS, Node, Tensor, TensorType, int_range
 from ..graph.ops import conv2d_out_hw, norm_axes, slice_params
 
 
@@ -393,7 +393,7 @@ def _strides(shape: tuple[int, ...]) -> list[int]:
 
 
 def _typed(v: float, dtype: str) -> float | int:
-    return int(v) if dtype in ("int32", "bool") else float(v)
+    return int(v) if dtype in INT_BITS or dtype == "bool" else float(v)
 
 
 def reduce_identity(kind: str, dtype: str) -> float | int:
@@ -401,8 +401,8 @@ def reduce_identity(kind: str, dtype: str) -> float | int:
         return 0
     if kind == "prod":
         return 1
-    if dtype == "int32":
-        return -2**31 if kind == "max" else 2**31 - 1
+    if dtype in INT_BITS:
+        return int_range(dtype)[kind == "min"]
     return -math.inf if kind == "max" else math.inf
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from ..graph.ir import INT_BITS
 from ..kernel.comprehension import Statement
 from . import marks
 
@@ -52,6 +53,6 @@ def inner_loop_kind(band: isl.ScheduleNode, deps: isl.UnionMap,
     maps = across.get_map_list()
     for m in (maps.get_at(i) for i in range(maps.n_map())):
         src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        if src != dst or by_name[src].reduce is None or by_name[src].dtype == "int32":
+        if src != dst or by_name[src].reduce is None or by_name[src].dtype in INT_BITS:
             return None
     return marks.Reduce()

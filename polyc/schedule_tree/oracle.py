@@ -30,6 +30,7 @@ import islpy as isl
 from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..graph.ops import OPS
+from ..graph.storage import STORAGE
 from ..kernel import Kernel, build_kernels
 from ..machine import Machine
 from .dependences import compute_dependences
@@ -131,7 +132,9 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     every tensor, so every dependence stays at one point: all loops are shared and
     permutable, and one iteration touches one element of each tensor. It is what isl
     answers for such groups (a test compares them), at a cost linear in the groups'
-    size rather than isl's model of the merged kernel."""
+    size rather than isl's model of the merged kernel. Not for groups touching a
+    storage type (float16, bfloat16, bool): the casts widening it are recomputed where
+    read (`kernel.prologue`), which this count does not model."""
     shape = graph.types[graph.node(a[0]).output].shape
     if not shape:
         return None
@@ -143,7 +146,7 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
             return None
         for t in (*node.inputs, node.output):
             kind = graph.types[t]
-            if kind.shape != shape or kind.dtype == "float16" or t in constants:
+            if kind.shape != shape or kind.dtype in STORAGE or t in constants:
                 return None
             tensors[t] = kind.itemsize
     depth = len(shape)

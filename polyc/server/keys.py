@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..graph.ir import Graph
+from ..graph.ir import INT_BITS, Graph
 
 KEY_FORMAT = "polyc-service-key/3"
 
@@ -34,7 +34,7 @@ def canonical_json(value) -> bytes:
 def canonical_graph(graph: Graph) -> bytes:
     doc = graph.to_json()
     for c in doc["constants"]:
-        if c["dtype"] != "int32":  # float data: 1 and 1.0 are the same value
+        if c["dtype"] not in INT_BITS:  # float data: 1 and 1.0 are the same value
             c["data"] = [float(v) for v in c["data"]]
     return canonical_json(doc)
 

@@ -9,7 +9,6 @@ Contracted buffers are declared once and made private to each thread.
 """
 from __future__ import annotations
 
-import math
 import re
 
 import cgen
@@ -18,7 +17,7 @@ import islpy as isl
 from ...codegen.ast_to_c import CBuilder, statement, user_calls
 from ...codegen.cexpr import C_TYPE, ExprPrinter, c_literal
 from ...kernel import Kernel
-from ...kernel.comprehension import loads
+from ...kernel.comprehension import loads, reduce_identity
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion
 from .emit import MicrokernelEmitter, handles as is_microkernel_mark
@@ -34,8 +33,6 @@ STREAM_CHUNK = 256  # elements staged in L1 between two non-temporal copies: eac
 
 
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
-_IDENTITY = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}
-_INT32_IDENTITY = {"sum": 0, "prod": 1, "max": -2**31, "min": 2**31 - 1}
 
 
 class CpuBuilder(CBuilder):
@@ -176,8 +173,8 @@ class CpuBuilder(CBuilder):
         for name in names:
             dtype = by_c_name[name].type.dtype
             copy = f"polyc_part_{name}"
-            identity = (_INT32_IDENTITY if dtype == "int32" else _IDENTITY)[reduce[name]]
-            decls.append(cgen.Statement(f"{C_TYPE[dtype]} {copy} = {c_literal(identity, dtype)}"))
+            identity = c_literal(reduce_identity(reduce[name], dtype), dtype)
+            decls.append(cgen.Statement(f"{C_TYPE[dtype]} {copy} = {identity}"))
             aliases.append(cgen.Statement(f"{C_TYPE[dtype]} *const {name} = &{copy}"))
             folds.append(cgen.Statement(p.update(f"{name}[0]", reduce[name], copy, dtype)
                                         .rstrip(";")))

@@ -155,7 +155,8 @@ def cmd_serve(args) -> int:
                             lock_ttl_s=args.lock_ttl, header_timeout_s=args.header_timeout,
                             body_timeout_s=args.body_timeout,
                             max_connections=args.max_connections,
-                            workers_per_client=args.workers_per_client)
+                            workers_per_client=args.workers_per_client,
+                            tuning_sync_s=args.tuning_sync)
         return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
                      access_log=args.access_log)
     except ValueError as e:  # a bad flag value or cache URL
@@ -299,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock-ttl", type=float, default=5.0,
                    help="seconds after which the compile lock of a replica that stopped "
                         "renewing it (it died) lapses")
+    p.add_argument("--tuning-sync", type=float, default=30.0,
+                   help="with a Redis cache: seconds between two pulls of the tunings kept "
+                        "there by polyc tune --cache")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every request")

@@ -31,6 +31,7 @@ from .routers import kernels as kernel_routes
 from .routers import ops as ops_routes
 from .service import CompileService
 from .settings import Settings
+from .tunings import follow_tunings, pull_tunings
 from .workers import WorkerPool
 
 log = logging.getLogger("polyc.server")
@@ -54,11 +55,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           max_jobs=settings.max_jobs_per_worker,
                           queue_size=settings.queue_size,
                           per_client=settings.workers_per_client, metrics=metrics)
+        follower = None
         try:
             await backend.open()
             await pool.start()
             if (problem := backend.health()["problem"]) is not None:
                 log.warning("%s", problem)
+            if backend.shared:  # before the first compile, so it uses them
+                await pull_tunings(settings.cache_url, settings.cache_timeout_s)
+                follower = asyncio.create_task(follow_tunings(
+                    settings.cache_url, every_s=settings.tuning_sync_s,
+                    timeout_s=settings.cache_timeout_s))
             cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics,
                                 secret=settings.cache_secret)
             app.state.service = CompileService(settings, cache, pool, toolchain, metrics)
@@ -67,6 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             app.state.service = None
+            if follower is not None:
+                follower.cancel()
             await pool.close()
             await backend.close()
 

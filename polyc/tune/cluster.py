@@ -76,6 +76,7 @@ class RayCluster:
         self.notes: list[str] = []
 
     def __enter__(self) -> "RayCluster":
+        _check_reachable(self.address)
         try:
             self.ray.init(address=self.address, log_to_driver=False)
         except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError...
@@ -176,3 +177,18 @@ class RayCluster:
 def _summary(e: BaseException) -> str:
     lines = [line for line in str(e).splitlines() if line.strip()]
     return lines[-1] if lines else type(e).__name__
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once, naming the address, when nothing listens there: Ray itself waits
+    30 s for a Ray Client address and much longer for a GCS one."""
+    if address == "auto":  # Ray finds the cluster started on this machine, or says so
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ValueError:
+        raise PolycError(f"--cluster {address}: expected ray://HOST:PORT, HOST:PORT or "
+                         "auto") from None
+    except OSError as e:
+        raise PolycError(f"cannot reach the Ray cluster at {address}: {e}") from None

@@ -5,6 +5,11 @@ contraction of a graph (its kernel timed alone, after the kernels before it
 have written its inputs), every gemm microkernel the host can run is measured with tile
 sizes around the memory model's choice for it; the fastest goes to the cpu target's
 tuning cache (`polyc/targets/cpu/tuning.py`), which later compiles read.
+
+Where the candidates are measured is a `Measure`: here, one after the other
+(`measure_here`), or on the machines of a Ray cluster of this machine's CPU kind
+(`cluster.py`). `shared.py` keeps the results in the service's Redis, where its
+replicas pull them.
 """
 from __future__ import annotations
 

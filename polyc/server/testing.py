@@ -173,6 +173,9 @@ class RayHeadProcess(_LoopbackProcess):
                 "--ray-client-server-port", str(self.port),
                 "--dashboard-agent-listen-port", str(self.agent_port),
                 "--runtime-env-agent-port", str(self.runtime_env_port),
+                # workers on ports the system picks (Ray's default range is shared by
+                # every cluster on the machine)
+                "--min-worker-port", "0", "--max-worker-port", "0",
                 "--num-cpus", str(self.cpus), "--include-dashboard", "false",
                 "--object-store-memory", str(100 << 20), "--temp-dir", str(self.dir),
                 "--disable-usage-stats"]

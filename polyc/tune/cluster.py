@@ -111,7 +111,8 @@ class RayCluster:
                 candidates.append(node)
         probes = {self._pinned(describe_node, node, 0).remote(target): node
                   for node in candidates}
-        ready, late = ray.wait(list(probes), num_returns=len(probes), timeout=PROBE_TIMEOUT_S)
+        ready, late = (ray.wait(list(probes), num_returns=len(probes), timeout=PROBE_TIMEOUT_S)
+                       if probes else ([], []))
         usable = []
         for ref in late:
             ray.cancel(ref, force=True)
@@ -162,7 +163,7 @@ class RayCluster:
                 seconds = ray.get(done)
             except ray.exceptions.RayTaskError as e:  # the compile or the run failed
                 raise PolycError(f"measuring {m.microkernel} {dict(m.tiles)} on {node.host} "
-                                 f"failed: {_summary(e.cause or e)}") from None
+                                 f"failed: {_summary(getattr(e, 'cause', None) or e)}") from None
             except ray.exceptions.RayError as e:  # the worker or the node is gone
                 self.notes.append(f"node {node.host}: lost while measuring "
                                   f"({_summary(e)}); its candidate goes elsewhere")

@@ -185,3 +185,33 @@ def test_malformed_shared_tunings_are_ignored(table, tmp_path, monkeypatch):
     assert shared.pull(table) == 1
     assert json.loads((tmp_path / "tuning.json").read_text()) == {"good": good}
     assert shared.pull(table) == 0  # nothing new: the file is left alone
+
+
+def test_cache_that_cannot_share_is_refused(tmp_path, capsys):
+    graph = matmul_graph(tmp_path / "g.json")
+    assert main(["tune", str(graph), "--cache", f"sqlite:///{tmp_path}/c.db"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"polyc: --cache sqlite:///{tmp_path}/c.db: tunings are shared "
+                          "through a Redis cache"), err
+
+
+def test_without_ray_cluster_tuning_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    graph = matmul_graph(tmp_path / "g.json")
+    assert main(["tune", str(graph), "--cluster", "auto"]) == 3
+    assert capsys.readouterr().err == ("polyc: polyc tune --cluster needs Ray on this machine: "
+                                       "pip install 'polyc[cluster]'\n")
+
+
+def test_redis_down_keeps_the_tuning_here_and_says_so(tmp_path, monkeypatch, capsys):
+    from polyc.server.testing import free_port
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    graph = matmul_graph(tmp_path / "g.json")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    assert main(["tune", str(graph), "--cache", url, "--budget", "1", "--repeat", "1",
+                 "--threads", "1"]) == 3
+    err = capsys.readouterr().err
+    assert f"polyc: kept in this machine's tuning file, but not shared: the cache {url} " \
+           "cannot be written" in err
+    assert len(json.loads((tmp_path / "tuning.json").read_text())) == 1

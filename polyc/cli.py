@@ -155,7 +155,8 @@ def cmd_serve(args) -> int:
                             lock_ttl_s=args.lock_ttl, header_timeout_s=args.header_timeout,
                             body_timeout_s=args.body_timeout,
                             max_connections=args.max_connections,
-                            workers_per_client=args.workers_per_client)
+                            workers_per_client=args.workers_per_client,
+                            tuning_sync_s=args.tuning_sync)
         return serve(settings, host=args.host, port=args.port, log_level=args.log_level,
                      access_log=args.access_log)
     except ValueError as e:  # a bad flag value or cache URL
@@ -165,7 +166,7 @@ def cmd_serve(args) -> int:
 
 def cmd_tune(args) -> int:
     from .graph.load import load_graph
-    from .tune import tune_graph
+    from .tune import measure_here, shared, tune_graph
 
     def progress(done: int, total: int, text: str) -> None:
         bar = "#" * (20 * done // total)
@@ -173,8 +174,27 @@ def cmd_tune(args) -> int:
               file=sys.stderr, flush=True)
 
     graph = load_graph(args.graph)
-    lines = tune_graph(graph, target=args.target, options=_options(args),
-                       budget=args.budget, repeat=args.repeat, progress=progress)
+    cache = args.cache or os.environ.get("POLYC_CACHE_URL")
+    if args.cache and not shared.is_shared(args.cache):
+        raise PolycError(f"--cache {args.cache}: tunings are shared through a Redis cache "
+                         "(redis://HOST:PORT/DB); without one they stay in this machine's "
+                         "tuning file")
+    kept: list[tuple[str, dict]] = []
+
+    def tune(measure) -> list[str]:
+        return tune_graph(graph, target=args.target, options=_options(args), budget=args.budget,
+                          repeat=args.repeat, progress=progress, measure=measure, stored=kept)
+
+    if args.cluster:
+        from .tune.cluster import RayCluster
+        with RayCluster(args.cluster) as cluster:
+            lines = tune(cluster.measure)
+        lines = cluster.notes + lines
+    else:
+        lines = tune(measure_here)
+    if shared.is_shared(cache) and kept:
+        shared.publish(cache, kept)
+        lines.append(f"shared through {cache}: replicas of polyc serve on it pull them")
     print("\n".join(lines))
     return 0
 
@@ -235,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-parallel", action="store_true", help="no OpenMP threads")
     p.add_argument("--target", default="cpu", choices=targets.tunable(),
                    help="a target whose kernels have tile sizes to measure")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="measure on the machines of this Ray cluster that have this "
+                        "machine's CPU kind: ray://HOST:PORT, the head's HOST:PORT, or auto "
+                        "(needs polyc[cluster])")
+    p.add_argument("--cache", metavar="URL",
+                   help="also keep the results in this Redis cache (redis://HOST:PORT/DB), "
+                        "where the replicas of polyc serve on it find them (default: "
+                        "POLYC_CACHE_URL when it is a Redis URL)")
     threads(p)
     p.set_defaults(fn=cmd_tune)
     p = sub.add_parser("serve", help="run the HTTP compile service")
@@ -272,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock-ttl", type=float, default=5.0,
                    help="seconds after which the compile lock of a replica that stopped "
                         "renewing it (it died) lapses")
+    p.add_argument("--tuning-sync", type=float, default=30.0,
+                   help="with a Redis cache: seconds between two pulls of the tunings kept "
+                        "there by polyc tune --cache")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every request")

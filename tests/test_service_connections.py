@@ -1,6 +1,7 @@
 """Connections that try to hold a real `polyc serve` on loopback: trickled headers and
-bodies are cut off with 408, silent connections are closed, a connection limit holds,
-and a client that hangs up mid-body is one log line and a 499 in the metrics."""
+bodies are cut off with 408 (and counted in /metrics), silent connections are closed, a
+connection limit holds with a problem+json 503, and a client that hangs up mid-body is
+one log line and a 499 in the metrics."""
 from __future__ import annotations
 
 import re
@@ -12,7 +13,8 @@ import httpx
 import pytest
 import uvicorn
 
-from polyc.server.connections import _h11_class, protocol_class
+from polyc.server.connections import Connections, _h11_class, protocol_class
+from polyc.server.metrics import Metrics
 from polyc.server.testing import ServerProcess
 
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S, MAX_CONNECTIONS = 1.0, 1.5, 20
@@ -59,27 +61,39 @@ def trickle_until_closed(s: socket.socket, pieces: list[bytes], gap_s: float) ->
     return answer, time.monotonic() - start
 
 
+def timeouts(server, phase: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    found = re.search(r'^polyc_http_timeouts_total\{phase="' + phase + r'"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_trickled_headers_are_cut_off(server):
+    before = timeouts(server, "header")
     pieces = [b"POST /v1/compile HTTP/1.1\r\nHost: x\r\n"] + [b"X-Slow: 1\r\n"] * 40
     answer, lived = trickle_until_closed(connect(server), pieces, 0.2)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert lived < HEADER_TIMEOUT_S + 1.5, lived
+    assert timeouts(server, "header") == before + 1
 
 
 def test_silent_connection_is_closed(server):
+    before = timeouts(server, "idle")
     s = connect(server)
     start = time.monotonic()
     assert s.recv(100) == b""  # closed by the server, before the socket's own 10 s
     assert time.monotonic() - start < HEADER_TIMEOUT_S + 1.5
+    assert timeouts(server, "idle") == before + 1
 
 
 def test_trickled_body_is_cut_off_with_408(server):
     head = (b"POST /v1/compile HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n")
+    before = timeouts(server, "body")
     answer, lived = trickle_until_closed(connect(server), [head] + [b" " * 10] * 40, 0.2)
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"did not arrive within 1.5 s" in answer
     assert lived < BODY_TIMEOUT_S + 1.5, lived
+    assert timeouts(server, "body") == before + 1
 
 
 def status_count(server, status: str) -> float:
@@ -113,6 +127,14 @@ def test_connection_limit_holds_and_frees_up(server):
         time.sleep(0.2)
         over = httpx.get(server.url + "/healthz")
         assert over.status_code == 503
+        # a problem like every other error, not uvicorn's plain-text one
+        assert over.headers["content-type"] == "application/problem+json"
+        assert over.headers["retry-after"] == "1"
+        assert over.headers["connection"] == "close"
+        problem = over.json()
+        assert problem["type"] == "urn:polyc:problem:too-many-connections"
+        assert problem["status"] == 503
+        assert f"limit of {MAX_CONNECTIONS} connections" in problem["detail"]
     finally:
         for s in idle:
             s.close()
@@ -131,7 +153,8 @@ def test_header_deadline_on_either_http_protocol(kind):
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
 
-    http = protocol_class(0.5) if kind == "httptools" else _h11_class(0.5)
+    connections = Connections(100, Metrics())
+    http = (protocol_class if kind == "httptools" else _h11_class)(0.5, connections)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, http=http, lifespan="off",
                             log_level="warning")
     server = uvicorn.Server(config)
@@ -149,6 +172,11 @@ def test_header_deadline_on_either_http_protocol(kind):
             s.sendall(b"GET / HTTP/1.1\r\n")  # the next one trickles
             answer, lived = trickle_until_closed(s, [b"X: 1\r\n"] * 20, 0.1)
         assert answer.startswith(b"HTTP/1.1 408") and lived < 1.5, (answer, lived)
+        assert connections.metrics.timeouts.value(phase="header") == 1
+        deadline = time.monotonic() + 5
+        while connections.open and time.monotonic() < deadline:  # closed on its side
+            time.sleep(0.01)
+        assert connections.open == 0
     finally:
         server.should_exit = True
         thread.join(10)

@@ -14,6 +14,7 @@ result cache and a pool of compile worker processes; `polyc serve` runs it.
     body.py         size, content type, nesting depth and strict JSON of request bodies
     problems.py     RFC 9457 problem details with JSON pointers into the request
     metrics.py      Prometheus counters, gauges and a histogram for /metrics
+    tunings.py      the tunings `polyc tune --cache` shared through Redis, pulled here
     testing.py      a real `polyc serve` process and a private redis-server, for tests
 """
 from __future__ import annotations

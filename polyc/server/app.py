@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
 from .cache import ResultCache, open_backend
-from .connections import BodyGuard, protocol_class
+from .connections import BodyGuard, ConnectionLimit, Connections, protocol_class
 from .http_rules import HttpRules
 from .keys import Toolchain
 from .metrics import Metrics
@@ -31,6 +31,7 @@ from .routers import kernels as kernel_routes
 from .routers import ops as ops_routes
 from .service import CompileService
 from .settings import Settings
+from .tunings import follow_tunings, pull_tunings
 from .workers import WorkerPool
 
 log = logging.getLogger("polyc.server")
@@ -54,11 +55,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           max_jobs=settings.max_jobs_per_worker,
                           queue_size=settings.queue_size,
                           per_client=settings.workers_per_client, metrics=metrics)
+        follower = None
         try:
             await backend.open()
             await pool.start()
             if (problem := backend.health()["problem"]) is not None:
                 log.warning("%s", problem)
+            if backend.shared:  # before the first compile, so it uses them
+                await pull_tunings(settings.cache_url, settings.cache_timeout_s)
+                follower = asyncio.create_task(follow_tunings(
+                    settings.cache_url, every_s=settings.tuning_sync_s,
+                    timeout_s=settings.cache_timeout_s))
             cache = ResultCache(backend, hot_bytes=settings.hot_cache_bytes, metrics=metrics,
                                 secret=settings.cache_secret)
             app.state.service = CompileService(settings, cache, pool, toolchain, metrics)
@@ -67,6 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             app.state.service = None
+            if follower is not None:
+                follower.cancel()
             await pool.close()
             await backend.close()
 
@@ -98,8 +107,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(kernel_routes.router)
     app.include_router(ops_routes.router)
     app.include_router(browser_routes.router)
-    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
-    app.add_middleware(RequestMetrics, metrics=metrics)  # outside BodyGuard: counts its 408/499
+    app.state.connections = Connections(settings.max_connections, metrics)
+    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s, metrics=metrics)
+    app.add_middleware(ConnectionLimit, connections=app.state.connections)
+    # outside BodyGuard and ConnectionLimit: counts their 408, 499 and 503
+    app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(HttpRules)
     app.openapi = lambda: _openapi(app)
     return app
@@ -205,10 +217,13 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000,
     # an unusable cache fails here with one line, before anything starts
     asyncio.run(_check_cache(settings.cache_url))
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(message)s")
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=log_level,
+    app = create_app(settings)
+    # the connection limit is the app's (ConnectionLimit), not uvicorn's plain-text one
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log, lifespan="on", timeout_graceful_shutdown=10,
-                            http=protocol_class(settings.header_timeout_s),
-                            limit_concurrency=settings.max_connections, timeout_keep_alive=5)
+                            http=protocol_class(settings.header_timeout_s,
+                                                app.state.connections),
+                            timeout_keep_alive=5)
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

@@ -101,6 +101,10 @@ class Metrics:
                                        "compile workers replaced, by reason")
         self.rejected = Counter("polyc_compile_rejected_total",
                                 "compile requests refused with 503 because the queue was full")
+        self.timeouts = Counter("polyc_http_timeouts_total",
+                                "connections cut off because a request's headers (phase "
+                                "header) or body (body) came too slowly, or because it sent "
+                                "nothing (idle)")
         self._gauges: list[Gauge] = []
 
     def gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
@@ -110,7 +114,7 @@ class Metrics:
         out = []
         metrics = [self.requests, self.cache_hits, self.cache_misses, self.cache_corrupt,
                    self.cache_errors, self.coalesced, self.compiles, self.compile_seconds,
-                   self.worker_restarts, self.rejected, *self._gauges]
+                   self.worker_restarts, self.rejected, self.timeouts, *self._gauges]
         for m in metrics:
             out.append(f"# HELP {m.name} {m.help}")
             out.append(f"# TYPE {m.name} {m.kind}")

@@ -75,6 +75,9 @@ class Settings:
     body_timeout_s: float = 20.0
     # open connections and requests served at once; past it, requests answer 503
     max_connections: int = 1000
+    # with a shared (Redis) cache: how often the tunings kept there are pulled
+    # (`polyc tune --cache`, server/tunings.py)
+    tuning_sync_s: float = 30.0
     # HMAC key of cache entries (None: plain checksums)
     cache_secret: bytes | None = field(default_factory=default_cache_secret, repr=False)
 
@@ -86,6 +89,6 @@ class Settings:
         if self.queue_size < 0:
             raise ValueError("queue_size must be >= 0")
         for name in ("lock_ttl_s", "cache_timeout_s", "cache_retry_s", "header_timeout_s",
-                     "body_timeout_s", "max_connections"):
+                     "body_timeout_s", "max_connections", "tuning_sync_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

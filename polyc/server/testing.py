@@ -1,6 +1,6 @@
-"""Real processes on loopback for tests and benchmarks: a `polyc serve` server and a
-throw-away redis-server. Both bind 127.0.0.1 on a free port, log to a file, and are
-stopped (by their own pid) when the `with` block ends."""
+"""Real processes on loopback for tests and benchmarks: a `polyc serve` server, a
+throw-away redis-server and a one-machine Ray cluster. Each listens on free ports, logs
+to a file, and is stopped (by its own pid) when the `with` block ends."""
 from __future__ import annotations
 
 import os
@@ -138,5 +138,54 @@ class RedisProcess(_LoopbackProcess):
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                 s.sendall(b"PING\r\n")
                 return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+class RayHeadProcess(_LoopbackProcess):
+    """A one-machine Ray cluster: `ray start --head --block` with `cpus` CPUs, its
+    sessions under `dir`, every port it opens chosen free (so two can run at once), no
+    dashboard. `url` is its Ray Client address, `address` its GCS one. Stopping the blocking `ray start`
+    stops every process it started. Its workers import polyc from `pythonpath`."""
+
+    name = "ray head"
+
+    def __init__(self, dir: str | Path, *, cpus: int = 2, pythonpath: str = "",
+                 env: dict[str, str] | None = None):
+        self.dir = Path(dir)
+        path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
+        super().__init__(self.dir / "ray.log", {**(env or {}), "PYTHONPATH": path})
+        self.cpus = cpus
+        self.gcs_port, self.agent_port, self.runtime_env_port = (free_port() for _ in range(3))
+
+    @property
+    def url(self) -> str:
+        return f"ray://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """The GCS address, for a driver on this machine (no Ray Client in between)."""
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
+                "--ray-client-server-port", str(self.port),
+                "--dashboard-agent-listen-port", str(self.agent_port),
+                "--runtime-env-agent-port", str(self.runtime_env_port),
+                # workers on ports the system picks (Ray's default range is shared by
+                # every cluster on the machine)
+                "--min-worker-port", "0", "--max-worker-port", "0",
+                "--num-cpus", str(self.cpus), "--include-dashboard", "false",
+                "--object-store-memory", str(100 << 20), "--temp-dir", str(self.dir),
+                "--disable-usage-stats"]
+
+    def ready(self) -> bool:
+        if "Ray runtime started" not in self.log:
+            return False
+        try:
+            for port in (self.gcs_port, self.port):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
         except OSError:
             return False

@@ -27,7 +27,7 @@ def backend(name: str) -> Backend:
 
 
 def tunable() -> tuple[str, ...]:
-    """The targets `polyc tune` measures (`polyc/tune.py`)."""
+    """The targets `polyc tune` measures (`polyc/tune/`)."""
     return tuple(name for name, b in _BACKENDS.items() if b.tunable)
 
 

@@ -2,7 +2,7 @@
 (kernel, target, machine, team size), in one JSON file under the cache directory.
 Compiles look a kernel up here before falling back to the calibration's kernel and the
 memory model's tiles. The team is part of the key because the best blocks differ: two
-threads share one L3 and split each block. (`polyc/tune.py` is the measuring driver.)
+threads share one L3 and split each block. (`polyc/tune/` is the measuring driver.)
 
 The kernel's key hashes its printed statements (shapes, accesses, epilogue), so any
 graph that produces the same kernel reuses the measurement.
@@ -45,15 +45,24 @@ def kernel_key(kernel: Kernel, machine: Machine, threads: int) -> str:
 FILE = "tuning.json"
 
 
+_digest: tuple[tuple, str] | None = None  # (the file's path and stat, its digest)
+
+
 def fingerprint() -> str:
-    """Changes whenever `polyc tune` stores a result: compile keys that cover it are
-    never served code built with older tiles. A stat, not a read: it is on the path of
-    every cache hit."""
+    """Changes whenever the tuning file's content does: compile keys that cover it are
+    never served code built with older tiles, and replicas that hold the same tunings
+    (pulled from a shared cache, `polyc/tune/shared.py`) agree on their keys. On the
+    path of every cache hit: a stat, and a read only when the file changed."""
+    global _digest
+    path = cache_dir() / FILE
     try:
-        st = (cache_dir() / FILE).stat()
+        st = path.stat()
+        seen = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+        if _digest is None or _digest[0] != seen:
+            _digest = (seen, hashlib.sha256(path.read_bytes()).hexdigest()[:16])
     except OSError:
         return ""
-    return f"{st.st_mtime_ns}:{st.st_size}"
+    return _digest[1]
 
 
 def lookup(kernel: Kernel, machine: Machine, threads: int) -> dict | None:
@@ -63,11 +72,23 @@ def lookup(kernel: Kernel, machine: Machine, threads: int) -> dict | None:
 
 
 def store(kernel: Kernel, machine: Machine, threads: int, microkernel: str,
-          tiles: dict[str, int], seconds: float) -> None:
+          tiles: dict[str, int], seconds: float) -> tuple[str, dict]:
     """Record the fastest microkernel and tiles for `kernel` run by `threads` threads
-    (written atomically: tuners may race)."""
+    (written atomically: tuners may race); returns the entry's key and record."""
+    key = kernel_key(kernel, machine, threads)
+    record = {"kernel": kernel.name, "microkernel": microkernel, "tiles": tiles,
+              "seconds": seconds, "machine": machine_id(machine), "threads": threads}
     data = read_cache_json(FILE)
-    data[kernel_key(kernel, machine, threads)] = {
-        "kernel": kernel.name, "microkernel": microkernel, "tiles": tiles, "seconds": seconds,
-        "machine": machine_id(machine), "threads": threads}
+    data[key] = record
     write_cache_json(FILE, data)
+    return key, record
+
+
+def merge(entries: dict[str, dict]) -> int:
+    """Take `entries` (key -> record, from a shared cache) into the tuning file, over
+    what it holds for the same keys; returns how many entries changed."""
+    data = read_cache_json(FILE)
+    changed = {k: v for k, v in entries.items() if data.get(k) != v}
+    if changed:
+        write_cache_json(FILE, {**data, **changed})
+    return len(changed)

@@ -5,23 +5,30 @@ contraction of a graph (its kernel timed alone, after the kernels before it
 have written its inputs), every gemm microkernel the host can run is measured with tile
 sizes around the memory model's choice for it; the fastest goes to the cpu target's
 tuning cache (`polyc/targets/cpu/tuning.py`), which later compiles read.
+
+Where the candidates are measured is a `Measure`: here, one after the other
+(`measure_here`), or on the machines of a Ray cluster of this machine's CPU kind
+(`cluster.py`). `shared.py` keeps the results in the service's Redis, where its
+replicas pull them.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .compiler import compile
-from .graph.reference import random_inputs
-from .machine import Machine
-from .microkernels.registry import ISAS, REGISTRY
-from .schedule_tree.marks import Gemm
-from .targets import backend
-from .targets.cpu import host_can_run
-from .targets.cpu.tiles import model_tiles
-from .targets.cpu.tuning import machine_id, store, team
+from ..compiler import compile
+from ..graph.reference import random_inputs
+from ..machine import Machine
+from ..microkernels.registry import ISAS, REGISTRY
+from ..schedule_tree.marks import Gemm
+from ..targets import backend
+from ..targets.cpu import host_can_run
+from ..targets.cpu.tiles import model_tiles
+from ..targets.cpu.tuning import machine_id, store, team
 
 
 def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: int,
@@ -60,13 +67,45 @@ def kernel_candidates(plan, kernels, machine: Machine, budget: int, vary_nc: boo
     return out[:max(1, budget)]
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate: kernel `index` of the compiled graph timed alone with `microkernel`
+    and `tiles` (the choice applies to every contraction of the graph)."""
+
+    index: int
+    microkernel: str
+    tiles: tuple[tuple[str, int], ...]
+
+    def options(self, options):
+        return dataclasses.replace(options, gemm_kernel=self.microkernel,
+                                   microkernel_tiles=self.tiles)
+
+
+# measure(graph, target, options, measurements, repeat) -> (measurement, seconds) pairs, in
+# any order: here one after the other; `polyc.tune.cluster` on the machines of a Ray cluster
+Measure = Callable[..., Iterable[tuple[Measurement, float]]]
+
+
+def measure_here(graph, target: str, options, measurements: list[Measurement], repeat: int
+                 ) -> Iterator[tuple[Measurement, float]]:
+    """Each measurement on this machine, one after the other."""
+    inputs = None
+    for m in measurements:
+        compiled = compile(graph, target, options=m.options(options))
+        if inputs is None:  # the same inputs for every candidate
+            inputs = random_inputs(compiled.graph)
+        yield m, _time_kernel(compiled, m.index, inputs, repeat)
+
+
 def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat: int = 5,
-               progress=None) -> list[str]:
+               progress=None, measure: Measure = measure_here,
+               stored: list[tuple[str, dict]] | None = None) -> list[str]:
     """Measure (microkernel, tile sizes) candidates for each microkernel contraction of
     `graph`, each kernel timed alone, and keep each one's fastest in the tuning cache;
     returns report lines. The candidates cover every gemm kernel the target can run
     (within `options.microkernel_isa`, or only `options.gemm_kernel` when set).
-    `progress(done, total, text)` is called after each measurement."""
+    `measure` runs them (see `Measure`); `progress(done, total, text)` is called after
+    each measurement; `stored` receives the (key, record) of each kept result."""
     machine = backend(target).machine()
     threads = team(options, machine)
     # measured with exactly the team the key names, whatever OMP_NUM_THREADS says
@@ -81,33 +120,35 @@ def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat:
     for index, kr in enumerate(base.kernels):
         for plan in kr.marks(Gemm):
             usable = [m for m in kernels if plan.b != "rows" or m.b_rows_variant]
-            todo.append((index, kr.kernel, kernel_candidates(plan, usable, machine, budget,
-                                                             vary_nc=plan.b == "packed")))
+            todo.append((index, kr.kernel, [
+                Measurement(index, name, tuple(sorted(tiles.items())))
+                for name, tiles in kernel_candidates(plan, usable, machine, budget,
+                                                     vary_nc=plan.b == "packed")]))
     if not todo:
         return ["no microkernel contraction in this graph: nothing to tune"]
-    total = sum(len(cands) for *_, cands in todo)
-    inputs = random_inputs(base.graph)
+    everything = [m for *_, cands in todo for m in cands]
+    seconds: dict[Measurement, float] = {}
+    for m, s in measure(graph, target, options, everything, repeat):
+        seconds[m] = s
+        if progress:
+            progress(len(seconds), len(everything), _line(base, m, s))
     lines: list[str] = []
-    done = 0
     for index, kernel, cands in todo:
-        best: tuple[float, str, dict] | None = None
-        for name, tiles in cands:
-            # the choice applies to every contraction of the graph; only this one is timed
-            opts = dataclasses.replace(options, gemm_kernel=name,
-                                       microkernel_tiles=tuple(sorted(tiles.items())))
-            seconds = _time_kernel(compile(graph, target, options=opts), index, inputs, repeat)
-            text = f"{kernel.name} {name} {_tiles_text(tiles)}: {seconds * 1e3:.3f} ms"
-            lines.append(text)
-            if best is None or seconds < best[0]:
-                best = (seconds, name, tiles)
-            done += 1
-            if progress:
-                progress(done, total, text)
-        seconds, name, tiles = best
-        store(kernel, machine, threads, name, tiles, seconds)
-        lines.append(f"{kernel.name}: best: {name} {_tiles_text(tiles)} ({seconds * 1e3:.3f} ms)")
+        lines += [_line(base, m, seconds[m]) for m in cands]
+        best = min(cands, key=seconds.__getitem__)
+        tiles = dict(best.tiles)
+        kept = store(kernel, machine, threads, best.microkernel, tiles, seconds[best])
+        if stored is not None:
+            stored.append(kept)
+        lines.append(f"{kernel.name}: best: {best.microkernel} {_tiles_text(tiles)} "
+                     f"({seconds[best] * 1e3:.3f} ms)")
     lines.append(f"kept for {len(todo)} kernel(s) on {machine_id(machine)} with {threads} thread(s)")
     return lines
+
+
+def _line(base, m: Measurement, seconds: float) -> str:
+    return (f"{base.kernels[m.index].kernel.name} {m.microkernel} "
+            f"{_tiles_text(dict(m.tiles))}: {seconds * 1e3:.3f} ms")
 
 
 def _tiles_text(tiles: dict[str, int]) -> str:

@@ -203,8 +203,6 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         with ledger.timing("fuse"):
             answer = oracle(graph, a, b)
         answered += 1
-        if answer.over_budget:
-            ledger.fell_back(f"fusion fallback: {pair} kept apart: {answer.reason}")
         return answer
 
     def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -239,7 +237,11 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
             fused = f"fused {group_label(b)} into {group_label(a)}"
             report.append((involved, f"{kind}: {fused}: {answer.reason}"))
             return True
-        report.append((involved, f"{kind}: {pair}: rejected: {answer.reason}"))
+        line = f"{kind}: {pair}: rejected: {answer.reason}"
+        if answer.over_budget and ledger is not None:
+            line = ledger.fell_back(f"fusion fallback: {kind}: {pair}: kept apart: "
+                                    f"{answer.reason}")
+        report.append((involved, line))
         return False
 
     readers: dict[str, list[str]] = {}

@@ -44,19 +44,35 @@ class OutOfOperations(Exception):
 
 @contextmanager
 def isl_operations(ctx: isl.Context, limit: int) -> Iterator[None]:
-    """Run the body's isl calls on `ctx` under `limit` operations (counted afresh);
-    past it they raise `OutOfOperations`. The context is unlimited again afterwards: the
-    passes after a budgeted question must not trip over what it spent."""
+    """Run the body's isl calls on `ctx` under `limit` operations (counted afresh; 0: no
+    limit); past it they raise `OutOfOperations`. The context is unlimited again
+    afterwards: the passes after a budgeted question must not trip over what it spent."""
     ctx.set_max_operations(limit)
     ctx.reset_operations()
     try:
         yield
-    except isl.Error as e:
-        if _EXCEEDED in str(e):
+        # not every isl call that runs out says so (a count can come back empty, an
+        # error in a callback is only printed): a body that ran past the limit may
+        # have computed on wrong values, so its answer is not used
+        if limit and _past_limit(ctx):
+            raise OutOfOperations(f"isl ran past options.max_operations ({limit})")
+    except OutOfOperations:
+        raise
+    except Exception:
+        if limit and _past_limit(ctx):
             raise OutOfOperations(f"isl ran past options.max_operations ({limit})") from None
         raise
     finally:
         ctx.set_max_operations(0)
+
+
+def _past_limit(ctx: isl.Context) -> bool:
+    """Has `ctx` run past its operation limit? Then every further call fails."""
+    try:
+        isl.Set.read_from_str(ctx, "{ [i] : 0 <= i < 2 }")
+    except isl.Error as e:
+        return _EXCEEDED in str(e)
+    return False
 
 
 @dataclass

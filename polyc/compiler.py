@@ -42,6 +42,7 @@ from .machine import Machine
 from .options import Options as CommonOptions
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import respects_dependences
+from .schedule_tree.group_models import GroupModels
 from .schedule_tree.model import PolyModel
 from .schedule_tree.oracle import Microkernels, ask_fusion
 from .schedule_tree.passes import NEUTRAL
@@ -245,11 +246,12 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
     ops = options.max_operations
+    models = GroupModels(graph)  # each proposal builds on the groups' models
     # a forced pair needs only legality: losing a microkernel is a cost the person chose
     return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels,
-                                                        max_operations=ops),
+                                                        max_operations=ops, models=models),
                       force=options.fuse_force, forbid=options.fuse_forbid,
-                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine),
+                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
                       ledger=ledger)
 
 

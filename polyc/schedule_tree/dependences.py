@@ -39,6 +39,27 @@ def compute_dependences(model: PolyModel) -> PolyModel:
     return replace(model, flow=flow, anti=anti, output=output, input=reuse)
 
 
+def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel:
+    """`model` (of a kernel merging the statements of `a` and `b`, each with its
+    dependences, its statements named as in `model`) with the dependences
+    `compute_dependences` would find: those of `a` and `b`, and those between them.
+
+    Exact when each array is written by the statements of one side only (every tensor
+    has one producing node): no write of one side then kills a source of the other's,
+    so each cross dependence has its sink on one side and its source on the other, and
+    dataflow with just those as sinks and sources finds them (`group_models.py`)."""
+    sides = [(model.reads.intersect_domain(p.domain), model.writes.intersect_domain(p.domain))
+             for p in (a, b)]
+    flow, anti, output, reuse = a.flow.union(b.flow), a.anti.union(b.anti), \
+        a.output.union(b.output), a.input.union(b.input)
+    for (reads, writes), (src_reads, src_writes) in (sides, sides[::-1]):
+        flow = flow.union(_flow(reads, model.order, must=src_writes))
+        anti = anti.union(_flow(writes, model.order, may=src_reads))
+        output = output.union(_flow(writes, model.order, must=src_writes))
+        reuse = reuse.union(_flow(reads, model.order, may=src_reads))
+    return replace(model, flow=flow, anti=anti, output=output, input=reuse)
+
+
 def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:
     """The dependences `schedule` violates (empty when it is legal).
 

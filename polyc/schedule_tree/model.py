@@ -44,14 +44,12 @@ class PolyModel:
         """Bytes of the distinct array elements that `instances` read or write, counted
         exactly by isl; `element_bytes` maps array names to their element size."""
         touched = self.reads.union(self.writes).intersect_domain(instances).range()
-        total = 0
-
-        def add(elements: isl.Set) -> None:
-            nonlocal total
-            total += elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
-
-        touched.foreach_set(add)
-        return total
+        # counted after the walk, not in its callback: an error there (an operation
+        # budget running out, `budget.py`) would only be printed by islpy, not raised
+        arrays: list[isl.Set] = []
+        touched.foreach_set(arrays.append)
+        return sum(elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
+                   for elements in arrays)
 
     def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
         return replace(self, schedule=schedule)

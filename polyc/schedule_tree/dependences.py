@@ -53,11 +53,24 @@ def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel
     flow, anti, output, reuse = a.flow.union(b.flow), a.anti.union(b.anti), \
         a.output.union(b.output), a.input.union(b.input)
     for (reads, writes), (src_reads, src_writes) in (sides, sides[::-1]):
-        flow = flow.union(_flow(reads, model.order, must=src_writes))
-        anti = anti.union(_flow(writes, model.order, may=src_reads))
-        output = output.union(_flow(writes, model.order, must=src_writes))
-        reuse = reuse.union(_flow(reads, model.order, may=src_reads))
+        flow = flow.union(_crossing(reads, src_writes, model.order, must=True))
+        anti = anti.union(_crossing(writes, src_reads, model.order, must=False))
+        output = output.union(_crossing(writes, src_writes, model.order, must=True))
+        reuse = reuse.union(_crossing(reads, src_reads, model.order, must=False))
     return replace(model, flow=flow, anti=anti, output=output, input=reuse)
+
+
+def _crossing(sink: isl.UnionMap, source: isl.UnionMap, order: isl.UnionMap, *,
+              must: bool) -> isl.UnionMap:
+    """Dataflow from `source` to `sink` accesses of one side each, over the elements
+    both touch only: most pairs of sides share an array or two, and isl's dataflow
+    costs what its sinks and sources hold."""
+    sink = sink.intersect_range(source.range())
+    if sink.is_empty():
+        return isl.UnionMap.empty(sink.get_space())
+    source = source.intersect_range(sink.range())
+    order = order.intersect_domain(sink.domain().union(source.domain()))
+    return _flow(sink, order, must=source) if must else _flow(sink, order, may=source)
 
 
 def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:

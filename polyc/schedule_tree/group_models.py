@@ -12,9 +12,10 @@ computed with only one group's accesses as sinks and the other's as sources:
 
     deps(a + b) = deps(a) | deps(b) | flow, anti, output, input between a and b
 
-A group's model is kept after the proposal that built it, so the next proposal about
-that group (the usual case: a chain grows by one node) pays for the new node and the
-pairs it makes. When a group's statements differ in the merged kernel (a prologue folded
+The merged domain and accesses are the two groups' too (renamed); only the original
+order is written anew. A group's model is kept after the proposal that built it, so the
+next proposal about that group (the usual case: a chain grows by one node) pays for the
+new node and the pairs it makes. When a group's statements differ in the merged kernel (a prologue folded
 into a contraction once its producer joined the same kernel), the merged model is
 computed afresh.
 """
@@ -28,7 +29,7 @@ import islpy as isl
 from ..graph.ir import Graph
 from ..kernel import Kernel, build_kernels
 from .dependences import compute_dependences, cross_dependences
-from .model import PolyModel, build_model
+from .model import PolyModel, build_model, original_order
 
 # groups kept: a fuse stage works on a few groups at a time (the one growing and its
 # neighbours); older ones are rebuilt when asked about again
@@ -46,14 +47,17 @@ class GroupModels:
 
     def merged(self, kernel: Kernel, a: tuple[str, ...], b: tuple[str, ...]) -> PolyModel:
         """The model with dependences of `kernel`, the merge of groups `a` and `b`."""
-        model = build_model(kernel.statements, _arrays(kernel), self.ctx)
-        if a in self._models or b in self._models:
-            parts = [_renamed(*self._group(g), kernel) for g in (a, b)]
-            if None not in parts:
-                model = cross_dependences(model, *parts)
-            else:
-                model = compute_dependences(model)
-        else:  # neither is known: one dataflow over the whole costs less than three
+        parts = ([_renamed(*self._group(g), kernel) for g in (a, b)]
+                 if a in self._models or b in self._models else [None])
+        if None not in parts:
+            x, y = parts
+            domain = x.domain.union(y.domain)
+            model = PolyModel(domain, x.reads.union(y.reads), x.writes.union(y.writes),
+                              original_order(kernel.statements, domain))
+            model = cross_dependences(model, x, y)
+        else:  # neither is known (one dataflow over the whole costs less than three), or
+            # the merge changed a statement
+            model = build_model(kernel.statements, _arrays(kernel), self.ctx)
             model = compute_dependences(model)
         self._keep(kernel.nodes, kernel, model)
         return model
@@ -96,17 +100,21 @@ def _renamed(kernel: Kernel, model: PolyModel, merged: Kernel) -> PolyModel | No
     model.domain.foreach_set(sets.append)
     for one in sets:
         domain = domain.add_set(one.set_tuple_name(names[one.get_tuple_name()]))
-    return replace(model, domain=domain, flow=_rename(model.flow, names),
-                   anti=_rename(model.anti, names), output=_rename(model.output, names),
-                   input=_rename(model.input, names))
+    dependences = {kind: _rename(getattr(model, kind), names, names)
+                   for kind in ("flow", "anti", "output", "input")}
+    return replace(model, domain=domain, reads=_rename(model.reads, names),
+                   writes=_rename(model.writes, names), **dependences)
 
 
-def _rename(relation: isl.UnionMap, names: dict[str, str]) -> isl.UnionMap:
+def _rename(relation: isl.UnionMap, names: dict[str, str],
+            sinks: dict[str, str] | None = None) -> isl.UnionMap:
+    """`relation` with its statements (its domain's, and its range's by `sinks`) renamed."""
     out = isl.UnionMap.empty(relation.get_space())
     maps: list[isl.Map] = []
     relation.foreach_map(maps.append)
     for m in maps:
-        src, dst = m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out)
-        m = m.set_tuple_name(isl.dim_type.in_, names[src])
-        out = out.union(m.set_tuple_name(isl.dim_type.out, names[dst]))
+        m = m.set_tuple_name(isl.dim_type.in_, names[m.get_tuple_name(isl.dim_type.in_)])
+        if sinks is not None:
+            m = m.set_tuple_name(isl.dim_type.out, sinks[m.get_tuple_name(isl.dim_type.out)])
+        out = out.union(m)
     return out

@@ -101,16 +101,25 @@ def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
     domain = isl.UnionSet.read_from_str(ctx, prefix + "{ " + "; ".join(_domain(s) for s in statements) + " }")
     if context is not None:
         domain = domain.intersect_params(context)
-    reads, writes, order = [], [], []
-    depth = max(len(s.extents) for s in statements)
-    for pos, s in enumerate(statements):
+    reads, writes = [], []
+    for s in statements:
         writes.append(_access(s, arrays[s.target], s.index, ()))
         if s.reduce is not None:  # `+=` reads what it writes
             reads.append(_access(s, arrays[s.target], s.index, ()))
         for load, guards in loads(s.expr):
             reads.append(_access(s, arrays[load.tensor], load.index, guards))
+    return PolyModel(domain, _union_map(reads, domain, ctx, prefix),
+                     _union_map(writes, domain, ctx, prefix),
+                     original_order(statements, domain, prefix))
+
+
+def original_order(statements: tuple[Statement, ...], domain: isl.UnionSet,
+                   prefix: str = "") -> isl.UnionMap:
+    """The statements in sequence, each in its own nest: `S1[i0] -> [1, i0, 0]`."""
+    order = []
+    depth = max(len(s.extents) for s in statements)
+    for pos, s in enumerate(statements):
         iters = [s.iter_name(d) for d in range(len(s.extents))]
         padded = iters + ["0"] * (depth - len(iters))
         order.append(f"{s.name}[{', '.join(iters)}] -> [{', '.join([str(pos)] + padded)}]")
-    return PolyModel(domain, _union_map(reads, domain, ctx, prefix),
-                     _union_map(writes, domain, ctx, prefix), _union_map(order, domain, ctx, prefix))
+    return _union_map(order, domain, domain.get_ctx(), prefix)

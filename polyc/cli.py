@@ -76,6 +76,7 @@ def report(result) -> str:
              f"{len(result.primitive.nodes)} primitive nodes -> {len(result.kernels)} kernels "
              f"(target {result.target})"]
     lines += [f"note: {n}" for n in result.graph.notes]
+    lines += [f"budget: {f}" for f in result.fallbacks]  # the stages that fell back
     for k in result.kernels:
         lines.append(f"kernel {k.name}: {', '.join(k.kernel.nodes)}")
         if k.microkernels:

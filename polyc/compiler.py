@@ -10,7 +10,9 @@
              program that runs on numpy arrays
 
 Each pass is recorded by a `Trace`: its printed output and its time, so that
-`--print-after-all`, the dump folder and the browser view all read the same record.
+`--print-after-all`, the dump folder and the browser view all read the same record. The
+trace also carries the compile's budgets (`budget.Ledger`): fusion, scheduling and
+tiling each fall back to a cheaper correct answer once theirs is spent, and say so.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import islpy as isl
 import numpy as np
 
 from . import targets
+from .budget import Ledger
 from .codegen.build import build_shared_object
 from .errors import GraphError, InternalError, Problem
 from .graph.decompose import decompose_graph
@@ -39,6 +42,7 @@ from .machine import Machine
 from .options import Options as CommonOptions
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import respects_dependences
+from .schedule_tree.group_models import GroupModels
 from .schedule_tree.model import PolyModel
 from .schedule_tree.oracle import Microkernels, ask_fusion
 from .schedule_tree.passes import NEUTRAL
@@ -55,10 +59,12 @@ Options = CpuOptions  # the default target's options (`polyc.Options`)
 
 @dataclass
 class Trace:
-    """The printed IR after each pass and the time it took, in pipeline order."""
+    """The printed IR after each pass and the time it took, in pipeline order, and what
+    the budgeted stages have spent."""
 
     echo: Callable[[str], None] | None = None  # --print-after-all
     dump_dir: Path | None = None
+    ledger: Ledger = field(default_factory=lambda: Ledger.of(CommonOptions()))
     passes: list[tuple[str, str, float]] = field(default_factory=list)
 
     def run(self, name: str, fn: Callable[..., Any], *args, show=str, **kw) -> Any:
@@ -181,6 +187,11 @@ class CompiledGraph:
     machine: Machine | None = None
     program: Any = None  # what runs it; None when built with build=False
 
+    @property
+    def fallbacks(self) -> tuple[str, ...]:
+        """Each budget that ran out and what was done instead (`budget.py`), in order."""
+        return tuple(self.trace.ledger.fallbacks)
+
     def __call__(self, out: Mapping[str, np.ndarray] | None = None, **inputs) -> dict[str, np.ndarray]:
         if self.program is None:
             raise GraphError("this graph was compiled with build=False and cannot run")
@@ -219,7 +230,7 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
 def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, machine: Machine,
                    options: CommonOptions, trace: Trace) -> tuple[KernelResult, str]:
     """The per-kernel half of the pipeline: the passes, then the target's C."""
-    state = KernelState(kernel, isl.Context(), fusion)
+    state = KernelState(kernel, isl.Context(), fusion, ledger=trace.ledger)
     state = run_passes(state, NEUTRAL + backend.passes(), machine, options, trace)
     code, lines = trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
                             show=lambda result: result[0])
@@ -229,14 +240,19 @@ def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, ma
 
 
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
-                options: CommonOptions) -> FusionPlan:
-    """The graph layer's partition, every proposal answered by the oracle."""
+                options: CommonOptions, ledger: Ledger) -> FusionPlan:
+    """The graph layer's partition, every proposal answered by the oracle within the
+    fusion budgets."""
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
+    ops = options.max_operations
+    models = GroupModels(graph)  # each proposal builds on the groups' models
     # a forced pair needs only legality: losing a microkernel is a cost the person chose
-    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels),
+    return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels,
+                                                        max_operations=ops, models=models),
                       force=options.fuse_force, forbid=options.fuse_forbid,
-                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine))
+                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
+                      ledger=ledger)
 
 
 def _check_kernel_edits(options: CommonOptions, kernels: tuple[Kernel, ...],
@@ -274,7 +290,7 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
         verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops
     plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
-                     options)
+                     options, trace.ledger)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     _check_kernel_edits(options, kernels, backend)
@@ -297,12 +313,12 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     backend = targets.backend(target.name if isinstance(target, Machine) else target)
     machine = target if isinstance(target, Machine) else backend.machine()
     options = backend.options(options)
-    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None)
+    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None, Ledger.of(options))
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
     if loaded.symbols:  # one compile for every value of the symbols
         g, plan, parts, functions, options = compile_symbolic(
             loaded, backend, machine, options, trace, compile_graph=compile_graph,
-            quiet_trace=Trace)
+            quiet_trace=lambda: Trace(ledger=trace.ledger))
         results = [KernelResult(kernel, model, model.schedule, report, trees)
                    for kernel, model, report, trees in parts]
     else:

@@ -43,10 +43,6 @@ class GraphError(PolycError, ValueError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
 
-class ScheduleTooComplex(PolycError):
-    """isl ran past its operation budget: the schedule space is too large to explore."""
-
-
 class BuildError(PolycError):
     """The C compiler rejected generated code. Always a polyc bug, never the client's."""
 

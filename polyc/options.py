@@ -14,14 +14,22 @@ from typing import Any, Mapping
 
 from .errors import GraphError, Problem
 
-DEFAULT_MAX_OPERATIONS = 20_000_000  # isl's budget per kernel
+DEFAULT_MAX_OPERATIONS = 20_000_000  # isl's budget per question (`budget.py`)
 MAX_TILE = 1 << 30  # tile sizes stay C ints
+STAGES = ("fuse", "schedule", "tile")  # the stages with budgets, `<stage>_seconds` each
+MAX_STAGE_SECONDS = 3600.0  # a wall budget past this is a typo: the service stops sooner
 
 
 @dataclass(frozen=True)
 class Options:
     parallel: bool = True  # threads or cores over outer parallel loops
-    max_operations: int = DEFAULT_MAX_OPERATIONS  # isl's budget per kernel
+    # budgets (`budget.py`): isl operations per question, and wall seconds per compile
+    # for each stage; past one the stage falls back to a cheaper correct answer. The
+    # wall ones sum to well under the service's 60 s limit, leaving gcc its time
+    max_operations: int = DEFAULT_MAX_OPERATIONS
+    fuse_seconds: float = 20.0
+    schedule_seconds: float = 10.0
+    tile_seconds: float = 10.0
     verify: bool = True  # check every schedule against every dependence
     fuse: bool = True  # let the graph layer fuse nodes (else one kernel per node)
     tile: bool = True  # tile permutable bands to fit the target's tile level
@@ -40,6 +48,9 @@ class Options:
         return [
             ("max_operations", self.max_operations >= 1,
              f"must be at least 1, got {self.max_operations}"),
+            *((f"{stage}_seconds", 0 <= getattr(self, f"{stage}_seconds") <= MAX_STAGE_SECONDS,
+               f"must be 0 to {MAX_STAGE_SECONDS:g} seconds, got {getattr(self, f'{stage}_seconds')}")
+              for stage in STAGES),
             ("tile_sizes", all(1 <= t <= MAX_TILE for t in self.tile_sizes or ()),
              f"sizes must be 1 to {MAX_TILE}, got {list(self.tile_sizes or ())}"),
             ("kernel_tile_sizes", all(len(e) == 2 and isinstance(e[0], str) and e[0] and e[1]
@@ -58,6 +69,10 @@ class Options:
         ]
 
     def __post_init__(self):
+        for stage in STAGES:  # 20 and 20.0 are one key
+            seconds = getattr(self, f"{stage}_seconds")
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                object.__setattr__(self, f"{stage}_seconds", float(seconds))
         problems = [Problem(message, field=f"options.{name}")
                     for name, ok, message in self.checks() if not ok]
         if problems:

@@ -1,7 +1,7 @@
 """The package's layers: a module imports only from its own layer or the ones below it,
 and no set of modules imports itself round in a cycle (function-level imports count).
 
-    errors paths options machine version
+    errors paths options budget machine version
       -> graph -> frontends -> kernel -> schedule_tree -> tiling, microkernels -> codegen
       -> targets -> compiler, symbolic -> cli, tune, server, torch_compile, the package itself
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "polyc"
 LAYERS = [
-    {"errors", "paths", "options", "machine", "version"},
+    {"errors", "paths", "options", "budget", "machine", "version"},
     {"graph"},
     {"frontends"},
     {"kernel"},

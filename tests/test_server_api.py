@@ -165,16 +165,36 @@ def test_identical_concurrent_requests_compile_once(client):
     assert metric(client, "polyc_compiles_total", outcome="ok") - before == 1
 
 
-def test_exploding_schedule_is_422_schedule_too_complex(client):
+def test_a_budget_that_runs_out_is_a_200_with_the_fallback_noted_and_cached(client):
+    # isl's scheduler cannot answer within 100 operations: the kernel takes the original
+    # order; the result is right (the run checks it against the reference), cached under
+    # this budget, and a bigger budget is another key compiled in full
     g = {"inputs": [{"name": "a", "shape": [8, 8]}, {"name": "b", "shape": [8, 8]}],
          "nodes": [{"op": "matmul", "inputs": ["a", "b"], "outputs": ["y"]}], "outputs": ["y"]}
+    before = metric(client, "polyc_compile_fallbacks_total", stage="schedule")
     r = client.post("/v1/compile", json={"graph": g, "options": {"max_operations": 100}})
-    assert r.status_code == 422, r.text
-    p = r.json()
-    assert p["type"].endswith("schedule-too-complex") and "schedule too complex" in p["detail"]
-    assert p["errors"][0]["pointer"] == "/options/max_operations"
-    # the failure is not cached: a bigger budget compiles
-    assert client.post("/v1/compile", json={"graph": g}).status_code == 200
+    assert r.status_code == 200, r.text
+    (line,) = [f for f in r.json()["fallbacks"] if f.startswith("schedule fallback")]
+    assert "max_operations (100)" in line and "original order" in line
+    assert line in r.json()["kernels"][0]["fusion_report"]
+    assert metric(client, "polyc_compile_fallbacks_total", stage="schedule") == before + 1
+    run = client.post(f"/v1/kernels/{r.json()['key']}/run", json={"seed": 2}).json()
+    assert all(o["ok"] for o in run["outputs"]), run
+    again = client.post("/v1/compile", json={"graph": g, "options": {"max_operations": 100}})
+    assert again.json()["cache_hit"] and again.json()["fallbacks"] == r.json()["fallbacks"]
+    full = client.post("/v1/compile", json={"graph": g}).json()
+    assert full["key"] != r.json()["key"] and full["fallbacks"] == []
+
+
+def test_a_spent_fusion_budget_leaves_each_node_its_own_kernel(client):
+    g = {"inputs": [{"name": "x", "shape": [4, 8]}],
+         "nodes": [{"op": "softmax", "inputs": ["x"], "outputs": ["y"]}], "outputs": ["y"]}
+    r = client.post("/v1/compile", json={"graph": g, "options": {"fuse_seconds": 0}})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["kernels"]) > 1
+    assert any(f.startswith("fusion fallback: the fuse budget of 0 s") for f in r.json()["fallbacks"])
+    run = client.post(f"/v1/kernels/{r.json()['key']}/run", json={"seed": 1}).json()
+    assert all(o["ok"] for o in run["outputs"]), run
 
 
 @pytest.mark.parametrize("options, field, says", [

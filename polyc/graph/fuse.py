@@ -21,22 +21,31 @@ that would make a group larger than the fusion budget (MAX_GROUP_NODES): the ora
 the kernel's passes cost more than linearly in a group's size, so a 1,000-node chain
 becomes kernels of at most that many nodes and compiles in linear time. Every
 proposal, answer and decision is one line of the fusion report.
+
+Budgets (`budget.py`): an answer isl could not give within its operations is a refusal,
+and once the stage's wall seconds are spent no proposal is asked any more: the groups
+stay as they are (a node never merged is a kernel of its own). Either is a line of the
+report and a fallback of the compile.
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import GraphError, Problem
 from .ir import Graph
 from .storage import widens
+
+if TYPE_CHECKING:
+    from ..budget import Ledger
 
 
 class Answer(Protocol):
     legal: bool
     profitable: bool
     reason: str
+    over_budget: bool  # isl ran past its operations: no answer, so no merge
 
 
 Oracle = Callable[[Graph, tuple[str, ...], tuple[str, ...]], Answer]
@@ -156,10 +165,12 @@ def _check_names(graph: Graph, pairs, option: str) -> None:
 def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
                forbid: tuple[tuple[str, str], ...] = (),
                force_oracle: Oracle | None = None,
-               max_group_nodes: int = MAX_GROUP_NODES) -> FusionPlan:
+               max_group_nodes: int = MAX_GROUP_NODES,
+               ledger: "Ledger | None" = None) -> FusionPlan:
     """Grow fusion groups by asking `oracle` (see the module docstring); a merge that
     would make a group of more than `max_group_nodes` nodes is not proposed, and the
-    report says so.
+    report says so; with `ledger`, the oracle is asked only while the fusion budget
+    lasts.
 
     Before: softmax as reduce_max, sub, exp, reduce_sum, div (five kernels). After: one
     group of all five, with report lines such as "fused sub into {reduce_max}: legal at
@@ -170,6 +181,29 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
     p = _Partition(graph)
     report: list[tuple[frozenset, str]] = []
     asked: set[frozenset[tuple[str, ...]]] = set()  # pairs of groups, in either order
+    out_of_time = False  # the wall budget ran out: the proposals left are not asked
+    answered = 0  # proposals the oracle answered
+
+    def ask(a: tuple[str, ...], b: tuple[str, ...], pair: str) -> Answer | None:
+        """The oracle's answer within the budgets, or None once the wall budget is spent
+        (the first time, a report line says so)."""
+        nonlocal out_of_time, answered
+        if ledger is None:
+            return oracle(graph, a, b)
+        if out_of_time:
+            return None
+        if ledger.exhausted("fuse"):
+            out_of_time = True
+            line = ledger.fell_back(
+                f"fusion fallback: {ledger.out_of_time('fuse')} after {answered} "
+                f"proposals: {pair} and every later proposal were not asked; the groups "
+                "stay as they are")
+            report.append((frozenset(n.name for n in graph.nodes), line))
+            return None
+        with ledger.timing("fuse"):
+            answer = oracle(graph, a, b)
+        answered += 1
+        return answer
 
     def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return any((x in a and y in b) or (x in b and y in a) for x, y in forbid)
@@ -195,13 +229,19 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
             cycle = "another kernel sits between them (fusing would create a cycle)"
             report.append((involved, f"{kind}: {pair}: rejected: {cycle}"))
             return False
-        answer = oracle(graph, a, b)
+        answer = ask(a, b, pair)
+        if answer is None:
+            return False
         if answer.legal and answer.profitable:
             p.merge(ga, gb) if p.order[a[0]] <= p.order[b[0]] else p.merge(gb, ga)
             fused = f"fused {group_label(b)} into {group_label(a)}"
             report.append((involved, f"{kind}: {fused}: {answer.reason}"))
             return True
-        report.append((involved, f"{kind}: {pair}: rejected: {answer.reason}"))
+        line = f"{kind}: {pair}: rejected: {answer.reason}"
+        if answer.over_budget and ledger is not None:
+            line = ledger.fell_back(f"fusion fallback: {kind}: {pair}: kept apart: "
+                                    f"{answer.reason}")
+        report.append((involved, line))
         return False
 
     readers: dict[str, list[str]] = {}

@@ -39,6 +39,40 @@ def compute_dependences(model: PolyModel) -> PolyModel:
     return replace(model, flow=flow, anti=anti, output=output, input=reuse)
 
 
+def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel:
+    """`model` (of a kernel merging the statements of `a` and `b`, each with its
+    dependences, its statements named as in `model`) with the dependences
+    `compute_dependences` would find: those of `a` and `b`, and those between them.
+
+    Exact when each array is written by the statements of one side only (every tensor
+    has one producing node): no write of one side then kills a source of the other's,
+    so each cross dependence has its sink on one side and its source on the other, and
+    dataflow with just those as sinks and sources finds them (`group_models.py`)."""
+    sides = [(model.reads.intersect_domain(p.domain), model.writes.intersect_domain(p.domain))
+             for p in (a, b)]
+    flow, anti, output, reuse = a.flow.union(b.flow), a.anti.union(b.anti), \
+        a.output.union(b.output), a.input.union(b.input)
+    for (reads, writes), (src_reads, src_writes) in (sides, sides[::-1]):
+        flow = flow.union(_crossing(reads, src_writes, model.order, must=True))
+        anti = anti.union(_crossing(writes, src_reads, model.order, must=False))
+        output = output.union(_crossing(writes, src_writes, model.order, must=True))
+        reuse = reuse.union(_crossing(reads, src_reads, model.order, must=False))
+    return replace(model, flow=flow, anti=anti, output=output, input=reuse)
+
+
+def _crossing(sink: isl.UnionMap, source: isl.UnionMap, order: isl.UnionMap, *,
+              must: bool) -> isl.UnionMap:
+    """Dataflow from `source` to `sink` accesses of one side each, over the elements
+    both touch only: most pairs of sides share an array or two, and isl's dataflow
+    costs what its sinks and sources hold."""
+    sink = sink.intersect_range(source.range())
+    if sink.is_empty():
+        return isl.UnionMap.empty(sink.get_space())
+    source = source.intersect_range(sink.range())
+    order = order.intersect_domain(sink.domain().union(source.domain()))
+    return _flow(sink, order, must=source) if must else _flow(sink, order, may=source)
+
+
 def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:
     """The dependences `schedule` violates (empty when it is legal).
 

@@ -44,14 +44,12 @@ class PolyModel:
         """Bytes of the distinct array elements that `instances` read or write, counted
         exactly by isl; `element_bytes` maps array names to their element size."""
         touched = self.reads.union(self.writes).intersect_domain(instances).range()
-        total = 0
-
-        def add(elements: isl.Set) -> None:
-            nonlocal total
-            total += elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
-
-        touched.foreach_set(add)
-        return total
+        # counted after the walk, not in its callback: an error there (an operation
+        # budget running out, `budget.py`) would only be printed by islpy, not raised
+        arrays: list[isl.Set] = []
+        touched.foreach_set(arrays.append)
+        return sum(elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
+                   for elements in arrays)
 
     def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
         return replace(self, schedule=schedule)
@@ -103,16 +101,25 @@ def build_model(statements: tuple[Statement, ...], arrays: Mapping[str, str],
     domain = isl.UnionSet.read_from_str(ctx, prefix + "{ " + "; ".join(_domain(s) for s in statements) + " }")
     if context is not None:
         domain = domain.intersect_params(context)
-    reads, writes, order = [], [], []
-    depth = max(len(s.extents) for s in statements)
-    for pos, s in enumerate(statements):
+    reads, writes = [], []
+    for s in statements:
         writes.append(_access(s, arrays[s.target], s.index, ()))
         if s.reduce is not None:  # `+=` reads what it writes
             reads.append(_access(s, arrays[s.target], s.index, ()))
         for load, guards in loads(s.expr):
             reads.append(_access(s, arrays[load.tensor], load.index, guards))
+    return PolyModel(domain, _union_map(reads, domain, ctx, prefix),
+                     _union_map(writes, domain, ctx, prefix),
+                     original_order(statements, domain, prefix))
+
+
+def original_order(statements: tuple[Statement, ...], domain: isl.UnionSet,
+                   prefix: str = "") -> isl.UnionMap:
+    """The statements in sequence, each in its own nest: `S1[i0] -> [1, i0, 0]`."""
+    order = []
+    depth = max(len(s.extents) for s in statements)
+    for pos, s in enumerate(statements):
         iters = [s.iter_name(d) for d in range(len(s.extents))]
         padded = iters + ["0"] * (depth - len(iters))
         order.append(f"{s.name}[{', '.join(iters)}] -> [{', '.join([str(pos)] + padded)}]")
-    return PolyModel(domain, _union_map(reads, domain, ctx, prefix),
-                     _union_map(writes, domain, ctx, prefix), _union_map(order, domain, ctx, prefix))
+    return _union_map(order, domain, domain.get_ctx(), prefix)

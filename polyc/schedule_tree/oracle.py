@@ -27,15 +27,16 @@ from typing import Callable
 
 import islpy as isl
 
+from ..budget import OutOfOperations, isl_operations
 from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..graph.ops import OPS
 from ..graph.storage import STORAGE
 from ..kernel import Kernel, build_kernels
 from ..machine import Machine
-from .dependences import compute_dependences
 from .fusion_tree import column_block, shared_depth
-from .model import PolyModel, build_model
+from .group_models import GroupModels
+from .model import PolyModel
 from .passes import element_bytes
 
 # (kernel, least flops worth one) -> the name of the microkernel that would compute the
@@ -59,6 +60,7 @@ class FusionAnswer:
     capacity: int  # bytes of the target level the footprint must fit
     saved_bytes: int  # intermediate memory traffic removed by fusing
     reason: str
+    over_budget: bool = False  # isl ran past its operations before it could answer
 
     @property
     def profitable(self) -> bool:
@@ -118,11 +120,15 @@ def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> i
 
 
 def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
-               microkernels: Microkernels = lambda kernel, flops: None) -> FusionAnswer:
-    """Can groups `a` and `b` (node names) share outer loops, and is it worth it?"""
+               microkernels: Microkernels = lambda kernel, flops: None, *,
+               max_operations: int = 0, models: GroupModels | None = None) -> FusionAnswer:
+    """Can groups `a` and `b` (node names) share outer loops, and is it worth it? isl
+    may spend `max_operations` on the question (0: no limit); past them the answer is a
+    refusal marked `over_budget`. `models` keeps the groups' models between the
+    proposals of one fuse stage (`group_models.py`)."""
     if (answer := _pointwise_answer(graph, a, b, machine)) is not None:
         return answer
-    return _isl_answer(graph, a, b, machine, microkernels)
+    return _isl_answer(graph, a, b, machine, microkernels, max_operations, models)
 
 
 def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
@@ -154,7 +160,8 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
 
 
 def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
-                microkernels: Microkernels) -> FusionAnswer:
+                microkernels: Microkernels, max_operations: int = 0,
+                models: GroupModels | None = None) -> FusionAnswer:
     """The answer from isl's model of the merged kernel (see the module docstring)."""
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     merged = tuple(sorted(a + b, key=order.__getitem__))
@@ -169,9 +176,22 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                             f"folded into the operand of {group_label(b if kept_b else a)}, "
                             "evaluated where the contraction reads it (while packing, with a "
                             f"microkernel); saves {_mib(saved)}")
-    model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
-                        isl.Context())
-    model = compute_dependences(model)
+    models = models or GroupModels(graph)
+    try:
+        with isl_operations(models.ctx, max_operations):
+            return _shared_loop_answer(graph, a, b, machine, kernel, kept_a, kept_b,
+                                       models.merged(kernel, a, b))
+    except OutOfOperations as e:
+        return FusionAnswer(False, 0, False, 0, capacity, 0, f"{e} before answering",
+                            over_budget=True)
+
+
+def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
+                        machine: Machine, kernel: Kernel, kept_a: set[str], kept_b: set[str],
+                        model: PolyModel) -> FusionAnswer:
+    """The answer from the loops the merged kernel's statements can share (`model`, its
+    dependences computed)."""
+    capacity = machine.fusion_level.capacity
     block = column_block(model, kernel.statements, element_bytes(kernel),
                          machine.block_bytes, machine.cores)
     depth, permutable, siblings, block = shared_depth(model, kernel.statements, kept_a, kept_b,

@@ -4,7 +4,8 @@
     dependences  flow, anti and output dependences with isl's dataflow (`dependences.py`)
     schedule     the loop structure: a fused kernel's from its fusion decisions, with
                  column blocks sized from the machine's block role; one node's from isl's
-                 scheduler (`schedule.py`)
+                 scheduler (`schedule.py`), or its original order once the scheduling
+                 budget is spent (`budget.py`)
     contract     intermediates into per-iteration buffers, proved with isl (`contract.py`)
     recompute    a cheap intermediate no buffer could hold is computed again where it
                  is read: the statements change, so the passes run again
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..budget import Ledger, OutOfOperations
 from ..kernel import recompute_locals
 from ..kernel.prologue import recomputable
 from .contract import contract_arrays
 from .dependences import compute_dependences
 from .fusion_tree import column_block
 from .model import build_model
-from .schedule import schedule_kernel
+from .schedule import original_order, schedule_kernel
 from .state import KernelState, Pass
 
 
@@ -45,9 +47,23 @@ def schedule_pass(state: KernelState, machine, options) -> KernelState:
     fused = len(kernel.nodes) > 1
     block = (column_block(state.model, kernel.statements, element_bytes(kernel),
                           machine.block_bytes, machine.cores) if fused else 0)
-    model = schedule_kernel(state.model, kernel.statements, fused=fused,
-                            max_operations=options.max_operations, block=block)
-    return replace(state, model=model)
+    if fused:  # fusion_tree's structure: linear in the dependences, no budget needed
+        return replace(state, model=schedule_kernel(state.model, kernel.statements,
+                                                    fused=True, block=block))
+    ledger = state.ledger or Ledger.of(options)
+    why = ledger.out_of_time("schedule") if ledger.exhausted("schedule") else ""
+    if not why:
+        try:
+            with ledger.timing("schedule"):
+                return replace(state, model=schedule_kernel(
+                    state.model, kernel.statements, fused=False,
+                    max_operations=options.max_operations))
+        except OutOfOperations as e:
+            why = str(e)
+    line = ledger.fell_back(f"schedule fallback: kernel {kernel.name}: {why}: the original "
+                            "order (each statement in its own loop order) instead of isl's "
+                            "scheduler")
+    return replace(state, model=original_order(state.model, kernel.statements)).note(line)
 
 
 def contract_pass(state: KernelState, machine, options) -> KernelState:

@@ -1,11 +1,10 @@
 """Scheduling a kernel with isl's scheduler (a Pluto-style algorithm) under an
-operation budget, so that a schedule space too large to explore answers with an error
-instead of hanging a worker."""
+operation budget, and the original order it falls back to past that budget."""
 from __future__ import annotations
 
 import islpy as isl
 
-from ..errors import ScheduleTooComplex
+from ..budget import isl_operations
 from ..kernel.comprehension import Statement
 from ..options import DEFAULT_MAX_OPERATIONS
 from .fusion_tree import fusion_schedule
@@ -18,10 +17,22 @@ def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fuse
     """The kernel's schedule tree: a fused kernel's loop structure from its fusion
     decisions (`fusion_tree`, with column blocks of `block` where they apply), a single
     node's from isl's scheduler, its bands' contiguous members moved innermost
-    (`interchange`)."""
+    (`interchange`). Raises `budget.OutOfOperations` when isl's scheduler runs past
+    `max_operations`."""
     if fused:
         return model.with_schedule(fusion_schedule(model, statements, block))
     return interchange_for_locality(isl_schedule(model, max_operations=max_operations))
+
+
+def original_order(model: PolyModel, statements: tuple[Statement, ...]) -> PolyModel:
+    """The fallback when isl's scheduler is out of budget: every statement in its own
+    loop order, those that share a loop under one band (the structure `fusion_tree`
+    builds from the dependences, in time linear in them), each band's permutable and
+    coincident flags from the dependences, so tiling and parallel loops still apply.
+
+        matmul: band(i, j) -> sequence[ {init}, band(k){update} ]
+    """
+    return model.with_schedule(fusion_schedule(model, statements))
 
 
 def isl_schedule(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIONS) -> PolyModel:
@@ -35,19 +46,10 @@ def isl_schedule(model: PolyModel, *, max_operations: int = DEFAULT_MAX_OPERATIO
     """
     ctx = model.domain.get_ctx()
     ctx.set_schedule_whole_component(1)
-    ctx.set_max_operations(max_operations)
-    ctx.reset_operations()
-    try:
+    with isl_operations(ctx, max_operations):
         sc = (isl.ScheduleConstraints.on_domain(model.domain)
               .set_validity(model.dependences)
               .set_coincidence(model.dependences)
               .set_proximity(model.flow.union(model.input)))
         schedule = sc.compute_schedule()
-    except isl.Error as e:
-        if "maximal number of operations exceeded" in str(e):
-            raise ScheduleTooComplex(
-                f"schedule too complex: isl exceeded {max_operations} operations") from None
-        raise
-    finally:
-        ctx.set_max_operations(0)
     return model.with_schedule(schedule)

@@ -4,13 +4,14 @@ A pass is a function `(state, machine, options) -> state`. The state carries the
 (its statements and arrays, whose buffer plans `contract` fills in), the polyhedral model
 (its `schedule` is the current tree), the tree after each pass that changed it (named by
 that pass: what the service and the browser view show), the report lines of every
-decision, and the copies between memory levels `promote` planned. A pass that rewrites
+decision, the copies between memory levels `promote` planned, and the compile's budgets
+(`budget.Ledger`, the one part shared by every kernel of a compile). A pass that rewrites
 the kernel's statements (`recompute`) asks for the passes to run again from the first
 (`rewritten`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 import islpy as isl
@@ -21,6 +22,7 @@ from .model import PolyModel
 from .tree import schedule_to_json, schedule_to_text
 
 if TYPE_CHECKING:
+    from ..budget import Ledger
     from ..machine import Machine
     from ..options import Options
     from .promotion import Promotion
@@ -36,6 +38,8 @@ class KernelState:
     trees: tuple[tuple[str, isl.Schedule], ...] = ()  # (pass, tree after it)
     promotions: tuple["Promotion", ...] = ()
     restart: bool = False  # the statements changed: run the passes again
+    # the compile's budgets, shared by its kernels (None: the options' budgets afresh)
+    ledger: "Ledger | None" = field(default=None, compare=False)
 
     @property
     def schedule(self) -> isl.Schedule:
@@ -50,7 +54,8 @@ class KernelState:
     def rewritten(self, kernel: Kernel, *lines: str) -> "KernelState":
         """A fresh start on new statements: the passes run again from the first (their
         decisions too), these lines kept."""
-        return KernelState(kernel, self.ctx, self.fusion, lines, restart=True)
+        return KernelState(kernel, self.ctx, self.fusion, lines, restart=True,
+                           ledger=self.ledger)
 
     def marks(self, kind: type[marks.Mark]) -> list[marks.Mark]:
         """The current tree's marks of one kind, outermost first."""

@@ -97,6 +97,9 @@ class Metrics:
             "polyc_compile_seconds",
             "seconds spent in the pipeline's stages (gcc included) by successful compiles",
             (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0))
+        self.fallbacks = Counter("polyc_compile_fallbacks_total",
+                                 "budgets that ran out in successful compiles, by stage "
+                                 "(fusion, schedule, tile): the stage took its fallback")
         self.worker_restarts = Counter("polyc_worker_restarts_total",
                                        "compile workers replaced, by reason")
         self.rejected = Counter("polyc_compile_rejected_total",
@@ -114,6 +117,7 @@ class Metrics:
         out = []
         metrics = [self.requests, self.cache_hits, self.cache_misses, self.cache_corrupt,
                    self.cache_errors, self.coalesced, self.compiles, self.compile_seconds,
+                   self.fallbacks,
                    self.worker_restarts, self.rejected, self.timeouts, *self._gauges]
         for m in metrics:
             out.append(f"# HELP {m.name} {m.help}")

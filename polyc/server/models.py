@@ -21,6 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StrictStr, create
 from .. import targets
 from ..graph.ir import DTYPES
 from ..graph.ops import OPS
+from ..options import MAX_STAGE_SECONDS, STAGES
 
 KEY_PATTERN = r"^[0-9a-f]{64}$"
 
@@ -81,8 +82,16 @@ GRAPH_SCHEMA = {
 _OPTION_FIELDS: dict[str, dict] = {
     "parallel": {"description": "OpenMP threads over outer parallel loops"},
     "max_operations": {"ge": 1, "le": 10**12,
-                       "description": "isl's operation budget per kernel; past it the "
-                                      "answer is 422 'schedule too complex'"},
+                       "description": "isl's operation budget per question (a fusion "
+                                      "proposal, a kernel's scheduler, a band's tile "
+                                      "sizes); past it that stage falls back (no merge, "
+                                      "the original order, default tiles) and the "
+                                      "answer's 'fallbacks' say so"},
+    **{f"{stage}_seconds": {"ge": 0, "le": MAX_STAGE_SECONDS,
+                            "description": f"wall seconds the {stage} stage may spend per "
+                                           "compile, read between isl questions; past them "
+                                           "it falls back (see max_operations)"}
+       for stage in STAGES},
     "verify": {"description": "check every schedule against every dependence"},
     "kernel_tile_sizes": {"description": "[kernel, [sizes]] pairs: tile that kernel's "
                                          "permutable bands with these sizes (a band isl "
@@ -179,6 +188,9 @@ class CompileResponse(BaseModel):
                                                    "compile that produced this result")
     notes: list[str] = Field(description="the loader's warnings about this request's graph, "
                                          "e.g. nodes that reach no output (dropped)")
+    fallbacks: list[str] = Field(description="each budget that ran out while compiling this "
+                                             "result and what was done instead (the result "
+                                             "is correct; a larger budget is another key)")
 
 
 class ArrayInfo(BaseModel):
@@ -245,6 +257,7 @@ class KernelRecord(BaseModel):
     kernels: list[KernelDetail]
     timings: dict[str, float]
     notes: list[str]
+    fallbacks: list[str] = []
     toolchain: dict[str, str] = Field(description="versions and flags covered by the key")
     parts: list[BundlePart] = Field(description="the stored bundle's manifest")
 

@@ -244,6 +244,8 @@ class CompileService:
             self.metrics.compiles.inc(outcome="ok")
             # the pipeline's own stage times: queueing for a worker is not compiling
             self.metrics.compile_seconds.observe(sum(entry.record["timings"].values()))
+            for line in entry.record.get("fallbacks", []):  # "<stage> fallback: ..."
+                self.metrics.fallbacks.inc(stage=line.split(" ", 1)[0])
             await self.cache.put(entry, blob)
             return entry
         _, kind, message, problems = reply
@@ -260,11 +262,6 @@ class CompileService:
         if kind == wm.INVALID_GRAPH and problems:
             return self._graph_problem(p.graph_doc, tuple(Problem(**x) for x in problems),
                                        p.root)
-        if kind == wm.TOO_COMPLEX:
-            return ApiProblem(422, "schedule-too-complex", "Schedule Too Complex",
-                              f"{message}; raise options.max_operations or simplify the graph",
-                              errors=[{"pointer": "/options/max_operations",
-                                       "message": message}])
         if kind == wm.OUT_OF_MEMORY:
             return ApiProblem(422, "out-of-memory", "Graph Too Large To Compile",
                               f"{message}; the limit is {self.settings.worker_memory_bytes} "
@@ -302,7 +299,8 @@ class CompileService:
                 "kernels": [{"name": k["name"], "nodes": k["nodes"],
                              "schedule_tree": k["schedule_tree"],
                              "fusion_report": k["fusion_report"]} for k in rec["kernels"]],
-                "timings": rec["timings"], "notes": list(notes)})
+                "timings": rec["timings"], "notes": list(notes),
+                "fallbacks": rec.get("fallbacks", [])})
             if how == HIT and not notes:  # served over and over; the others are one-offs
                 entry.bodies[how] = body
         return body

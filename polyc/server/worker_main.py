@@ -24,12 +24,11 @@ from pathlib import Path
 
 # error kinds a worker reports; the service maps each to an HTTP status
 INVALID_GRAPH = "invalid-graph"  # GraphError: the client's graph (422)
-TOO_COMPLEX = "schedule-too-complex"  # isl's operation budget ran out (422)
 OUT_OF_MEMORY = "out-of-memory"  # the graph needs more memory than a worker may use (422)
 DISK_FULL = "disk-full"  # the server's disk is full (503, never cached)
 INTERRUPTED = "interrupted"  # gcc was killed from outside: build again (503 if it recurs)
 INTERNAL = "internal"  # a polyc bug: BuildError, InternalError, anything else (500)
-ERROR_KINDS = (INVALID_GRAPH, TOO_COMPLEX, OUT_OF_MEMORY, DISK_FULL, INTERRUPTED,
+ERROR_KINDS = (INVALID_GRAPH, OUT_OF_MEMORY, DISK_FULL, INTERRUPTED,
                INTERNAL)
 
 GCC_OUTPUT_LIMIT = 256 << 20  # RLIMIT_FSIZE of gcc: no object is anywhere near this
@@ -70,8 +69,7 @@ def main(fd: int, memory_bytes: int, parent_pid: int) -> None:
 
 def run_job(job: dict) -> tuple:
     """Compile `job["graph"]` (canonical JSON text) and build it; never raises."""
-    from ..errors import (BuildError, BuildInterrupted, GraphError, InternalError,
-                          ScheduleTooComplex)
+    from ..errors import BuildError, BuildInterrupted, GraphError, InternalError
     try:
         if job.get("kind") == "run":  # a stored result on random inputs
             from .run_worker import run_job as run_stored
@@ -83,8 +81,6 @@ def run_job(job: dict) -> tuple:
         return ("error", INVALID_GRAPH, str(e), [
             {"message": p.message, "node": p.node, "op": p.op, "field": p.field}
             for p in e.problems])
-    except ScheduleTooComplex as e:
-        return ("error", TOO_COMPLEX, str(e), [])
     except MemoryError:
         return ("error", OUT_OF_MEMORY, "compiling this graph needs more memory than a "
                 "worker may use", [])
@@ -125,6 +121,7 @@ def _compile_bundle(job: dict) -> bytes:
                     for k in result.kernels],
         "timings": timings,
         "notes": job["notes"],
+        "fallbacks": list(result.fallbacks),
         "toolchain": job["toolchain"],
     }
     return encode_bundle(job["key"], {RECORD: orjson.dumps(record),

@@ -11,13 +11,20 @@ fits, keeping the innermost, contiguous one long enough to vectorise. isl's `ban
 puts the point loops innermost.
 
     band [i, j, k] of a 512^3 matmul -> tile band [32*floor(i/32), ...] -> point band [i, j, k]
+
+The search counts footprints with isl, so it has budgets (`budget.py`): isl operations
+per band, wall seconds per compile. Past either, the kernel's bands left get default
+sizes (DEFAULT_TILE, the innermost MIN_INNER_TILE): any rectangular tile of a permutable
+band is legal, only its fit is unknown.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Sequence
 
 import islpy as isl
 
+from ..budget import Ledger, OutOfOperations, isl_operations
 from ..errors import GraphError, Problem
 from ..kernel import Kernel
 from ..kernel.comprehension import Statement
@@ -28,6 +35,7 @@ from ..schedule_tree.state import KernelState, Pass
 
 _BAND = isl.schedule_node_type.band
 MIN_INNER_TILE = 64  # elements along the contiguous loop: whole vectors, whole lines
+DEFAULT_TILE = 32  # an outer member's size when the search is out of budget
 
 
 def _members(band: isl.ScheduleNode, statements: dict[str, Statement]) -> list[int]:
@@ -78,13 +86,37 @@ def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[in
     return sizes
 
 
+def default_tile_sizes(extents: list[int]) -> list[int]:
+    """The sizes a band gets when the search is out of budget."""
+    return [DEFAULT_TILE] * (len(extents) - 1) + [MIN_INNER_TILE]
+
+
 def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine: Machine, *,
-               sizes: Sequence[int] | None = None) -> isl.Schedule:
+               sizes: Sequence[int] | None = None, max_operations: int = 0,
+               ledger: Ledger | None = None) -> tuple[isl.Schedule, str]:
     """Tile every permutable band of >= 2 members whose tile must shrink to fit the
-    target's tile level (or with explicit `sizes`, the first entries per band)."""
+    target's tile level (or with explicit `sizes`, the first entries per band), and say
+    why the search fell back to default sizes ('' if it did not): isl ran past
+    `max_operations` on a band (0: no limit), or `ledger`'s tiling seconds are spent."""
     by_name = {s.name: s for s in kernel.statements}
     element = {a.c_name: a.type.itemsize for a in kernel.arrays}
     capacity = machine.tile_level.capacity
+    fallback = ""
+
+    def search(node: isl.ScheduleNode, extents: list[int]) -> list[int]:
+        nonlocal fallback
+        if sizes:
+            return list(sizes[:len(extents)]) + extents[len(sizes):]
+        if not fallback and ledger is not None and ledger.exhausted("tile"):
+            fallback = ledger.out_of_time("tile")
+        if not fallback:
+            try:
+                with (ledger.timing("tile") if ledger else nullcontext(),
+                      isl_operations(node.get_ctx(), max_operations)):
+                    return choose_tile_sizes(model, node, extents, capacity, element)
+            except OutOfOperations as e:
+                fallback = str(e)
+        return default_tile_sizes(extents)
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if (node.get_type() == isl.schedule_node_type.mark
@@ -94,9 +126,7 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
                 and node.band_get_permutable()):
             extents = _members(node, by_name)
             if extents:
-                chosen = (list(sizes[:len(extents)]) + extents[len(sizes):] if sizes
-                          else choose_tile_sizes(model, node, extents, capacity, element))
-                chosen = [max(1, min(s, e)) for s, e in zip(chosen, extents)]
+                chosen = [max(1, min(s, e)) for s, e in zip(search(node, extents), extents)]
                 # tiling only the outermost loop is strip-mining: no locality gained
                 if any(s < e for s, e in zip(chosen[1:], extents[1:])):
                     mv = isl.MultiVal.zero(node.band_get_space())
@@ -107,7 +137,7 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
             node = visit(node.child(i)).parent()
         return node
 
-    return visit(schedule.get_root()).get_schedule()
+    return visit(schedule.get_root()).get_schedule(), fallback
 
 
 def untileable(model: PolyModel, schedule: isl.Schedule) -> str:
@@ -155,13 +185,22 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     edits = [k for k, (name, _) in enumerate(options.kernel_tile_sizes)
              if name == state.kernel.name]
     sizes = options.kernel_tile_sizes[edits[0]][1] if edits else options.tile_sizes
-    tiled = tile_bands(state.model, state.schedule, state.kernel, machine, sizes=sizes)
+    ledger = state.ledger or Ledger.of(options)
+    tiled, fallback = tile_bands(state.model, state.schedule, state.kernel, machine,
+                                 sizes=sizes, max_operations=options.max_operations,
+                                 ledger=ledger)
     if edits and tiled.plain_is_equal(state.schedule):
         # a person asked for these sizes: say why isl cannot apply them, never ignore them
         raise GraphError(Problem(f"kernel {state.kernel.name} cannot be tiled with "
                                  f"{list(sizes)}: {untileable(state.model, state.schedule)}",
                                  field=f"options.kernel_tile_sizes.{edits[0]}"))
-    return state.with_schedule(tiled)
+    state = state.with_schedule(tiled)
+    if fallback:
+        state = state.note(ledger.fell_back(
+            f"tile fallback: kernel {state.kernel.name}: {fallback}: default tile sizes "
+            f"({DEFAULT_TILE} per loop, {MIN_INNER_TILE} innermost) instead of sizes "
+            "fitted to the tile level"))
+    return state
 
 
 TILE = Pass("tile", tile_pass, changes_schedule=True)

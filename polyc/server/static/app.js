@@ -93,6 +93,8 @@ function renderSummary() {
   const applied = edits(record.options);
   if (Object.keys(applied).length) box.appendChild(el("p", { class: "mono", text: `edits: ${JSON.stringify(applied)}` }));
   for (const n of record.notes || []) box.appendChild(el("p", { class: "hint", text: n }));
+  // a budget that ran out: the result is correct, but a stage took its cheaper answer
+  for (const f of record.fallbacks || []) box.appendChild(el("p", { class: "hint fallback", text: f }));
   const total = sum(record.timings);
   // kernels by the time their passes took, slowest first: where a compile's time went
   const perKernel = Object.fromEntries(record.kernels.filter((k) => k.timings).map((k) => [k.name, sum(k.timings)])

@@ -188,10 +188,8 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
                        for p in r.promotions) for r in results]
         if any(p != plain[0] for p in plain):
             raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
+        # a contracted buffer as long as a symbol is allocated per call (and per thread)
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
-        for a in kernel.arrays:  # a contracted buffer is a fixed C array per thread
-            if a.kept is not None and not all(type(d) is int for d in a.buffer_shape):
-                raise NotGeneral(f"kernel {name}'s buffer for {a.tensor!r}", a.buffer_shape)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     return g, plan, kernels, trees
 

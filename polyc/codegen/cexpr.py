@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
+from ..graph.symbols import Reciprocal
 from ..kernel import Array
 from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
@@ -147,6 +148,9 @@ def c_literal(value: float | int, dtype: str) -> str:
     """A C constant of `dtype`; a negative one is parenthesised, because the op
     templates put values right after a minus (`(-{a})`, `exp(-{a})`), and `--2.0f` is a
     decrement, not a number."""
+    if isinstance(value, Reciprocal):  # a symbolic mean's 1/N, in double as the literal is
+        exact = f"(1.0 / (double)({value.count}))"
+        return exact if dtype == "float64" else f"(({C_TYPE[dtype]}){exact})"
     if dtype == "bool":
         return "1" if value else "0"
     if dtype == "int32":

@@ -37,7 +37,11 @@ class Program:
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * len(k.params) + [ctypes.c_int64] * len(k.symbols)
             self._fns.append(fn)
-        self._constants = {c.name: constant_value(c) for c in graph.constants}
+        # the constants a kernel reads or the graph returns (the scalars are in the C, a
+        # symbolic mean's 1/N among them)
+        needed = {a.tensor for k in kernels for a in k.params} | set(graph.outputs)
+        self._constants = {c.name: constant_value(c) for c in graph.constants
+                           if c.name in needed}
         self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
         # a symbolic graph's binding and shapes per input shapes: sympy is slow per call
         self._bind = functools.lru_cache(maxsize=64)(

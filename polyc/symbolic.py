@@ -15,9 +15,11 @@
 The decisions (fusion, tile sizes, which loop is parallel) are those the pipeline makes
 at the base probe, sizes of about a thousand; they are kept only when the other probes
 make the very same ones. Microkernel marks carry sizes (`gemm ... m=N`), generalised
-like the rest; when a microkernel makes the probes differ, or its emitter decides by a
-size it cannot compare, the graph is compiled again without microkernels (the portable
-loops, with `omp simd`), and the report says so. A parallel loop whose work depends on
+like the rest. When the probes differ, the graph is compiled again with tiles and gemm
+blocks that do not follow the extents (`CpuOptions.balance_tiles`: a tile of 127 cuts
+1019 evenly, 1009 not); when they still differ, or a microkernel's emitter decides by a
+size it cannot compare, without microkernels (the portable loops, with `omp simd`);
+the report says which. A parallel loop whose work depends on
 the symbols runs its threads only when a call has enough work (an OpenMP `if`).
 """
 from __future__ import annotations
@@ -55,27 +57,39 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
     fit_probes, probes = _probes(loaded)
-    note = ()
-    try:
-        g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend, machine,
-                                               options, trace, note, pipeline)
-    except NotGeneral as e:
-        if not options.microkernels:
-            raise _refusal(loaded, e) from None
-        options = replace(options, microkernels=False)
-        note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
-                f"microkernels, {e.where} depended on the sizes)",)
+    tried, failure = [], None
+    for change in _FALLBACKS:
+        attempt = replace(options, **change)
+        if attempt in tried:
+            continue
+        note = () if failure is None else (
+            f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
+            f"{failure.where} depended on the sizes)",)
         try:
-            g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend,
-                                                   machine, options, quiet_trace(), note,
-                                                   pipeline)
-        except NotGeneral as e2:
-            raise _refusal(loaded, e2) from None
+            g, plan, results, functions = _attempt(
+                loaded, probes, fit_probes, backend, machine, attempt,
+                trace if not tried else quiet_trace(), note, pipeline)
+        except NotGeneral as e:
+            tried.append(attempt)
+            failure = e
+            continue
+        options = attempt
+        break
+    else:
+        raise _refusal(loaded, failure)
     # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
     # another is written as that one in the generalised types)
     primitive = replace(g, inputs=loaded.inputs, symbols=loaded.symbols,
                         assumptions=loaded.assumptions)
     return primitive, plan, results, functions, options
+
+
+# what a compile changes, in turn, when the probes decide differently: tiles cut to the
+# extent (1009 in 8 tiles of 127) differ at every probe, the model's sizes do not; a
+# microkernel's emitter may decide by a size it cannot compare
+_FALLBACKS = ({}, {"balance_tiles": False}, {"balance_tiles": False, "microkernels": False})
+_CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents",
+            "microkernels": "microkernels off, the portable loops instead"}
 
 
 def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note, pipeline):

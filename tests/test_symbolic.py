@@ -255,12 +255,14 @@ def _symbolic_case(c):
 
 
 # the cases a symbolic N cannot compile, each refused with a message saying why: a
-# reshape that is not integral for every N, a step on a symbolic axis, tiles balanced to
-# N, a fusion the oracle makes at N = 5 and 7 but not at 11 (N in [2, 12])
+# reshape that is not integral for every N, a step on a symbolic axis, a fusion the
+# oracle makes at N = 5 and 7 but not at 11 (N in [2, 12])
 REFUSED = {"reshape": "for every value of N", "slice-steps-negative": "a step of 3",
-           "parallel-elementwise-broadcast": "schedule tree", "rms_norm": "fusion groups"}
-# cases once refused for a mean's 1/N, which the kernels now compute from the bound N
-ONCE_REFUSED = ("reduce_mean-variance", "variance-all", "size1-everywhere")
+           "rms_norm": "fusion groups"}
+# cases once refused that compile now: a mean's 1/N computed from the bound N, tiles
+# not balanced to N
+ONCE_REFUSED = ("reduce_mean-variance", "variance-all", "size1-everywhere",
+                "parallel-elementwise-broadcast")
 
 
 def _differential_cases():

@@ -29,7 +29,7 @@ import islpy as isl
 from ..kernel import Array, Kernel, c_comment
 from ..kernel.comprehension import Statement
 from ..schedule_tree import marks as mk
-from .cexpr import C_TYPE, ExprPrinter
+from .cexpr import C_TYPE, ExprPrinter, c_size
 
 _T = isl.ast_node_type
 
@@ -105,14 +105,14 @@ class CBuilder:
         ctype, elements = C_TYPE[a.type.dtype], math.prod(a.buffer_shape)
         if type(elements) is not int:
             return (cgen.Statement(f"{ctype} *restrict {a.c_name} = "
-                                   f"malloc(sizeof({ctype}) * (size_t)({elements}))"),
+                                   f"malloc(sizeof({ctype}) * (size_t)({c_size(elements)}))"),
                     cgen.Statement(f"free({a.c_name})"))
         size = f"[{elements}]" if a.kept else ""
         return cgen.Statement(f"{ctype} {a.c_name}{size}"), None
 
     def declare_local(self, a: Array) -> tuple[cgen.Generable, cgen.Generable]:
         return (cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
-                               f"malloc((size_t)({a.type.nbytes}))"),
+                               f"malloc((size_t)({c_size(a.type.nbytes)}))"),
                 cgen.Statement(f"free({a.c_name})"))
 
     # -- the function -----------------------------------------------------------------

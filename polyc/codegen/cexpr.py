@@ -167,6 +167,24 @@ def c_literal(value: float | int, dtype: str) -> str:
     return f"({text})" if text.startswith("-") else text
 
 
+def c_size(size) -> str:
+    """C for a size or stride: an int, or a polynomial of the symbols (the kernel's
+    int64_t parameters, so products of them are int64_t too), powers written as
+    products (`L**2` is `L*L`)."""
+    if type(size) is int:
+        return str(size)
+    from sympy.printing.precedence import PRECEDENCE
+    from sympy.printing.str import StrPrinter
+
+    class Printer(StrPrinter):
+        def _print_Pow(self, expr, rational=False):
+            if not (expr.exp.is_Integer and expr.exp > 0):
+                raise ValueError(f"{size} is not a polynomial of the symbols")
+            return "*".join([self.parenthesize(expr.base, PRECEDENCE["Mul"])] * int(expr.exp))
+
+    return Printer().doprint(size)
+
+
 class ExprPrinter:
     """Prints a statement's values given C strings for its iterators."""
 
@@ -187,7 +205,7 @@ class ExprPrinter:
                 e = e if e.replace("_", "").isalnum() else f"({e})"
                 # a symbolic stride (64*N, N + 1) is an expression: parenthesised
                 terms.append(e if stride == 1 else f"{e} * {stride}" if type(stride) is int
-                             else f"{e} * ({stride})")
+                             else f"{e} * ({c_size(stride)})")
             stride *= a.type.shape[d]
         return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
 

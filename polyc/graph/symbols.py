@@ -221,6 +221,19 @@ class Reciprocal:
         return f"1/({self.count})"
 
 
+@dataclass(frozen=True)
+class Iota:
+    """The data 0, 1, ..., count - 1 of a constant as long as `count`, an affine
+    expression of the symbols: the positions a causal mask compares, which the static
+    pipeline makes constants at each size (`kernel.generalise`); a call makes them
+    from the bound values (`reference.constant_value`)."""
+
+    count: Any
+
+    def __str__(self) -> str:
+        return f"0..{self.count}-1"
+
+
 class Tight:
     """A symbolic value that formats without spaces: a field of a mark's text, whose
     words are split at spaces."""

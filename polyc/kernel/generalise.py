@@ -10,7 +10,8 @@ last one. So an extent of `N` rows, an offset of `N - 1`, a size of `64*N` becom
 sympy expressions; a float that differs must be the reciprocal of such a function (the
 1/N of a mean over a symbolic axis, exactly at every probe) and becomes a `Reciprocal`;
 anything else that changed with the size (a tile chosen differently, a constant
-sqrt(N)) is a `NotGeneral` naming where.
+sqrt(N)) is a `NotGeneral` naming where. A sequence whose length differs must be
+0, 1, ..., n - 1 at every probe, n affine (a constant's positions): an `Iota`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ..graph.ir import FrozenDict
-from ..graph.symbols import Reciprocal, symbol
+from ..graph.symbols import Iota, Reciprocal, symbol
 
 BASE = 1009  # the first probe: about a thousand, and prime (see `choose_probes`)
 
@@ -97,8 +98,10 @@ def generalise(values: Sequence[Any], probes: Sequence[Mapping[str, int]], where
     if isinstance(first, int):
         return _fit(values, probes, where, names or {})
     if isinstance(first, (tuple, list)):
-        if any(not isinstance(v, type(first)) or len(v) != len(first) for v in values):
-            raise NotGeneral(where, [len(v) for v in values])
+        if any(not isinstance(v, type(first)) for v in values):
+            raise NotGeneral(where, [type(v).__name__ for v in values])
+        if any(len(v) != len(first) for v in values):
+            return _fit_iota(values, probes, where, names or {})
         out = [generalise([v[i] for v in values], probes, f"{where}[{i}]", names)
                for i in range(len(first))]
         return type(first)(out)
@@ -166,3 +169,12 @@ def _fit_reciprocal(values: Sequence[float], probes: Sequence[Mapping[str, int]]
         return Reciprocal(_fit(counts, probes, where, names))
     except NotGeneral:
         raise NotGeneral(where, values) from None
+
+
+def _fit_iota(values: Sequence[Sequence], probes: Sequence[Mapping[str, int]], where: str,
+              names: Mapping[str, str]) -> Iota:
+    """Sequences that are 0, 1, ..., n - 1 at every probe, n an affine function."""
+    lengths = [len(v) for v in values]
+    if any(tuple(v) != tuple(range(n)) for v, n in zip(values, lengths)):
+        raise NotGeneral(where, [f"{len(v)} values" for v in values])
+    return Iota(_fit(lengths, probes, where, names))

@@ -60,8 +60,11 @@ def tile_footprint(model: PolyModel, band: isl.ScheduleNode, sizes: Sequence[int
 
 
 def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[int],
-                      capacity: int, element: dict[str, int]) -> list[int]:
-    sizes = list(extents)
+                      capacity: int, element: dict[str, int], *,
+                      balance: bool = True) -> list[int]:
+    """Sizes halved from the whole band (equal tiles), or with `balance` False from the
+    powers of two above the extents: the same sizes for every extent they cut."""
+    sizes = list(extents) if balance else [1 << (e - 1).bit_length() for e in extents]
     while tile_footprint(model, band, sizes, element) > capacity:
         # halve the largest outer size; the innermost only once the others are small
         outer = [m for m in range(len(sizes) - 1) if sizes[m] > 8]
@@ -79,7 +82,7 @@ def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[in
 
 
 def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine: Machine, *,
-               sizes: Sequence[int] | None = None) -> isl.Schedule:
+               sizes: Sequence[int] | None = None, balance: bool = True) -> isl.Schedule:
     """Tile every permutable band of >= 2 members whose tile must shrink to fit the
     target's tile level (or with explicit `sizes`, the first entries per band)."""
     by_name = {s.name: s for s in kernel.statements}
@@ -95,8 +98,11 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
             extents = _members(node, by_name)
             if extents:
                 chosen = (list(sizes[:len(extents)]) + extents[len(sizes):] if sizes
-                          else choose_tile_sizes(model, node, extents, capacity, element))
-                chosen = [max(1, min(s, e)) for s, e in zip(chosen, extents)]
+                          else choose_tile_sizes(model, node, extents, capacity, element,
+                                                 balance=balance))
+                # unbalanced, a size past the extent is kept: cut to it, it would differ
+                # with the extent (the tile loop then has one iteration)
+                chosen = [max(1, min(s, e) if balance else s) for s, e in zip(chosen, extents)]
                 # tiling only the outermost loop is strip-mining: no locality gained
                 if any(s < e for s, e in zip(chosen[1:], extents[1:])):
                     mv = isl.MultiVal.zero(node.band_get_space())
@@ -155,7 +161,9 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     edits = [k for k, (name, _) in enumerate(options.kernel_tile_sizes)
              if name == state.kernel.name]
     sizes = options.kernel_tile_sizes[edits[0]][1] if edits else options.tile_sizes
-    tiled = tile_bands(state.model, state.schedule, state.kernel, machine, sizes=sizes)
+    # the cpu's pass (the chips tile to their scratchpads): CpuOptions.balance_tiles
+    tiled = tile_bands(state.model, state.schedule, state.kernel, machine, sizes=sizes,
+                       balance=options.balance_tiles)
     if edits and tiled.plain_is_equal(state.schedule):
         # a person asked for these sizes: say why isl cannot apply them, never ignore them
         raise GraphError(Problem(f"kernel {state.kernel.name} cannot be tiled with "

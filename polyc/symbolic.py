@@ -35,6 +35,7 @@ from .graph.binding import bind_graph
 from .graph.ir import Graph
 from .graph.symbols import C_PREFIX, Tight
 from .kernel import Kernel
+from .kernel.comprehension import FloorDiv, Index, Mod, loads
 from .kernel.generalise import NotGeneral, choose_probes, generalise
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import compute_dependences, respects_dependences
@@ -72,6 +73,8 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
         except NotGeneral as e:
             tried.append(attempt)
             failure = e
+            if e.final:
+                raise _refusal(loaded, e) from None
             continue
         options = attempt
         break
@@ -204,8 +207,21 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
             raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
         # a contracted buffer as long as a symbol is allocated per call (and per thread)
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
+        for s in kernel.statements:  # isl divides by constants only
+            divisors = [e.d for index in (s.index, *(ld.index for ld, _ in loads(s.expr)))
+                        for e in index for e in _divisions(e) if type(e.d) is not int]
+            if divisors:
+                raise NotGeneral(f"kernel {name}'s statement {s.name}, whose index divides "
+                                 "by a size", divisors, final=True)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     return g, plan, kernels, trees
+
+
+def _divisions(e: Index):
+    """The floor divisions and modulos in an index expression, outermost first."""
+    while isinstance(e, (FloorDiv, Mod)):
+        yield e
+        e = e.arg
 
 
 def _general_tree(texts: list[str], probes, name: str, c_names) -> str:

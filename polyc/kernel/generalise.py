@@ -26,11 +26,13 @@ BASE = 1009  # the first probe: about a thousand, and prime (see `choose_probes`
 
 
 class NotGeneral(Exception):
-    """The probes disagree in a way no affine function of the symbols explains."""
+    """The probes disagree in a way no affine function of the symbols explains;
+    `final` when compiling again with other options cannot help."""
 
-    def __init__(self, where: str, values: Sequence[Any]):
+    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False):
         super().__init__(f"{where}: {', '.join(map(str, values))} at the probes")
         self.where = where
+        self.final = final
 
 
 def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:

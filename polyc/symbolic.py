@@ -15,9 +15,11 @@
 The decisions (fusion, tile sizes, which loop is parallel) are those the pipeline makes
 at the base probe, sizes of about a thousand; they are kept only when the other probes
 make the very same ones. Microkernel marks carry sizes (`gemm ... m=N`), generalised
-like the rest; when a microkernel makes the probes differ, or its emitter decides by a
-size it cannot compare, the graph is compiled again without microkernels (the portable
-loops, with `omp simd`), and the report says so. A parallel loop whose work depends on
+like the rest. When the probes differ, the graph is compiled again with tiles and gemm
+blocks that do not follow the extents (`CpuOptions.balance_tiles`: a tile of 127 cuts
+1019 evenly, 1009 not); when they still differ, or a microkernel's emitter decides by a
+size it cannot compare, without microkernels (the portable loops, with `omp simd`);
+the report says which. A parallel loop whose work depends on
 the symbols runs its threads only when a call has enough work (an OpenMP `if`).
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .graph.binding import bind_graph
 from .graph.ir import Graph
 from .graph.symbols import C_PREFIX, Tight
 from .kernel import Kernel
+from .kernel.comprehension import FloorDiv, Index, Mod, loads
 from .kernel.generalise import NotGeneral, choose_probes, generalise
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import compute_dependences, respects_dependences
@@ -55,27 +58,41 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
     fit_probes, probes = _probes(loaded)
-    note = ()
-    try:
-        g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend, machine,
-                                               options, trace, note, pipeline)
-    except NotGeneral as e:
-        if not options.microkernels:
-            raise _refusal(loaded, e) from None
-        options = replace(options, microkernels=False)
-        note = (f"symbolic shapes: microkernels off, the portable loops instead (with "
-                f"microkernels, {e.where} depended on the sizes)",)
+    tried, failure = [], None
+    for change in _FALLBACKS:
+        attempt = replace(options, **change)
+        if attempt in tried:
+            continue
+        note = () if failure is None else (
+            f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
+            f"{failure.where} depended on the sizes)",)
         try:
-            g, plan, results, functions = _attempt(loaded, probes, fit_probes, backend,
-                                                   machine, options, quiet_trace(), note,
-                                                   pipeline)
-        except NotGeneral as e2:
-            raise _refusal(loaded, e2) from None
+            g, plan, results, functions = _attempt(
+                loaded, probes, fit_probes, backend, machine, attempt,
+                trace if not tried else quiet_trace(), note, pipeline)
+        except NotGeneral as e:
+            tried.append(attempt)
+            failure = e
+            if e.final:
+                raise _refusal(loaded, e) from None
+            continue
+        options = attempt
+        break
+    else:
+        raise _refusal(loaded, failure)
     # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
     # another is written as that one in the generalised types)
     primitive = replace(g, inputs=loaded.inputs, symbols=loaded.symbols,
                         assumptions=loaded.assumptions)
     return primitive, plan, results, functions, options
+
+
+# what a compile changes, in turn, when the probes decide differently: tiles cut to the
+# extent (1009 in 8 tiles of 127) differ at every probe, the model's sizes do not; a
+# microkernel's emitter may decide by a size it cannot compare
+_FALLBACKS = ({}, {"balance_tiles": False}, {"balance_tiles": False, "microkernels": False})
+_CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents",
+            "microkernels": "microkernels off, the portable loops instead"}
 
 
 def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note, pipeline):
@@ -188,12 +205,23 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
                        for p in r.promotions) for r in results]
         if any(p != plain[0] for p in plain):
             raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
+        # a contracted buffer as long as a symbol is allocated per call (and per thread)
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
-        for a in kernel.arrays:  # a contracted buffer is a fixed C array per thread
-            if a.kept is not None and not all(type(d) is int for d in a.buffer_shape):
-                raise NotGeneral(f"kernel {name}'s buffer for {a.tensor!r}", a.buffer_shape)
+        for s in kernel.statements:  # isl divides by constants only
+            divisors = [e.d for index in (s.index, *(ld.index for ld, _ in loads(s.expr)))
+                        for e in index for e in _divisions(e) if type(e.d) is not int]
+            if divisors:
+                raise NotGeneral(f"kernel {name}'s statement {s.name}, whose index divides "
+                                 "by a size", divisors, final=True)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     return g, plan, kernels, trees
+
+
+def _divisions(e: Index):
+    """The floor divisions and modulos in an index expression, outermost first."""
+    while isinstance(e, (FloorDiv, Mod)):
+        yield e
+        e = e.arg
 
 
 def _general_tree(texts: list[str], probes, name: str, c_names) -> str:

@@ -12,6 +12,13 @@ is a front end, `frontends/torch_convert.py` and `frontends/torch_ops.py`.)
          on the tensors' memory: contiguous CPU tensors are shared with numpy
          (`Tensor.numpy()`), outputs are `torch.empty` tensors the kernels write into.
 
+With `torch.compile(..., dynamic=True)` Dynamo traces dynamic dims as SymInts: a
+partition whose inputs have them is compiled once, with each such dim a polyc symbol
+(`torch_convert.to_graph(dynamic=True)`), and every call binds the symbols from its
+tensors' shapes. Where polyc cannot write the partition with symbols (a slice along a
+dynamic dim, a scalar computed from a size), or a call breaks what the symbolic graph
+assumed, the partition is compiled per shape as above, with a warning saying why.
+
 A partition polyc refuses for some shapes (a `PolycError`: an op it cannot express for
 them) runs in PyTorch for those shapes, with a warning saying why; `partitions` on the
 backend lists every partition with what it compiled and what it refused.
@@ -35,7 +42,7 @@ except ImportError as e:  # polyc itself does not need torch
     raise ImportError("polyc.torch_backend needs PyTorch: pip install torch") from e
 
 from .compiler import compile as compile_graph
-from .errors import PolycError
+from .errors import GraphError, PolycError
 from .frontends import torch_convert, torch_ops  # noqa: F401 (torch_ops: the handlers)
 
 PREFIX = "polyc_"
@@ -48,7 +55,9 @@ class _Kernels:
     compiled: Any  # polyc.compiler.CompiledGraph
     inputs: tuple[tuple[int, str], ...]  # (argument position, polyc input name)
     outputs: tuple[tuple[str, tuple[int, ...]], ...]  # per result: polyc tensor, permutation
-    results: Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # per polyc output
+    # per polyc output: its shape and dtype; None for a symbolic compile, whose program
+    # allocates the outputs at the shapes a call's symbols give
+    results: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None
     # a polyc program reuses its intermediate buffers: one call at a time
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -64,8 +73,22 @@ class PolycSubgraph(torch.nn.Module):
         self.ops = [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
         self.kernels: dict[tuple, _Kernels] = {}
         self.refused: dict[tuple, str] = {}  # shapes -> why polyc refused them
+        # a partition Dynamo traced with dynamic dims: compiled once for every size
+        self.dynamic = any(isinstance(d, torch.SymInt) for n in module.graph.nodes
+                           if n.op == "placeholder"
+                           for d in getattr(n.meta.get("val"), "shape", ()))
+        self.symbolic: _Kernels | None = None
+        self.symbolic_refused = ""  # why the partition is not compiled symbolically
 
     def forward(self, *args):
+        if self.dynamic and not self.symbolic_refused:
+            kernels = self.symbolic or self._compile_symbolic(args)
+            if kernels is not None:
+                try:
+                    return _run(kernels, args)
+                except GraphError as e:  # this call breaks an assumption: per shape
+                    warnings.warn(f"polyc.torch_backend: partition {self.name} is compiled "
+                                  f"for these shapes: {e}", stacklevel=2)
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
                     for a in args)
         kernels = self.kernels.get(key)
@@ -76,28 +99,43 @@ class PolycSubgraph(torch.nn.Module):
         return _run(kernels, args)
 
     def _compile(self, key: tuple, args: tuple) -> _Kernels | None:
-        # one eager run gives every node's value, so every shape is concrete
-        interpreter = fx.Interpreter(self.module, garbage_collect_values=False)
-        with torch.no_grad():
-            interpreter.run(*args)
-        values = interpreter.env
         try:
-            graph, outputs = torch_convert.to_graph(self.module, values)
-            compiled = compile_graph(graph, self.target, options=self.options)
+            kernels = self._kernels(args, dynamic=False)
         except PolycError as e:
             self.refused[key] = str(e)
             warnings.warn(f"polyc.torch_backend: partition {self.name} ({', '.join(self.ops)}) "
                           f"runs in PyTorch for these shapes: {e}", stacklevel=2)
             return None
+        self.kernels[key] = kernels
+        return kernels
+
+    def _compile_symbolic(self, args: tuple) -> _Kernels | None:
+        try:
+            self.symbolic = self._kernels(args, dynamic=True)
+        except PolycError as e:
+            self.symbolic_refused = str(e)
+            warnings.warn(f"polyc.torch_backend: partition {self.name} ({', '.join(self.ops)}) "
+                          f"is compiled per shape, not once for its dynamic dims: {e}",
+                          stacklevel=3)
+        return self.symbolic
+
+    def _kernels(self, args: tuple, *, dynamic: bool) -> _Kernels:
+        """The partition compiled: for these arguments' shapes, or (`dynamic`) once
+        for every value of its dynamic dims. A PolycError when polyc refuses it."""
+        # one eager run gives every node's value, so every shape is concrete
+        interpreter = fx.Interpreter(self.module, garbage_collect_values=False)
+        with torch.no_grad():
+            interpreter.run(*args)
+        values = interpreter.env
+        graph, outputs = torch_convert.to_graph(self.module, values, dynamic=dynamic)
+        compiled = compile_graph(graph, self.target, options=self.options)
         placeholders = [n for n in self.module.graph.nodes if n.op == "placeholder"]
         inputs = tuple((i, name) for i, n in enumerate(placeholders)
                        if isinstance(name := _input_name(graph, n), str))
-        results = {name: (compiled.graph.types[name].shape,
-                          _torch_dtype(compiled.graph.types[name].dtype))
-                   for name in graph.outputs}
-        kernels = _Kernels(compiled, inputs, tuple((n, tuple(p)) for n, p in outputs), results)
-        self.kernels[key] = kernels
-        return kernels
+        results = None if dynamic else {
+            name: (compiled.graph.types[name].shape, _torch_dtype(compiled.graph.types[name].dtype))
+            for name in graph.outputs}
+        return _Kernels(compiled, inputs, tuple((n, tuple(p)) for n, p in outputs), results)
 
 
 def _input_name(graph, node: fx.Node) -> str | None:
@@ -123,12 +161,24 @@ def _numpy(t: torch.Tensor):
     return t.numpy()
 
 
+def _tensor(a):
+    """The tensor sharing numpy array `a`'s memory (`_numpy`'s inverse)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view("int16")).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _run(kernels: _Kernels, args: tuple) -> tuple:
     arrays = {name: _array(args[i]) for i, name in kernels.inputs}
-    results = {name: torch.empty(shape, dtype=dtype)
-               for name, (shape, dtype) in kernels.results.items()}
-    with kernels.lock:
-        kernels.compiled.program(arrays, {name: _numpy(t) for name, t in results.items()})
+    if kernels.results is None:  # symbolic: the program sizes the outputs (shared, no copy)
+        with kernels.lock:
+            results = {name: _tensor(a)
+                       for name, a in kernels.compiled.program(arrays).items()}
+    else:
+        results = {name: torch.empty(shape, dtype=dtype)
+                   for name, (shape, dtype) in kernels.results.items()}
+        with kernels.lock:
+            kernels.compiled.program(arrays, {name: _numpy(t) for name, t in results.items()})
     out, seen = [], set()
     for name, perm in kernels.outputs:  # a result returned twice is two tensors, as in eager
         t = results[name].clone() if name in seen else results[name]

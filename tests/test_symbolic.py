@@ -255,12 +255,14 @@ def _symbolic_case(c):
 
 
 # the cases a symbolic N cannot compile, each refused with a message saying why: a
-# reshape that is not integral for every N, a step on a symbolic axis, a mean's 1/N (a
-# value, not a size), tiles balanced to N, a per-thread buffer as long as N
+# reshape that is not integral for every N, a step on a symbolic axis, a fusion the
+# oracle makes at N = 5 and 7 but not at 11 (N in [2, 12])
 REFUSED = {"reshape": "for every value of N", "slice-steps-negative": "a step of 3",
-           "reduce_mean-variance": "constants", "variance-all": "constants",
-           "rms_norm": "constants", "size1-everywhere": "constants",
-           "parallel-elementwise-broadcast": "schedule tree"}
+           "rms_norm": "fusion groups"}
+# cases once refused that compile now: a mean's 1/N computed from the bound N, tiles
+# not balanced to N
+ONCE_REFUSED = ("reduce_mean-variance", "variance-all", "size1-everywhere",
+                "parallel-elementwise-broadcast")
 
 
 def _differential_cases():
@@ -270,7 +272,8 @@ def _differential_cases():
     from test_differential import CASES
     every = os.environ.get("POLYC_SYMBOLIC_ALL") == "1"
     return [c for k, c in enumerate(CASES)
-            if every or k % 3 == 0 or c.id in REFUSED or c.id == "conv2d-bias"]
+            if every or k % 3 == 0 or c.id in REFUSED or c.id in ONCE_REFUSED
+            or c.id == "conv2d-bias"]
 
 
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in _differential_cases()])

@@ -167,14 +167,59 @@ def test_views_alone_are_left_to_pytorch():
     assert backend.partitions == []
 
 
-def test_compiled_once_per_shape():
+def test_dynamic_dims_compile_once_for_every_size():
     fn, backend = _compile(lambda x, g: F.layer_norm(x, (x.shape[-1],), g) * 2, dynamic=True)
     g = torch.randn(32)
-    for rows in (3, 3, 7):
+    for rows in (3, 3, 7, 300):
         x = torch.randn(rows, 32)
         torch.testing.assert_close(fn(x, g), F.layer_norm(x, (32,), g) * 2)
     [p] = backend.partitions
-    assert len(p.kernels) == 2 and not p.refused
+    assert p.dynamic and p.symbolic is not None and not p.kernels and not p.refused
+
+
+def test_a_norm_over_a_dynamic_axis_compiles_once():
+    fn, backend = _compile(lambda x: torch.softmax(F.layer_norm(x, (x.shape[-1],)), -1)
+                           + x.mean(-1, keepdim=True), dynamic=True)
+    for cols in (5, 7, 64):
+        x = torch.randn(4, cols)
+        torch.testing.assert_close(fn(x), torch.softmax(F.layer_norm(x, (cols,)), -1)
+                                   + x.mean(-1, keepdim=True), rtol=1e-4, atol=1e-5)
+    [p] = backend.partitions
+    assert p.symbolic is not None and not p.kernels
+
+
+def test_transformer_block_over_a_dynamic_length_compiles_once():
+    torch.manual_seed(0)
+    block = Block(width=32, heads=2, hidden=64).eval()
+    fn, backend = _compile(block)
+    with torch.no_grad():
+        for length in (8, 5, 21):
+            x = torch.randn(1, length, 32)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(fn(x), block(x), rtol=1e-4, atol=1e-5)
+    [p] = backend.partitions
+    assert p.symbolic is not None and not p.kernels
+
+
+def test_what_polyc_cannot_write_with_symbols_is_compiled_per_shape():
+    """A scalar computed from a size (x.shape[0]) would be a constant of one size."""
+    fn, backend = _compile(lambda x: x.sum(0) / x.shape[0] + 1, dynamic=True)
+    with pytest.warns(UserWarning, match="compiled per shape.*depends on a dynamic size"):
+        for rows in (3, 7):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(fn(x), x.sum(0) / rows + 1)
+    [p] = backend.partitions
+    assert p.symbolic is None and len(p.kernels) == 2
+
+
+def test_compiled_once_per_shape_without_dynamic_dims():
+    fn, backend = _compile(lambda x, g: F.layer_norm(x, (x.shape[-1],), g) * 2, dynamic=False)
+    g = torch.randn(32)
+    for rows in (3, 3):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(fn(x, g), F.layer_norm(x, (32,), g) * 2)
+    [p] = backend.partitions
+    assert not p.dynamic and len(p.kernels) == 1 and not p.refused
 
 
 def test_training_gradients_match_eager():

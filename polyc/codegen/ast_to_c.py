@@ -9,7 +9,8 @@ pragmas and vector loops from its marks, packs microkernel operands, ...):
     emit_mark(mark, child, marks)   a schedule-tree mark (typed, `schedule_tree.marks`);
                             by default it applies to the first loop level below it
     emit_assign(s, iters)   one statement instance
-    declare_buffer(a)       a local contracted to a small buffer (`contract.py`)
+    declare_buffer(a)       a local contracted to a small buffer (`contract.py`):
+                            (declaration, release or None)
     declare_local(a)        a local that could not be contracted: (allocation, release)
 
 The ABI of every kernel function is `void NAME(T *restrict p0, ..., T *restrict pn)`: one
@@ -28,7 +29,7 @@ import islpy as isl
 from ..kernel import Array, Kernel, c_comment
 from ..kernel.comprehension import Statement
 from ..schedule_tree import marks as mk
-from .cexpr import C_TYPE, ExprPrinter
+from .cexpr import C_TYPE, ExprPrinter, c_size
 
 _T = isl.ast_node_type
 
@@ -98,13 +99,20 @@ class CBuilder:
         target = p.access(s.target, s.index)
         return cgen.Statement(p.update(target, s.reduce, p.value(s.expr), s.dtype).rstrip(";"))
 
-    def declare_buffer(self, a: Array) -> cgen.Generable:
-        size = f"[{math.prod(a.buffer_shape)}]" if a.kept else ""
-        return cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}{size}")
+    def declare_buffer(self, a: Array) -> tuple[cgen.Generable, cgen.Generable | None]:
+        """(declaration, release or None): a buffer as long as a symbolic dim is on the
+        heap, since its length is the call's and may be too large for a stack."""
+        ctype, elements = C_TYPE[a.type.dtype], math.prod(a.buffer_shape)
+        if type(elements) is not int:
+            return (cgen.Statement(f"{ctype} *restrict {a.c_name} = "
+                                   f"malloc(sizeof({ctype}) * (size_t)({c_size(elements)}))"),
+                    cgen.Statement(f"free({a.c_name})"))
+        size = f"[{elements}]" if a.kept else ""
+        return cgen.Statement(f"{ctype} {a.c_name}{size}"), None
 
     def declare_local(self, a: Array) -> tuple[cgen.Generable, cgen.Generable]:
         return (cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
-                               f"malloc((size_t)({a.type.nbytes}))"),
+                               f"malloc((size_t)({c_size(a.type.nbytes)}))"),
                 cgen.Statement(f"free({a.c_name})"))
 
     # -- the function -----------------------------------------------------------------
@@ -118,7 +126,8 @@ class CBuilder:
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
                  for s in self.kernel.statements]
-        body += [self.declare_buffer(a) for a in self.buffers]
+        buffers = [self.declare_buffer(a) for a in self.buffers]
+        body += [take for take, release in buffers if release is None]
         code = self.node(ast)
         # locals that could not be contracted live whole for the call, unless no code
         # touches them (a contraction's result a microkernel keeps in registers)
@@ -127,6 +136,7 @@ class CBuilder:
         self.unstored = [a for a in locals_
                          if not re.search(rf"\b{re.escape(a.c_name)}\b", text)]
         held = [self.declare_local(a) for a in locals_ if a not in self.unstored]
+        held += [(take, release) for take, release in buffers if release is not None]
         body += [take for take, _ in held] + [code] + [release for _, release in held]
         decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
         return cgen.FunctionBody(decl, cgen.Block(body))

@@ -11,6 +11,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..graph.ir import INT_BITS, int_range
+from ..graph.symbols import Reciprocal
 from ..kernel import Array
 from ..kernel.comprehension import Call, Const, Expr, Guarded, Index, Load, c_index
 
@@ -170,6 +171,9 @@ def c_literal(value: float | int, dtype: str) -> str:
     """A C constant of `dtype`; a negative one is parenthesised, because the op
     templates put values right after a minus (`(-{a})`, `exp(-{a})`), and `--2.0f` is a
     decrement, not a number."""
+    if isinstance(value, Reciprocal):  # a symbolic mean's 1/N, in double as the literal is
+        exact = f"(1.0 / (double)({value.count}))"
+        return exact if dtype == "float64" else f"(({C_TYPE[dtype]}){exact})"
     if dtype == "bool":
         return "1" if value else "0"
     if dtype == "bfloat16":  # its bits, rounded as the runtime's polyc_float_to_bf16 does
@@ -188,6 +192,24 @@ def c_literal(value: float | int, dtype: str) -> str:
         else:
             text = repr(v) + ("f" if dtype in ("float32", "float16") else "")
     return f"({text})" if text.startswith("-") else text
+
+
+def c_size(size) -> str:
+    """C for a size or stride: an int, or a polynomial of the symbols (the kernel's
+    int64_t parameters, so products of them are int64_t too), powers written as
+    products (`L**2` is `L*L`)."""
+    if type(size) is int:
+        return str(size)
+    from sympy.printing.precedence import PRECEDENCE
+    from sympy.printing.str import StrPrinter
+
+    class Printer(StrPrinter):
+        def _print_Pow(self, expr, rational=False):
+            if not (expr.exp.is_Integer and expr.exp > 0):
+                raise ValueError(f"{size} is not a polynomial of the symbols")
+            return "*".join([self.parenthesize(expr.base, PRECEDENCE["Mul"])] * int(expr.exp))
+
+    return Printer().doprint(size)
 
 
 class ExprPrinter:
@@ -210,7 +232,7 @@ class ExprPrinter:
                 e = e if e.replace("_", "").isalnum() else f"({e})"
                 # a symbolic stride (64*N, N + 1) is an expression: parenthesised
                 terms.append(e if stride == 1 else f"{e} * {stride}" if type(stride) is int
-                             else f"{e} * ({stride})")
+                             else f"{e} * ({c_size(stride)})")
             stride *= a.type.shape[d]
         return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
 

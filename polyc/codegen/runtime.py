@@ -37,7 +37,14 @@ class Program:
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * len(k.params) + [ctypes.c_int64] * len(k.symbols)
             self._fns.append(fn)
-        self._constants = {c.name: constant_value(c) for c in graph.constants}
+        # the constants a kernel reads or the graph returns (the scalars are in the C, a
+        # symbolic mean's 1/N among them); those as long as a symbol made per binding
+        needed = {a.tensor for k in kernels for a in k.params} | set(graph.outputs)
+        used = [c for c in graph.constants if c.name in needed]
+        self._constants = {c.name: constant_value(c) for c in used if c.type.static}
+        sized = [c for c in used if not c.type.static]
+        self._sized_constants = functools.lru_cache(maxsize=8)(
+            lambda binding: {c.name: constant_value(c, dict(binding)) for c in sized})
         self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
         # a symbolic graph's binding and shapes per input shapes: sympy is slow per call
         self._bind = functools.lru_cache(maxsize=64)(
@@ -77,6 +84,7 @@ class Program:
         env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
                for k, v in checked.items()}
         env.update(self._constants)
+        env.update(self._sized_constants(tuple(binding.items())))
         results = {}
         for name in self.graph.outputs:
             if name in env:  # an input or a constant returned as is: copy, never alias

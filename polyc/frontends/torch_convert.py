@@ -6,7 +6,11 @@ one node, from the shapes and dtypes Dynamo traced (`node.meta["val"]`), whether
 compute it; `to_graph(module, values)` writes a partition (an `fx.GraphModule` of
 supported nodes) as a polyc `Graph`, given the concrete value of every node of one call,
 so every shape is an integer and a view's target shape is read from its result, never
-from its (possibly symbolic) arguments.
+from its (possibly symbolic) arguments. With `dynamic`, the shapes are those Dynamo
+traced instead, and each dynamic dim of an input (a SymInt `s0`) is a polyc symbol: the
+graph compiles once for every size. What polyc cannot write with a symbol is then a
+GraphError naming the node: a scalar computed from a size, a slice along a dynamic dim,
+a view's target with two dynamic dims (one is written -1).
 
 View ops (`view`, `transpose`, `expand` ...) are copies in polyc, so a partition made
 only of them is left to PyTorch, which makes them for free. The ops themselves are
@@ -120,9 +124,14 @@ class Converter:
     """Writes one partition into a `GraphBuilder`: `names` maps each FX node to its polyc
     tensor (a tuple of them for an op with several results)."""
 
-    def __init__(self, module: fx.GraphModule, values: dict[fx.Node, Any]):
+    def __init__(self, module: fx.GraphModule, values: dict[fx.Node, Any],
+                 dynamic: bool = False):
         self.b = _Builder(safe_name(module.__class__.__name__))
-        self.values = values
+        # handlers read shapes from `values`: the traced ones (SymInt dims) when dynamic;
+        # one call's values tell how results are laid out in memory
+        self.concrete = values
+        self.values = ({n: n.meta["val"] for n in module.graph.nodes if "val" in n.meta}
+                       if dynamic else values)
         self.names: dict[fx.Node, Any] = {}
         self.laid_out: set[str] = set()  # outputs computed transposed
 
@@ -133,6 +142,8 @@ class Converter:
         value = self.values[arg] if isinstance(arg, fx.Node) else arg
         if isinstance(value, torch.Tensor):
             raise GraphError(f"tensor {arg} is not an input of the partition")
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise GraphError(f"node {arg}: the value {value} depends on a dynamic size")
         return self.b.constant(self.b.fresh("const"), [], [value], dtype)
 
     def cast(self, name: str, have: str, want: str) -> str:
@@ -146,6 +157,37 @@ class Converter:
 
     def out(self, node: fx.Node) -> torch.Tensor:
         return self.values[node]
+
+    def input_dim(self, d: Any) -> int | str:
+        """An input's dim: an int, or a dynamic one's symbol (its range Dynamo's)."""
+        if isinstance(d, int):
+            return d
+        expr = d.node.expr
+        if expr.is_Integer:
+            return int(expr)
+        if not expr.is_Symbol:
+            raise GraphError(f"an input's dim {expr} is not one symbol (polyc's inputs "
+                             "take symbols, not expressions)")
+        bounds = d.node.shape_env.var_to_range.get(expr)
+        lo, hi = (bounds.lower, bounds.upper) if bounds is not None else (1, None)
+        self.b.symbols[str(expr)] = {"min": max(1, int(lo)),
+                                     **({"max": int(hi)} if _finite(hi) else {})}
+        return str(expr)
+
+    def target_shape(self, node: fx.Node, *, free: bool = False) -> list[int]:
+        """The shape of `node`'s result for an attribute (a view's target): ints, and
+        with `free` one dynamic dim written -1 (the others fix it)."""
+        shape = list(self.out(node).shape)
+        dynamic = [k for k, d in enumerate(shape) if not isinstance(d, int)]
+        if dynamic and not (free and len(dynamic) == 1):
+            raise GraphError(f"node {node.name!r}: its shape {shape} has dynamic dims an "
+                             "attribute cannot hold")
+        return [-1 if k in dynamic else d for k, d in enumerate(shape)]
+
+
+def _finite(v: Any) -> bool:
+    """A bound below 2^31 (not sympy's or torch's infinity, nor None)."""
+    return getattr(v, "is_Integer", False) is True and int(v) < 2**31
 
 
 def dtype_of(t: torch.Tensor) -> str:
@@ -170,20 +212,21 @@ def dense_order(t: torch.Tensor) -> list[int]:
     return order
 
 
-def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any]
+def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any], *, dynamic: bool = False
              ) -> tuple[Graph, list[tuple[str, list[int]]]]:
     """The partition as a polyc `Graph`, and for each of its outputs in order, the polyc
     tensor holding it and the permutation that turns that tensor back into the output.
     `values` holds every node's value for one eager call (shapes are concrete); an output
     PyTorch laid out transposed is computed transposed, so that the tensor handed back
-    has the strides the ops after it were traced with."""
-    cv = Converter(module, values)
+    has the strides the ops after it were traced with. `dynamic`: see the module's doc."""
+    cv = Converter(module, values, dynamic)
     outputs: list[tuple[str, list[int]]] = []
     for node in module.graph.nodes:
         if node.op == "placeholder":
-            v = values[node]
+            v = cv.values[node]
             if isinstance(v, torch.Tensor):
-                cv.names[node] = cv.b.input(safe_name(node.name), list(v.shape), dtype_of(v))
+                cv.names[node] = cv.b.input(safe_name(node.name),
+                                            [cv.input_dim(d) for d in v.shape], dtype_of(v))
         elif node.op == "call_function" and node.target is operator.getitem:
             cv.names[node] = cv.names[node.args[0]][node.args[1]]
         elif node.op == "call_function":
@@ -200,7 +243,7 @@ def to_graph(module: fx.GraphModule, values: dict[fx.Node, Any]
 
 
 def _laid_out(cv: Converter, node: fx.Node) -> tuple[str, list[int]]:
-    order = dense_order(cv.values[node])
+    order = dense_order(cv.concrete[node])
     if order == sorted(order):
         return cv.names[node], order
     name = f"{safe_name(node.name)}#in_memory_order"

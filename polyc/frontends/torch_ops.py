@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..errors import GraphError
 from .torch_convert import DTYPES, FLOATS, Converter, dtype_of, handles, safe_name
 
 aten = torch.ops.aten
@@ -267,7 +268,7 @@ def _addmm(cv: Converter, a: dict, node: fx.Node) -> str:
 # ----- data movement: shapes read from the results -----
 
 def _reshape(cv: Converter, a: dict, node: fx.Node) -> str:
-    return cv.b.reshape(cv.tensor(a["self"], ""), shape=list(cv.out(node).shape),
+    return cv.b.reshape(cv.tensor(a["self"], ""), shape=cv.target_shape(node, free=True),
                         out=safe_name(node.name))
 
 
@@ -283,7 +284,7 @@ def _identity(cv: Converter, a: dict, node: fx.Node) -> str:
 
 @handles(aten.expand.default, view=True)
 def _expand(cv: Converter, a: dict, node: fx.Node) -> str:
-    return cv.b.broadcast_to(cv.tensor(a["self"], ""), shape=list(cv.out(node).shape),
+    return cv.b.broadcast_to(cv.tensor(a["self"], ""), shape=cv.target_shape(node),
                              out=safe_name(node.name))
 
 
@@ -321,7 +322,12 @@ def _slice_ok(a: dict, node: fx.Node) -> bool:
 def _slice_axis(cv: Converter, x: fx.Node, dim: int, start: int, end: int, step: int = 1,
                 out: str | None = None) -> str:
     size = cv.values[x].shape[dim]
-    start, end = max(min(start, size), -size), max(min(end, size), -size)
+    if not isinstance(size, int):  # polyc's symbolic slice clamps where the range decides
+        if not (isinstance(start, int) and isinstance(end, int)):
+            raise GraphError(f"node {out or x.name!r}: a slice along dim {dim} (size {size}) "
+                             f"from {start} to {end}, which depend on a dynamic size")
+    else:
+        start, end = max(min(start, size), -size), max(min(end, size), -size)
     return cv.b.slice(cv.tensor(x, ""), starts=[start], ends=[end], axes=[dim], steps=[step],
                       out=out)
 

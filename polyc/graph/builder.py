@@ -21,6 +21,7 @@ class GraphBuilder:
         self._constants: list[dict] = []
         self._nodes: list[dict] = []
         self._count = 0
+        self.symbols: dict[str, dict] = {}  # a symbolic dim's range: {"N": {"min": 2}}
 
     def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> str:
         self._inputs.append({"name": name, "shape": list(shape), "dtype": dtype})
@@ -52,6 +53,8 @@ class GraphBuilder:
                "outputs": list(outputs)}
         if self._constants:
             doc["constants"] = self._constants
+        if self.symbols:
+            doc["symbols"] = self.symbols
         return doc
 
     def build(self, outputs: Sequence[str], *, limits: Limits = Limits()) -> Graph:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import GraphError, InternalError, Problem
 from .binding import bind_graph, bind_symbols, check_shape, symbol_values
-from .symbols import substitute_shape
+from .symbols import Iota, substitute, substitute_shape
 from .ir import INT_BITS, Graph, Node, Tensor, TensorType
 from .ops import norm_axes, norm_axis, slice_params
 
@@ -38,9 +38,14 @@ def run_reference(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.n
     return {o: np.array(values[o], order="C") for o in graph.outputs}
 
 
-def constant_value(tensor: Tensor) -> np.ndarray:
-    """The array of a constant (its `data` is flat, row-major)."""
-    return np.array(tensor.data, dtype=tensor.type.dtype).reshape(tensor.type.shape)
+def constant_value(tensor: Tensor, values: dict[str, int] | None = None) -> np.ndarray:
+    """The array of a constant (its `data` is flat, row-major); an `Iota` of a compiled
+    symbolic graph's at the symbols' `values`."""
+    t = tensor.type
+    if isinstance(tensor.data, Iota):
+        return np.arange(substitute(tensor.data.count, values), dtype=t.dtype).reshape(
+            substitute_shape(t.shape, values))
+    return np.array(tensor.data, dtype=t.dtype).reshape(t.shape)
 
 
 def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

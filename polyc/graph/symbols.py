@@ -204,6 +204,36 @@ def parse_affine(text: str):
     return as_int(expr) if not isinstance(expr, int) else expr
 
 
+@dataclass(frozen=True)
+class Reciprocal:
+    """The float 1/count, `count` an affine expression of the symbols: the factor of a
+    mean over a symbolic axis, which the static pipeline makes a constant 1/N at each
+    size (`kernel.generalise`). Generated C computes it from the bound parameter, in
+    double and then rounded, as the static literal is."""
+
+    count: Any
+
+    def at(self, values: Mapping[str, int]) -> float:
+        """Its value once the symbols take `values` (by name: the user's or C's)."""
+        return 1.0 / substitute(self.count, values)
+
+    def __str__(self) -> str:
+        return f"1/({self.count})"
+
+
+@dataclass(frozen=True)
+class Iota:
+    """The data 0, 1, ..., count - 1 of a constant as long as `count`, an affine
+    expression of the symbols: the positions a causal mask compares, which the static
+    pipeline makes constants at each size (`kernel.generalise`); a call makes them
+    from the bound values (`reference.constant_value`)."""
+
+    count: Any
+
+    def __str__(self) -> str:
+        return f"0..{self.count}-1"
+
+
 class Tight:
     """A symbolic value that formats without spaces: a field of a mark's text, whose
     words are split at spaces."""

@@ -338,14 +338,24 @@ class _Lowering:
         return self.elementwise(self.load(0, tuple(index)))
 
     def op_reshape(self) -> list[Statement]:
-        x = self.types[self.node.inputs[0]].shape
+        x, out = self.types[self.node.inputs[0]].shape, self.out.shape
+        # dims of one are left out (read at 0), and the leading dims both shapes then
+        # share are read in place; only the rest is flattened: so no stride or divisor
+        # is a symbolic size where none need be ([L, 192] into [1, L, 4, 48])
+        xs = [k for k, n in enumerate(x) if n != 1]
+        outs = [d for d, n in enumerate(out) if n != 1]
+        index: list[Index] = [Aff()] * len(x)
+        p = 0
+        while p < min(len(xs), len(outs)) and x[xs[p]] == out[outs[p]]:
+            index[xs[p]] = Aff.it(outs[p])
+            p += 1
         flat = Aff()
-        for d, s in enumerate(_strides(self.out.shape)):
+        for d, s in zip(outs[p:], _strides(tuple(out[d] for d in outs[p:]))):
             flat = flat + Aff.it(d, s)
-        index = []
-        for k, (s, dim) in enumerate(zip(_strides(x), x)):
+        rest = xs[p:]
+        for j, (k, s) in enumerate(zip(rest, _strides(tuple(x[k] for k in rest)))):
             e: Index = flat if s == 1 else FloorDiv(flat, s)
-            index.append(e if k == 0 else Mod(e, dim))
+            index[k] = e if j == 0 else Mod(e, x[k])
         return self.elementwise(self.load(0, tuple(index)))
 
     def op_broadcast_to(self) -> list[Statement]:

@@ -7,26 +7,32 @@ tuples, FrozenDicts) and demands that they agree everywhere except in integers; 
 integer that differs must be an affine function of the symbols (`b + sum a_k * s_k`,
 integer coefficients), fitted on the base and per-symbol probes and confirmed on the
 last one. So an extent of `N` rows, an offset of `N - 1`, a size of `64*N` become
-sympy expressions, while anything else that changed with the size (a tile chosen
-differently, a constant 1/N) is a `NotGeneral` naming where.
+sympy expressions; a float that differs must be the reciprocal of such a function (the
+1/N of a mean over a symbolic axis, exactly at every probe) and becomes a `Reciprocal`;
+anything else that changed with the size (a tile chosen differently, a constant
+sqrt(N)) is a `NotGeneral` naming where. A sequence whose length differs must be
+0, 1, ..., n - 1 at every probe, n affine (a constant's positions): an `Iota`.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, Sequence
 
 from ..graph.ir import FrozenDict
-from ..graph.symbols import symbol
+from ..graph.symbols import Iota, Reciprocal, symbol
 
 BASE = 1009  # the first probe: about a thousand, and prime (see `choose_probes`)
 
 
 class NotGeneral(Exception):
-    """The probes disagree in a way no affine function of the symbols explains."""
+    """The probes disagree in a way no affine function of the symbols explains;
+    `final` when compiling again with other options cannot help."""
 
-    def __init__(self, where: str, values: Sequence[Any]):
+    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False):
         super().__init__(f"{where}: {', '.join(map(str, values))} at the probes")
         self.where = where
+        self.final = final
 
 
 def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:
@@ -83,6 +89,10 @@ def generalise(values: Sequence[Any], probes: Sequence[Mapping[str, int]], where
     """One value for all probes (see the module's doc). `names` renames the symbols in
     the expressions made (e.g. to their C names)."""
     first = values[0]
+    if type(first) is float and all(type(v) is float for v in values):
+        if any(v != first for v in values):
+            return _fit_reciprocal(values, probes, where, names or {})
+        return first
     if isinstance(first, bool) or first is None or isinstance(first, (str, float)):
         if any(v != first for v in values):
             raise NotGeneral(where, values)
@@ -90,8 +100,10 @@ def generalise(values: Sequence[Any], probes: Sequence[Mapping[str, int]], where
     if isinstance(first, int):
         return _fit(values, probes, where, names or {})
     if isinstance(first, (tuple, list)):
-        if any(not isinstance(v, type(first)) or len(v) != len(first) for v in values):
-            raise NotGeneral(where, [len(v) for v in values])
+        if any(not isinstance(v, type(first)) for v in values):
+            raise NotGeneral(where, [type(v).__name__ for v in values])
+        if any(len(v) != len(first) for v in values):
+            return _fit_iota(values, probes, where, names or {})
         out = [generalise([v[i] for v in values], probes, f"{where}[{i}]", names)
                for i in range(len(first))]
         return type(first)(out)
@@ -144,3 +156,27 @@ def _fit(values: Sequence[int], probes: Sequence[Mapping[str, int]], where: str,
         if c:
             expr = expr + c * symbol(names.get(name, name))
     return expr
+
+
+def _fit_reciprocal(values: Sequence[float], probes: Sequence[Mapping[str, int]], where: str,
+                    names: Mapping[str, str]) -> Reciprocal:
+    """Floats that are exactly 1/c at every probe, c an affine function of the symbols."""
+    counts = []
+    for v in values:
+        c = round(1.0 / v) if math.isfinite(v) and v > 0 else 0
+        if c < 1 or 1.0 / c != v:
+            raise NotGeneral(where, values)
+        counts.append(c)
+    try:
+        return Reciprocal(_fit(counts, probes, where, names))
+    except NotGeneral:
+        raise NotGeneral(where, values) from None
+
+
+def _fit_iota(values: Sequence[Sequence], probes: Sequence[Mapping[str, int]], where: str,
+              names: Mapping[str, str]) -> Iota:
+    """Sequences that are 0, 1, ..., n - 1 at every probe, n an affine function."""
+    lengths = [len(v) for v in values]
+    if any(tuple(v) != tuple(range(n)) for v, n in zip(values, lengths)):
+        raise NotGeneral(where, [f"{len(v)} values" for v in values])
+    return Iota(_fit(lengths, probes, where, names))

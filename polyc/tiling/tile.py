@@ -68,8 +68,11 @@ def tile_footprint(model: PolyModel, band: isl.ScheduleNode, sizes: Sequence[int
 
 
 def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[int],
-                      capacity: int, element: dict[str, int]) -> list[int]:
-    sizes = list(extents)
+                      capacity: int, element: dict[str, int], *,
+                      balance: bool = True) -> list[int]:
+    """Sizes halved from the whole band (equal tiles), or with `balance` False from the
+    powers of two above the extents: the same sizes for every extent they cut."""
+    sizes = list(extents) if balance else [1 << (e - 1).bit_length() for e in extents]
     while tile_footprint(model, band, sizes, element) > capacity:
         # halve the largest outer size; the innermost only once the others are small
         outer = [m for m in range(len(sizes) - 1) if sizes[m] > 8]
@@ -93,7 +96,7 @@ def default_tile_sizes(extents: list[int]) -> list[int]:
 
 def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine: Machine, *,
                sizes: Sequence[int] | None = None, max_operations: int = 0,
-               ledger: Ledger | None = None) -> tuple[isl.Schedule, str]:
+               ledger: Ledger | None = None, balance: bool = True) -> tuple[isl.Schedule, str]:
     """Tile every permutable band of >= 2 members whose tile must shrink to fit the
     target's tile level (or with explicit `sizes`, the first entries per band), and say
     why the search fell back to default sizes ('' if it did not): isl ran past
@@ -113,7 +116,8 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
             try:
                 with (ledger.timing("tile") if ledger else nullcontext(),
                       isl_operations(node.get_ctx(), max_operations)):
-                    return choose_tile_sizes(model, node, extents, capacity, element)
+                    return choose_tile_sizes(model, node, extents, capacity, element,
+                                             balance=balance)
             except OutOfOperations as e:
                 fallback = str(e)
         return default_tile_sizes(extents)
@@ -126,7 +130,10 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
                 and node.band_get_permutable()):
             extents = _members(node, by_name)
             if extents:
-                chosen = [max(1, min(s, e)) for s, e in zip(search(node, extents), extents)]
+                # unbalanced, a size past the extent is kept: cut to it, it would differ
+                # with the extent (the tile loop then has one iteration)
+                chosen = [max(1, min(s, e) if balance else s)
+                          for s, e in zip(search(node, extents), extents)]
                 # tiling only the outermost loop is strip-mining: no locality gained
                 if any(s < e for s, e in zip(chosen[1:], extents[1:])):
                     mv = isl.MultiVal.zero(node.band_get_space())
@@ -186,9 +193,10 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
              if name == state.kernel.name]
     sizes = options.kernel_tile_sizes[edits[0]][1] if edits else options.tile_sizes
     ledger = state.ledger or Ledger.of(options)
+    # the cpu's pass (the chips tile to their scratchpads): CpuOptions.balance_tiles
     tiled, fallback = tile_bands(state.model, state.schedule, state.kernel, machine,
                                  sizes=sizes, max_operations=options.max_operations,
-                                 ledger=ledger)
+                                 ledger=ledger, balance=options.balance_tiles)
     if edits and tiled.plain_is_equal(state.schedule):
         # a person asked for these sizes: say why isl cannot apply them, never ignore them
         raise GraphError(Problem(f"kernel {state.kernel.name} cannot be tiled with "

@@ -141,22 +141,50 @@ class CpuBuilder(CBuilder):
         if partial:
             return self.emit_partials(it, init, cond, inc, body, marks, list(partial.arrays))
         par = next((m for m in marks if isinstance(m, mk.Parallel)), None)
-        # both marks on one loop (a one-member band) make `omp parallel for simd`
-        words = (["parallel for"] if par else []) + (["simd"] if _has(marks, mk.Simd) else [])
-        private = [m for m in marks if isinstance(m, str) and m.startswith("private(")]
+        simd = _has(marks, mk.Simd)
+        team = []  # the clauses of the threads' team
         if par and par.threads:
-            words.append(f"num_threads({par.threads})")
+            team.append(f"num_threads({par.threads})")
         if par and type(par.work) is not int:  # decided at a size: checked per call
-            words.append(f"if({par.work} >= {MIN_PARALLEL_INSTANCES})")
+            team.append(f"if({par.work} >= {MIN_PARALLEL_INSTANCES})")
         if par and self.buffers:  # each thread its own contracted buffers
-            words.append(f"private({', '.join(a.c_name for a in self.buffers)})")
-        elif words:
-            words += private
-        pragmas = ["omp " + " ".join(words)] if words else []
+            private = self.private_buffers()
+        elif par or simd:
+            private = [m for m in marks if isinstance(m, str) and m.startswith("private(")]
+        else:
+            private = []
         # pragmas a microkernel mark asked for (`omp for` of a team) pass through
-        pragmas = [m for m in marks if isinstance(m, str) and m.startswith("omp ")] + pragmas
+        pragmas = [m for m in marks if isinstance(m, str) and m.startswith("omp ")]
         loop = super().emit_loop(it, init, cond, inc, body, marks)
+        if par and self.heap_buffers():
+            # each thread allocates its buffers in the team's region, then they share
+            # the loop: `omp parallel for` has no place for the allocation
+            takes, releases = self.thread_heap_buffers()
+            shared = " ".join(["omp for", *(["simd"] if simd else []), *private])
+            return cgen.Module([cgen.Pragma(p) for p in pragmas] + [
+                cgen.Pragma(" ".join(["omp parallel", *team])),
+                cgen.Block(takes + [cgen.Pragma(shared), loop] + releases)])
+        # both marks on one loop (a one-member band) make `omp parallel for simd`
+        words = (["parallel for"] if par else []) + (["simd"] if simd else [])
+        if words:
+            pragmas.append(" ".join(["omp", *words, *team, *private]))
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop]) if pragmas else loop
+
+    def heap_buffers(self) -> list:
+        """The contracted buffers as long as a symbolic dim (`CBuilder.declare_buffer`)."""
+        return [a for a in self.buffers if self.declare_buffer(a)[1] is not None]
+
+    def private_buffers(self) -> list[str]:
+        """The clause that gives each thread its own fixed-size buffers (none or one)."""
+        heap = self.heap_buffers()
+        names = [a.c_name for a in self.buffers if a not in heap]
+        return [f"private({', '.join(names)})"] if names else []
+
+    def thread_heap_buffers(self) -> tuple[list, list]:
+        """Each thread's own heap buffers, inside its parallel region: (takes, releases);
+        they hide the function's, which serve the loops no thread shares."""
+        held = [self.declare_buffer(a) for a in self.heap_buffers()]
+        return [take for take, _ in held], [release for _, release in held]
 
     def emit_partials(self, it, init, cond, inc, body, marks, names: list[str]):
         """Threads share the loop, each reducing into its own copy of the one-element
@@ -183,14 +211,15 @@ class CpuBuilder(CBuilder):
                                     if not isinstance(m, (mk.Parallel, mk.Partials))))
         par = next(m for m in marks if isinstance(m, mk.Parallel))
         clauses = [f"num_threads({par.threads})"] if par.threads else []
-        if self.buffers:
-            clauses.append(f"private({', '.join(a.c_name for a in self.buffers)})")
+        clauses += self.private_buffers()
+        takes, releases = self.thread_heap_buffers()
         # schedule(static, 1): thread t takes turn t of the ordered loop
         fold = cgen.For("int polyc_t = 0", "polyc_t < omp_get_num_threads()", "polyc_t++",
                         cgen.Module([cgen.Pragma("omp ordered"), cgen.Block(folds)]))
         return cgen.Module([cgen.Pragma(" ".join(["omp parallel", *clauses])), cgen.Block(
-            decls + [cgen.Pragma("omp for schedule(static)"), loop,
-                     cgen.Pragma("omp for ordered schedule(static, 1)"), fold])])
+            decls + takes + [cgen.Pragma("omp for schedule(static)"), loop,
+                             cgen.Pragma("omp for ordered schedule(static, 1)"), fold]
+            + releases)])
 
     def emit_reduction_loop(self, it, init, cond, inc, calls, private):
         """Each reduction whose element stays put in the loop accumulates in a scalar that

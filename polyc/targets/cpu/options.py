@@ -19,6 +19,10 @@ class CpuOptions(Options):
     # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
     # blocked for one thread per core)
     threads: int = 0
+    # tiles and gemm blocks cut each extent into equal parts (their sizes follow the
+    # extent); False: the memory model's sizes alone, the same at every size, as a
+    # symbolic compile needs (a remainder tile where they do not divide the extent)
+    balance_tiles: bool = True
 
     def checks(self) -> list[tuple[str, bool, str]]:
         tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE

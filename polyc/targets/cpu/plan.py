@@ -81,7 +81,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
     jc loop, and the column tiles step through the virtual columns."""
     M, N, K = view.M, view.N, view.K
-    tiles = model_tiles(M, N, K, mk, machine, in_place=rows is not None)
+    tiles = model_tiles(M, N, K, mk, machine, in_place=rows is not None,
+                        balance=options.balance_tiles)
     team = tuning.team(options, machine)
     tuned = tuning.lookup(kernel, machine, team) or {}
     overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}

@@ -33,22 +33,28 @@ from ...microkernels.registry import Microkernel
 from ...schedule_tree.marks import Tiles
 
 
-def _balanced(extent: int, size: int, unit: int) -> int:
+def _balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
     size = max(unit, size - size % unit)
+    if not balance:
+        # never past the extent (a block cut to it would be the extent's size): the
+        # largest unit * 2^k within it, the same for every extent up to twice that
+        return min(size, unit << max(0, (extent // unit).bit_length() - 1))
     blocks = math.ceil(extent / size)
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
 
 
 def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
-                in_place: bool = False) -> Tiles:
+                in_place: bool = False, balance: bool = True) -> Tiles:
+    """The blocks of an M x N x K contraction; `balance` False keeps the model's sizes
+    whatever the extents (`CpuOptions.balance_tiles`)."""
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
     deep = in_place or M * N * elem > 4 * l2
     kc = (l2 // 8 if deep else l1) // (mk.nr * elem)
-    kc = _balanced(K, kc, 4)
-    mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr)
-    nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr)
+    kc = _balanced(K, kc, 4, balance)
+    mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
+    nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr, balance)
     return Tiles(mc, nc, kc)
 
 

@@ -257,12 +257,12 @@ class ScratchpadBuilder(CBuilder):
         return f"(({last}) - ({init})) / ({inc}) + 1"
 
     # -- the functions --------------------------------------------------------------------
-    def declare_buffer(self, a: Array) -> cgen.Generable:
+    def declare_buffer(self, a: Array) -> tuple[cgen.Generable, None]:
         if not a.kept:
-            return cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}")
+            return cgen.Statement(f"{C_TYPE[a.type.dtype]} {a.c_name}"), None
         n = math.prod(a.buffer_shape) * a.type.itemsize
         return cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = "
-                              f"{self.alloc(None, a.c_name, n)}")
+                              f"{self.alloc(None, a.c_name, n)}"), None
 
     def declare_local(self, a: Array):
         raise AssertionError(f"{a.tensor} is neither promoted nor contracted")
@@ -285,7 +285,7 @@ class ScratchpadBuilder(CBuilder):
             core_body.append(cgen.Statement(f"{ctype} *{p.buffer}[{copies}]"))
             core_body += [cgen.Statement(f"{p.buffer}[{s}] = {self.alloc(p, p.buffer, p.bytes)}")
                           for s in range(copies)]
-        core_body += [self.declare_buffer(a) for a in self.buffers]
+        core_body += [self.declare_buffer(a)[0] for a in self.buffers]
         body = self.node(ast)
         core_body += self.core_state() + [body]
         core = cgen.FunctionBody(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import cgen
 
-from ....codegen.cexpr import ExprPrinter
+from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
 from ....microkernels.analysis import iterators, loads_of
 from .common import ROWS, decompose, stride, up
@@ -261,7 +261,8 @@ class PackMixin:
             return None
         at = ExprPrinter(self.b.arrays, lambda pos: f"({start} + mk_xp)" if pos == own
                          else "mk_k0" if pos == red else f"mk_s{pos}").access(expr.tensor, expr.index)
-        return cgen.Statement(f"polyc_pack_rows_t(&{at}, {coef[own]}, {valid}, {tile}, mk_kc, mk_dst)")
+        return cgen.Statement(f"polyc_pack_rows_t(&{at}, {c_size(coef[own])}, {valid}, {tile}, "
+                              "mk_kc, mk_dst)")
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:

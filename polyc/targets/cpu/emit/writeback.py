@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import cgen
 
-from ....codegen.cexpr import C_TYPE, ExprPrinter
+from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
 from ....kernel.comprehension import Const
 from .common import Scalars, decompose, stride, virtual
 
@@ -38,11 +38,12 @@ class WriteBackMixin:
             out += virtual(names, rows.col_weights, "mk_jt")
             real = view.strides(view.cols)
             out.append(cgen.Statement("const long mk_jreal = " + " + ".join(
-                f"{n} * {real[d]}" for n, d in zip(names, view.cols))))
+                f"{n} * {c_size(real[d])}" for n, d in zip(names, view.cols))))
             q = rows.inner
             straight = f"{names[q]} + {NR} <= {rows.col_extents[q]}" if q is not None else "0"
             out.append(cgen.Statement(f"const int mk_straight = {straight}"))
-        boff = " + ".join(f"{v} * {stride(view.shape, d)}" for d, v in batch_vals.items()
+        # a batch's stride is a product of symbols where its rows and columns both are
+        boff = " + ".join(f"{v} * ({c_size(stride(view.shape, d))})" for d, v in batch_vals.items()
                           if v != "0") or "0"
         out.append(cgen.Statement(f"const long mk_boff = {boff}"))
         for d, v in batch_vals.items():
@@ -115,7 +116,7 @@ class WriteBackMixin:
         if self.rows is None:
             return "mk_jt + mk_c"
         real = self.view.strides(self.view.cols)
-        return " + ".join(f"mk_o{d} * {real[d]}" for d in self.view.cols)
+        return " + ".join(f"mk_o{d} * {c_size(real[d])}" for d in self.view.cols)
 
     def _init_value(self, first: str, acc_name: str) -> str:
         view = self.view

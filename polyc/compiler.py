@@ -40,7 +40,7 @@ from .options import Options as CommonOptions
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import respects_dependences
 from .schedule_tree.model import PolyModel
-from .schedule_tree.oracle import Microkernels, ask_fusion
+from .schedule_tree.oracle import Microkernels, ask_fusion, ask_parallel
 from .schedule_tree.passes import NEUTRAL
 from .schedule_tree.promotion import Promotion
 from .schedule_tree.state import KernelState, Pass
@@ -236,7 +236,8 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
     # a forced pair needs only legality: losing a microkernel is a cost the person chose
     return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels),
                       force=options.fuse_force, forbid=options.fuse_forbid,
-                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine))
+                      force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine),
+                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels))
 
 
 def _check_kernel_edits(options: CommonOptions, kernels: tuple[Kernel, ...],

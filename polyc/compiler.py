@@ -44,7 +44,7 @@ from .schedule_tree import marks as mk
 from .schedule_tree.dependences import respects_dependences
 from .schedule_tree.group_models import GroupModels
 from .schedule_tree.model import PolyModel
-from .schedule_tree.oracle import Microkernels, ask_fusion
+from .schedule_tree.oracle import Microkernels, ask_fusion, ask_parallel
 from .schedule_tree.passes import NEUTRAL
 from .schedule_tree.promotion import Promotion
 from .schedule_tree.state import KernelState, Pass
@@ -252,6 +252,7 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
                                                         max_operations=ops, models=models),
                       force=options.fuse_force, forbid=options.fuse_forbid,
                       force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
+                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels),
                       ledger=ledger)
 
 

@@ -204,6 +204,100 @@ def test_inplace_assign_and_assign_store_into_extra_outputs():
     np.testing.assert_allclose(got["input_2.assigned"], a - b)
 
 
+# --- FRACTAL_NZ: Ascend's blocked layout, as data movement around the ND matrices ------
+
+def nz(a):
+    """FRACTAL_NZ of [..., M, N] in numpy: element (m, n) at [..., n//16, m//16, m%16, n%16]."""
+    *batch, m, n = a.shape
+    out = np.empty((*batch, n // 16, m // 16, 16, 16), a.dtype)
+    rows, cols = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
+    out[..., cols // 16, rows // 16, rows % 16, cols % 16] = a
+    return out
+
+
+def test_fractal_nz_softmax_with_plain_operands_and_reductions_on_nz_axes():
+    # a batch of 2 matrices 32 x 48: NZ [2, N1=3, M1=2, 16, 16]
+    x, bias = t("x", [2, 3, 2, 16, 16], fmt="FRACTAL_NZ"), t("bias", [48])
+    a, e = t("a", [2, 3, 2, 16, 16], fmt="FRACTAL_NZ"), t("e", [2, 3, 2, 16, 16], fmt="FRACTAL_NZ")
+    m5, m, d = t("m5", [2, 1, 2, 16, 1]), t("m", [2, 32, 1]), t("d", [2, 3, 2, 16, 16], fmt="FRACTAL_NZ")
+    rows, cols = t("rows", [2, 2, 16]), t("cols", [2, 3, 1, 1, 16])
+    batch = t("batch", [3, 2, 16, 16], fmt="FRACTAL_NZ")
+    softmax = [op("Add", [x, bias], a, pri_format="FRACTAL_NZ"),
+               op("ReduceMax", [a], m5, axis=[1, 4], keep_dims=True),
+               op("Reshape", [m5], m, shape=[2, 32, 1]),
+               op("Sub", [a, m], d),
+               op("Exp", [d], e),
+               op("ReduceSum", [e], rows, axis=[-4, -1], keep_dims=False)]
+    doc = kernel([x, bias], softmax + [
+        op("ReduceSum", [e], cols, axis=[2, 3], keep_dims=True),
+        op("ReduceSum", [e], batch, axis=[0], keep_dims=False)], [e, rows, cols, batch])
+    xd = RNG.uniform(-2, 2, (2, 32, 48)).astype(np.float32)
+    bd = RNG.uniform(-1, 1, (48,)).astype(np.float32)
+    graph = polyc.import_akg(doc)
+    assert graph.types["x"].shape == (2, 3, 2, 16, 16) and graph.types["e"].shape == (2, 3, 2, 16, 16)
+    got = run(doc, x=nz(xd), bias=bd)
+    ad = xd + bd
+    ed = np.exp(ad - ad.max(-1, keepdims=True))
+    np.testing.assert_allclose(got["e"], nz(ed), rtol=1e-5)
+    np.testing.assert_allclose(got["rows"], ed.sum(-1).reshape(2, 2, 16), rtol=1e-5)
+    np.testing.assert_allclose(got["cols"], ed.sum(-2).reshape(2, 3, 1, 1, 16), rtol=1e-5)
+    np.testing.assert_allclose(got["batch"], nz(ed.sum(0)), rtol=1e-5)
+    # the movement folds into the accesses of the row-wise kernel: one, as AKG's
+    assert len(polyc.compile(polyc.import_akg(kernel([x, bias], softmax, [e, rows]))).kernels) == 1
+
+
+def test_fractal_nz_matmul_with_bias_and_transposed_operand():
+    # [32 x 64] @ [64 x 48] + bias, float16 in and out; then A^T B with A stored [64 x 32],
+    # into float32
+    a, b = t("a", [4, 2, 16, 16], "float16", "FRACTAL_NZ"), t("b", [3, 4, 16, 16], "float16", "FRACTAL_NZ")
+    bias, at = t("bias", [48], "float16"), t("at", [2, 4, 16, 16], "float16", "FRACTAL_NZ")
+    y = t("y", [3, 2, 16, 16], "float16", "FRACTAL_NZ")
+    z = t("z", [3, 2, 16, 16], "float32", "FRACTAL_NZ")
+    doc = kernel([a, b, bias, at], [
+        op("MatMul", [a, b, bias], y, transpose_a=False, transpose_b=False, dst_type="float16",
+           left_format="FRACTAL_NZ", right_format="FRACTAL_NZ"),
+        op("MatMul", [at, b], z, transpose_a=True, transpose_b=False, dst_type="float32")],
+        [y, z])
+    # small integers: every sum is exact in either order, so a value out of place shows
+    ad = RNG.integers(-3, 4, (32, 64)).astype(np.float16)
+    bd = RNG.integers(-3, 4, (64, 48)).astype(np.float16)
+    cd = RNG.integers(-3, 4, (48,)).astype(np.float16)
+    got = run(doc, a=nz(ad), b=nz(bd), bias=cd, at=nz(np.ascontiguousarray(ad.T)))
+    exact = ad.astype(np.float32) @ bd.astype(np.float32)
+    np.testing.assert_array_equal(got["y"], nz((exact + cd).astype(np.float16)))
+    np.testing.assert_array_equal(got["z"], nz(exact))
+
+
+def test_fractal_nz_errors_name_the_op_and_field():
+    x = t("x", [2, 2, 16, 16], fmt="FRACTAL_NZ")
+    msg = error(small(op("Reshape", [x], t("y", [1024]), shape=[1024]), inputs=[x],
+                      outputs=[t("y", [1024])]))
+    assert "node 'y' (Reshape)" in msg and "Reshape of FRACTAL_NZ tensors is not supported" in msg
+    msg = error(small(op("ReduceSum", [x], t("y", [2, 1, 16, 16]), axis=[1], keep_dims=True),
+                      inputs=[x], outputs=[t("y", [2, 1, 16, 16])]))
+    assert "field 'attr.axis'" in msg and "reduces half of a FRACTAL_NZ matrix dim" in msg
+    msg = error(small(op("Neg", [t("x", [2, 2, 16, 16])], t("y", [2, 2, 16, 16])), inputs=[x],
+                      outputs=[t("y", [2, 2, 16, 16])]))
+    assert "field 'input_desc[0]'" in msg and "described as 'DefaultFormat'" in msg
+    bad = t("x", [2, 2, 16, 8], fmt="FRACTAL_NZ")
+    assert "16x16 fractal" in error(small(inputs=[bad]))
+    assert "at least 4 dims" in error(small(inputs=[t("x", [16, 16], fmt="FRACTAL_NZ")]))
+
+
+def test_mul_in_nc1hwc0_broadcasts_over_n_h_w_only():
+    g, x = t("g", [1, 2, 1, 1, 16]), t("x", [2, 2, 3, 3, 16])
+    doc = kernel([g, x], [op("Mul", [g, x], t("y", [2, 2, 3, 3, 16]),
+                             data_format=["NC1HWC0", "NC1HWC0"])], [t("y", [2, 2, 3, 3, 16])])
+    gd = RNG.uniform(-1, 1, (1, 2, 1, 1, 16)).astype(np.float32)
+    xd = RNG.uniform(-1, 1, (2, 2, 3, 3, 16)).astype(np.float32)
+    np.testing.assert_allclose(run(doc, g=gd, x=xd)["y"], gd * xd, rtol=1e-6)
+    c = t("c", [2, 1, 3, 3, 16])
+    msg = error(kernel([c, x], [op("Mul", [c, x], t("y", [2, 2, 3, 3, 16]),
+                                   data_format=["NC1HWC0", "NC1HWC0"])],
+                       [t("y", [2, 2, 3, 3, 16])]))
+    assert "field 'attr.data_format'" in msg and "'NC1HWC0'" in msg
+
+
 def test_import_from_path(tmp_path):
     x = t("x", [3])
     path = tmp_path / "k.info"

@@ -9,6 +9,8 @@ ops with MindSpore's semantics (`akg_ops.py`); the output of each keeps its AKG
 `tensor_name`, and its declared shape and dtype are checked against what polyc infers.
 `InplaceAssign(x, v, r)` and `Assign(x, v)` store `v` into the input `x`: polyc kernels
 do not write their inputs, so the stored value is the extra graph output `x.assigned`.
+FRACTAL_NZ tensors keep their blocked shapes as the kernel's inputs and outputs; inside,
+ops compute on their plain matrices (`akg_layout.py`).
 
     Mul(input_0: float16[4,8], 0.5) -> output_0_0
     becomes  output_0_0 = mul(input_0, input_0.1)   with the constant input_0.1 = [0.5]

@@ -10,6 +10,8 @@ from ..errors import GraphError, Problem
 from ..graph.ir import DTYPES, INT_BITS, Graph, TensorType
 from ..graph.load import Limits, load_graph
 from ..graph.ops import OPS, OpError, check_attrs, infer
+from . import akg_layout
+from .akg_layout import NZ
 
 # Top-level fields: the kernel's tensors and ops, and bookkeeping about where it was
 # cut and for which backend, which does not change what it computes.
@@ -47,6 +49,10 @@ class Importer:
         self.nodes: list[dict] = []
         self.assigned: dict[str, str] = {}  # input -> the tensor stored into it
         self.formats: dict[str, str | None] = {}  # tensor -> its layout as last declared
+        # FRACTAL_NZ tensors by AKG name -> the polyc tensor of their ND matrix (akg_layout)
+        self.nd_of: dict[str, str] = {}
+        self.nz: set[str] = set()  # the polyc tensors that hold an NZ tensor's matrix
+        self.declared_nz = False  # the AKG op being imported declares an NZ result
         self.used: set[str] = set()
         self.op = ""  # the AKG op being imported (its primitive, its output tensor)
         self.out = ""
@@ -92,6 +98,8 @@ class Importer:
         self.types[name] = ttype
         self.used.add(name)
         self.inputs.append({"name": name, "shape": list(ttype.shape), "dtype": ttype.dtype})
+        if t.get("format") == NZ:
+            self.hold_nd(name, akg_layout.to_nd(self, name, self.fresh(f"{name}.nd")))
 
     def outputs(self, descs: list) -> list[str]:
         names = []
@@ -99,13 +107,17 @@ class Importer:
             where = f"output_desc[{i}]"
             name, ttype = self.tensor(t, where)
             self.out = name
-            if name not in self.types:
+            if name not in self.types and name not in self.nd_of:
                 raise AkgError(f"output {name!r} is produced by no op and is not an input",
                                where)
-            if self.types[name] != ttype:
-                raise AkgError(f"declared {ttype}, but the tensor is {self.types[name]}", where)
+            held = self.held(name, t, where)
+            if self.akg_type(held) != ttype:
+                raise AkgError(f"declared {ttype}, but the tensor is {self.akg_type(held)}",
+                               where)
             if name in names:
                 raise AkgError(f"output {name!r} is listed twice", where)
+            if name not in self.types:  # an op's NZ result, so far held as its matrix
+                akg_layout.to_nz(self, held, name)
             names.append(name)
         for target, value in self.assigned.items():
             stored = self.fresh(f"{target}.assigned")
@@ -126,7 +138,7 @@ class Importer:
         if not isinstance(outs, list) or len(outs) != 1:
             raise AkgError(f"expected a list of one tensor, got {outs!r}", "output_desc")
         self.out, declared = self.tensor(outs[0], "output_desc")
-        if self.out in self.types:
+        if self.out in self.types or self.out in self.nd_of:
             raise AkgError(f"tensor {self.out!r} is already defined", "output_desc")
         handler = self.handlers.get(self.op)
         if handler is None:
@@ -135,14 +147,26 @@ class Importer:
             raise AkgError(f"{self.op} is not supported: {handler.refusal}", "name")
         ins = self.op_inputs(op.get("input_desc"))
         attrs = self.attrs(op.get("attr"), handler.attrs)
-        handler.emit(self, ins, attrs, declared)
+        out_nz = self.declared_nz = outs[0].get("format") == NZ
+        if not handler.nz and (out_nz or any(x in self.nz for g in ins for x in g)):
+            raise AkgError(f"{self.op} of {NZ} tensors is not supported (only elementwise "
+                           "ops, reductions and MatMul)", "output_desc" if out_nz
+                           else "input_desc")
+        # the handler computes an NZ result as its ND matrix (akg_layout)
+        result = akg_layout.nd_type(declared) if out_nz else declared
+        handler.emit(self, ins, attrs, result)
         got = self.types.get(self.out)
         if got == TensorType((), declared.dtype) and declared.shape == (1,):
             self.as_declared_scalar(declared)
-        elif got != declared:
-            raise AkgError(f"declared {declared}, but {self.op} of "
-                           + ", ".join(str(self.types[t]) for g in ins for t in g)
+        elif got != result:
+            layout = f" ({NZ} of the matrix {result})" if out_nz else ""
+            raise AkgError(f"declared {declared}{layout}, but {self.op} of "
+                           + ", ".join(str(self.akg_type(t)) for g in ins for t in g)
                            + f" gives {got}", "output_desc")
+        if out_nz:
+            nd = self.fresh(f"{self.out}.nd")
+            self.rename_result(nd)
+            self.hold_nd(self.out, nd)
 
     def op_inputs(self, descs: Any) -> list[list[str]]:
         if not isinstance(descs, list):
@@ -158,29 +182,53 @@ class Importer:
     def op_input(self, t: Any, where: str) -> str:
         name, ttype = self.tensor(t, where)
         if "value" in t:
+            if t.get("format") == NZ:
+                raise AkgError(f"constant {name!r} in {NZ} is not supported", where)
             name = self.constant(name, ttype, t["value"], where)
-        self.formats[name] = t.get("format")
-        if "value" in t:
+            self.formats[name] = t.get("format")
             return name
-        if name not in self.types:
+        if name not in self.types and name not in self.nd_of:
             raise AkgError(f"tensor {name!r} is neither a kernel input nor the output of an "
                            "earlier op", where)
-        if self.types[name] != ttype:
-            raise AkgError(f"declared {ttype}, but tensor {name!r} is {self.types[name]}", where)
+        held = self.held(name, t, where)
+        if self.akg_type(held) != ttype:
+            raise AkgError(f"declared {ttype}, but tensor {name!r} is {self.akg_type(held)}",
+                           where)
         if name in self.assigned:
             raise AkgError(f"reads {name!r} after a value was stored into it (unsupported)",
                            where)
-        return name
+        self.formats[held] = t.get("format")
+        return held
+
+    def held(self, name: str, t: dict, where: str) -> str:
+        """The polyc tensor that holds the AKG tensor `name` (described by `t`)."""
+        if (t.get("format") == NZ) != (name in self.nd_of):
+            raise AkgError(f"tensor {name!r} is described as {t.get('format')!r} here but "
+                           f"is {NZ if name in self.nd_of else 'not ' + NZ}", where)
+        return self.nd_of.get(name, name)
+
+    def hold_nd(self, name: str, nd: str) -> None:
+        self.nd_of[name] = nd
+        self.nz.add(nd)
+
+    def akg_type(self, held: str) -> TensorType:
+        """The AKG type of the tensor a polyc tensor holds (NZ-shaped for an NZ one)."""
+        t = self.types[held]
+        return TensorType(akg_layout.nz_shape(t.shape), t.dtype) if held in self.nz else t
 
     def as_declared_scalar(self, declared: TensorType) -> None:
         """The op's result, a polyc scalar [], is computed under another name and
         reshaped to MindSpore's [1] under the AKG one."""
-        last = self.nodes[-1]
         inner = self.fresh(f"{self.out}.scalar")
-        last["outputs"] = [inner]
-        last["name"] = inner
-        self.types[inner] = self.types.pop(self.out)
+        self.rename_result(inner)
         self.identity(inner, self.out, declared.shape)
+
+    def rename_result(self, new: str) -> None:
+        """The last node, the AKG op's result so far, writes `new` instead."""
+        last = self.nodes[-1]
+        last["outputs"] = [new]
+        last["name"] = new
+        self.types[new] = self.types.pop(self.out)
 
     def tensor(self, t: Any, where: str) -> tuple[str, TensorType]:
         """The name and type of a tensor description (validated)."""
@@ -200,9 +248,12 @@ class Importer:
         if dtype not in DTYPES:
             raise AkgError(f"tensor {name!r}: data_type {dtype!r} is not supported (polyc "
                            f"has {', '.join(DTYPES)})", where)
-        if not plain_format(t.get("format")):
+        if t.get("format") == NZ:
+            if problem := akg_layout.nz_problem(tuple(shape)):
+                raise AkgError(f"tensor {name!r}: {problem}", where)
+        elif not plain_format(t.get("format")):
             raise AkgError(f"tensor {name!r}: format {t.get('format')!r} is not supported "
-                           "(only plain row-major layouts)", where)
+                           f"(only plain row-major layouts and {NZ})", where)
         # MindSpore writes a scalar's shape [] or [1], even for one tensor in one file;
         # polyc gives all of them [1] (the same bytes), so no reshape sits between the
         # scalar ops (and splits their kernels)

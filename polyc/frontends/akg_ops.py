@@ -16,6 +16,10 @@ semantics where polyc's ops differ:
 - PadAkg(head, tail, pad_val) pads each axis; UnPadAkg(tail) cuts `tail` off its end.
 - ElemAny(x) is 1 in `dst_type`, shape [1], when any element of x is nonzero, else 0.
 - AddN sums its inputs; BroadcastTo's -1 keeps that dim.
+- MatMul's optional third input is a bias, added to the float32 accumulator before the
+  one rounding to `dst_type`.
+- FRACTAL_NZ tensors (`akg_layout`) are taken by the elementwise ops, the reductions
+  (axes on the NZ shape) and MatMul, which compute on their ND matrices.
 Refused by name: Custom (user code), CReal / CImag / Complex (complex numbers),
 Gather (an index read from a tensor is not an affine access).
 """
@@ -26,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..graph.ir import DTYPES, TensorType
+from . import akg_layout
 from .akg_import import AkgError, Importer, plain_format, same_type
+from .akg_layout import NZ
 
 Emit = Callable[[Importer, list, dict, TensorType], None]
 
@@ -74,10 +80,16 @@ def _shapes(v: Any) -> list:
     return v
 
 
-def _plain_formats(v: Any) -> Any:
-    for f in v if isinstance(v, list) else [v]:
-        if not plain_format(f):
-            raise ValueError(f"layout {f!r} is not supported (only plain row-major layouts)")
+def _format(v: Any) -> str:
+    if v != NZ and not plain_format(v):
+        raise ValueError(f"layout {v!r} is not supported (only plain row-major layouts "
+                         f"and {NZ})")
+    return v
+
+
+def _formats(v: Any) -> list:
+    if not isinstance(v, list) or not all(isinstance(f, str) for f in v):
+        raise ValueError("expected a list of layout names")
     return v
 
 
@@ -86,6 +98,7 @@ class Handler:
     emit: Emit
     attrs: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     refusal: str | None = None  # why polyc does not take this op (before any other check)
+    nz: bool = False  # takes FRACTAL_NZ tensors (as their ND matrices, akg_layout)
 
 
 def _one(ins: list, n: int | None = None) -> list[str]:
@@ -101,7 +114,7 @@ def _one(ins: list, n: int | None = None) -> list[str]:
 def _elementwise(op: str, arity: int) -> Handler:
     def emit(imp, ins, attrs, declared):
         imp.emit(op, *_one(ins, arity), out=imp.out)
-    return Handler(emit)
+    return Handler(emit, nz=True)
 
 
 def _to_bool(imp: Importer, x: str) -> None:
@@ -115,7 +128,7 @@ def _to_bool(imp: Importer, x: str) -> None:
 def _compare(op: str) -> Handler:
     def emit(imp, ins, attrs, declared):
         _to_bool(imp, imp.emit(op, *_one(ins, 2)))
-    return Handler(emit)
+    return Handler(emit, nz=True)
 
 
 def _need_bool(imp: Importer, xs: list[str]) -> list[str]:
@@ -128,7 +141,7 @@ def _need_bool(imp: Importer, xs: list[str]) -> list[str]:
 def _logical(op: str) -> Handler:
     def emit(imp, ins, attrs, declared):
         imp.emit(op, *_need_bool(imp, _one(ins, 2)), out=imp.out)
-    return Handler(emit)
+    return Handler(emit, nz=True)
 
 
 def _logical_not(imp, ins, attrs, declared):
@@ -211,13 +224,43 @@ def _reduce(op: str) -> Handler:
     def emit(imp, ins, attrs, declared):
         (x,) = _one(ins, 1)
         axes = attrs.get("axis", [])
+        keep = attrs.get("keep_dims", False)
+        if x in imp.nz:
+            _reduce_nz(imp, op, x, axes, keep, declared)
+            return
         # MindSpore: an empty axis list reduces every axis (polyc: no 'axes')
         kw = {"axes": axes} if axes else {}
-        keep = attrs.get("keep_dims", False)
         if imp.types[x].ndim == 1 and declared.shape == (1,):
             keep = True  # MindSpore's scalar [1] is the kept axis: no reshape from []
         imp.emit(op, x, out=imp.out, keepdims=keep, **kw)
-    return Handler(emit, {"axis": _int_or_ints, "keep_dims": _bool})
+    return Handler(emit, {"axis": _int_or_ints, "keep_dims": _bool}, nz=True)
+
+
+def _reduce_nz(imp: Importer, op: str, x: str, axes: list[int], keep: bool,
+               declared: TensorType) -> None:
+    """A reduction of an NZ tensor, whose axes count on the NZ shape, as one of its ND
+    matrix. Once a matrix dim is reduced the result is no longer blocked: its NZ-shaped
+    result ([..., 1, M1, M0, 1] for N, kept) has the row-major order of the ND one
+    ([..., M, 1]), so MindSpore declares it DefaultFormat and a reshape gives it."""
+    nz = akg_layout.nz_shape(imp.types[x].shape)
+    nd_axes, problem = akg_layout.nd_axes(axes, len(nz))
+    if problem:
+        raise AkgError(problem, "attr.axis")
+    matrix_reduced = any(a >= len(nz) - 4 for a in nd_axes)
+    if imp.declared_nz == matrix_reduced:
+        raise AkgError(f"the result is {'not ' * matrix_reduced}{NZ} after reducing axes "
+                       f"{axes}, but is declared {'' if imp.declared_nz else 'not '}{NZ}",
+                       "output_desc")
+    if not matrix_reduced:
+        imp.emit(op, x, out=imp.out, keepdims=keep, axes=nd_axes)
+        return
+    norm = {a % len(nz) for a in axes} if axes else set(range(len(nz)))
+    shape = [1 if a in norm else d for a, d in enumerate(nz) if keep or a not in norm]
+    if tuple(shape or [1]) != declared.shape:
+        raise AkgError(f"declared {declared}, but reducing axes {axes} of {NZ} "
+                       f"{imp.akg_type(x)} gives shape {shape}", "output_desc")
+    y = imp.emit(op, x, keepdims=keep, axes=nd_axes)
+    imp.emit("reshape", y, out=imp.out, shape=list(declared.shape))
 
 
 def _select(imp, ins, attrs, declared):
@@ -234,13 +277,28 @@ def _matmul(imp, ins, attrs, declared):
                             ("transpose_x2", "transpose_b", tb)):
         if old in attrs and attrs[old] != value:
             raise AkgError(f"contradicts {new}", f"attr.{old}")
-    a, b = _one(ins, 2)
+    a, b, *bias = _one(ins)
+    if len(bias) > 1:
+        raise AkgError(f"expects 2 inputs and an optional bias, got {2 + len(bias)}",
+                       "input_desc")
+    for key, x in (("left_format", a), ("right_format", b)):
+        if key in attrs and (attrs[key] == NZ) != (x in imp.nz):
+            raise AkgError(f"{attrs[key]!r} contradicts the operand's layout", f"attr.{key}")
     dtype = attrs.get("dst_type", imp.types[a].dtype)
     if attrs.get("cast_type", dtype) != dtype:
         raise AkgError(f"{attrs['cast_type']!r} differs from dst_type {dtype!r}",
                        "attr.cast_type")
-    a, b = _widened(imp, [a, b], dtype)
-    imp.emit("matmul", a, b, out=imp.out, transpose_a=ta, transpose_b=tb)
+    if not bias:
+        a, b = _widened(imp, [a, b], dtype)
+        imp.emit("matmul", a, b, out=imp.out, transpose_a=ta, transpose_b=tb)
+        return
+    # The cube adds the bias to its float32 accumulator: one rounding to dst_type
+    acc = "float64" if dtype == "float64" else "float32"
+    a, b, c = _widened(imp, [a, b, bias[0]], acc)
+    y = imp.emit("add", imp.emit("matmul", a, b, transpose_a=ta, transpose_b=tb), c,
+                 out=imp.out if dtype == acc else None)
+    if dtype != acc:
+        imp.emit("cast", y, out=imp.out, to=dtype)
 
 
 def _conv2d(imp, ins, attrs, declared):
@@ -372,30 +430,46 @@ _COMPARE = {"Greater": "greater", "Less": "less", "Equal": "equal",
             "GreaterEqual": "greater_equal", "LessEqual": "less_equal",
             "NotEqual": "not_equal"}
 # Mul sometimes carries its operands' shapes and layouts, repeating its tensors
-_MUL_ECHO = {"x_shape": _shapes, "y_shape": _shapes, "data_format": _plain_formats}
+_MUL_ECHO = {"x_shape": _shapes, "y_shape": _shapes, "data_format": _formats}
+
+
+def _mul(imp, ins, attrs, declared):
+    """Mul's `data_format` echoes its operands' layouts. NC1HWC0, which the tensors do
+    not carry themselves, leaves their shapes physical ([N, C/16, H, W, 16]): multiplying
+    them elementwise is still right when they broadcast only over N, H and W (C1 and C0
+    equal), or one is a single value."""
+    x, y = _one(ins, 2)
+    blocked = [f for f in attrs.get("data_format", []) if f != NZ and not plain_format(f)]
+    shapes = [imp.types[t].shape for t in (x, y) if imp.types[t].size != 1]
+    if blocked and shapes and (set(blocked) != {"NC1HWC0"} or any(
+            len(s) != 5 or (s[1], s[4]) != (shapes[0][1], shapes[0][4]) for s in shapes)):
+        raise AkgError(f"layout {blocked[0]!r} with operands {imp.types[x]} and "
+                       f"{imp.types[y]} is not supported (NC1HWC0 broadcasting over N, H "
+                       "and W only, or a single value)", "attr.data_format")
+    imp.emit("mul", x, y, out=imp.out)
 
 HANDLERS: dict[str, Handler] = {
     **{name: _elementwise(op, 2) for name, op in _BINARY.items()},
     **{name: _elementwise(op, 1) for name, op in _UNARY.items()},
     **{name: _compare(op) for name, op in _COMPARE.items()},
-    "Mul": Handler(_elementwise("mul", 2).emit, _MUL_ECHO),
+    "Mul": Handler(_mul, _MUL_ECHO, nz=True),
     "LogicalOr": _logical("maximum"),
     "LogicalAnd": _logical("minimum"),
-    "LogicalNot": Handler(_logical_not),
-    "IsInf": Handler(_is_inf),
-    "IsNan": Handler(_is_nan),
-    "Cast": Handler(_cast, {"dst_type": _dtype, "DstT": _dtype, "SrcT": _str}),
+    "LogicalNot": Handler(_logical_not, nz=True),
+    "IsInf": Handler(_is_inf, nz=True),
+    "IsNan": Handler(_is_nan, nz=True),
+    "Cast": Handler(_cast, {"dst_type": _dtype, "DstT": _dtype, "SrcT": _str}, nz=True),
     "BroadcastTo": Handler(_broadcast_to, {"shape": _ints}),
     "Reshape": Handler(_reshape, {"shape": _ints}),
     "Transpose": Handler(_transpose, {"perm": _ints}),
     "ReduceSum": _reduce("reduce_sum"),
     "ReduceMax": _reduce("reduce_max"),
     "ReduceMin": _reduce("reduce_min"),
-    "Select": Handler(_select),
+    "Select": Handler(_select, nz=True),
     "MatMul": Handler(_matmul, {
         "transpose_a": _bool, "transpose_b": _bool, "transpose_x1": _bool,
         "transpose_x2": _bool, "dst_type": _dtype, "cast_type": _dtype,
-        "left_format": _plain_formats, "right_format": _plain_formats}),
+        "left_format": _format, "right_format": _format}, nz=True),
     "Conv2D": Handler(_conv2d, {
         "stride": _ints, "dilation": _ints, "pad_list": _ints, "pad": _ints,
         "pad_mode": _str, "groups": _int, "group": _int, "mode": _int, "format": _str,
@@ -405,7 +479,7 @@ HANDLERS: dict[str, Handler] = {
     "OneHot": Handler(_one_hot, {"depth": _int, "axis": _int}),
     "Concat": Handler(_concat, {"axis": _int, "N": _int, "inputNums": _int,
                                 "dyn_input_sizes": _ints}),
-    "AddN": Handler(_add_n, {"n": _int, "dyn_input_sizes": _ints}),
+    "AddN": Handler(_add_n, {"n": _int, "dyn_input_sizes": _ints}, nz=True),
     "ElemAny": Handler(_elem_any, {"dst_type": _dtype}),
     "Assign": Handler(_assign),
     "InplaceAssign": Handler(_inplace_assign, {"fake_output": _bool}),

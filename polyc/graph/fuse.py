@@ -8,7 +8,12 @@ whether groups `a` and `b` can share outer loops and at what cost. Proposals, in
    by elementwise work along the kept axes);
 2. horizontal: groups that read the same tensor;
 
-repeated, each pair of groups asked once, until a round merges nothing.
+repeated, each pair of groups asked once, until a round merges nothing; then
+
+3. parallel (when a `parallel` oracle is given): groups that no path joins, each in
+   execution order with the earlier ones, as independent parts of one kernel (AKG's
+   "parallel fusion": a kernel call for the graph, not one per independent subgraph).
+   They come last so that they never take the place of a merge that shares loops.
 
 A person's edits come first (`force`, `forbid`: pairs of node names, the options
 `fuse_force` and `fuse_forbid`): a forced pair is merged when the oracle finds a legal
@@ -164,7 +169,7 @@ def _check_names(graph: Graph, pairs, option: str) -> None:
 
 def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
                forbid: tuple[tuple[str, str], ...] = (),
-               force_oracle: Oracle | None = None,
+               force_oracle: Oracle | None = None, parallel: Oracle | None = None,
                max_group_nodes: int = MAX_GROUP_NODES,
                ledger: "Ledger | None" = None) -> FusionPlan:
     """Grow fusion groups by asking `oracle` (see the module docstring); a merge that
@@ -180,16 +185,18 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
     _check_names(graph, forbid, "fuse_forbid")
     p = _Partition(graph)
     report: list[tuple[frozenset, str]] = []
-    asked: set[frozenset[tuple[str, ...]]] = set()  # pairs of groups, in either order
+    # pairs of groups, in either order, with the oracle asked (a parallel proposal is
+    # another question than a sibling one about the same pair)
+    asked: set[tuple[frozenset[tuple[str, ...]], Oracle]] = set()
     out_of_time = False  # the wall budget ran out: the proposals left are not asked
     answered = 0  # proposals the oracle answered
 
-    def ask(a: tuple[str, ...], b: tuple[str, ...], pair: str) -> Answer | None:
-        """The oracle's answer within the budgets, or None once the wall budget is spent
+    def ask(question: Oracle, a: tuple[str, ...], b: tuple[str, ...], pair: str) -> Answer | None:
+        """`question`'s answer within the budgets, or None once the wall budget is spent
         (the first time, a report line says so)."""
         nonlocal out_of_time, answered
         if ledger is None:
-            return oracle(graph, a, b)
+            return question(graph, a, b)
         if out_of_time:
             return None
         if ledger.exhausted("fuse"):
@@ -201,20 +208,20 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
             report.append((frozenset(n.name for n in graph.nodes), line))
             return None
         with ledger.timing("fuse"):
-            answer = oracle(graph, a, b)
+            answer = question(graph, a, b)
         answered += 1
         return answer
 
     def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return any((x in a and y in b) or (x in b and y in a) for x, y in forbid)
 
-    def propose(a_node: str, b_node: str, kind: str) -> bool:
+    def propose(a_node: str, b_node: str, kind: str, question: Oracle = oracle) -> bool:
         """Ask about the groups of two nodes, once per pair of groups; True if merged."""
         ga, gb = p.group_of[a_node], p.group_of[b_node]
         a, b = p.members[ga], p.members[gb]
-        if ga == gb or frozenset((a, b)) in asked:
+        if ga == gb or (frozenset((a, b)), question) in asked:
             return False
-        asked.add(frozenset((a, b)))
+        asked.add((frozenset((a, b)), question))
         involved = frozenset(a + b)
         pair = f"{group_label(b)} + {group_label(a)}"
         if forbidden(a, b):
@@ -229,7 +236,7 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
             cycle = "another kernel sits between them (fusing would create a cycle)"
             report.append((involved, f"{kind}: {pair}: rejected: {cycle}"))
             return False
-        answer = ask(a, b, pair)
+        answer = ask(question, a, b, pair)
         if answer is None:
             return False
         if answer.legal and answer.profitable:
@@ -273,7 +280,7 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
             raise GraphError(Problem(f"fusing {group_label(b)} into {group_label(a)} is "
                                      f"illegal: {answer.reason}", field=where))
         p.merge(ga, gb) if p.order[a[0]] <= p.order[b[0]] else p.merge(gb, ga)
-        asked.add(frozenset((a, b)))
+        asked.add((frozenset((a, b)), oracle))
         report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
                                          f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
     # a merge changes what the merged group can share, so a pair refused before may be
@@ -288,6 +295,18 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         for t, names in readers.items():
             for first, other in zip(names, names[1:]):
                 merged |= propose(first, other, f"horizontal (both read {t})")
+    if parallel is not None:
+        anchors: list[str] = []  # the first node of each group kept so far
+        for group in p.groups():
+            joined = False
+            for anchor in anchors:
+                ga, gb = p.group_of[anchor], p.group_of[group[0]]
+                if not (p.reaches(ga, gb, False) or p.reaches(gb, ga, False)):
+                    joined = propose(anchor, group[0], "parallel (independent)", parallel)
+                    if joined:
+                        break
+            if not joined:
+                anchors.append(group[0])
 
     groups = p.groups()
     # a tensor stays inside its kernel when it is no output and every reader is there

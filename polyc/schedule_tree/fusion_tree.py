@@ -31,6 +31,14 @@ rows outer and the block's columns innermost (contiguous, vectorisable):
 `column_block` sizes the blocks: long rows of a block stream well from memory, and a
 block's data is read again by the passes after the first, so it should stay in the
 last cache level (a core's share of it); one block per core at least.
+
+Independent parts. Statements that neither depend on each other nor read a common
+tensor (beyond a single element each, a scalar) are parts of the kernel that have
+nothing to share (AKG's "parallel fusion" of independent subgraphs into one kernel):
+each part gets its own tree, the parts a sequence, so each keeps its own loops and the
+target's marks on them (a parallel outer loop each):
+
+    two independent scalings: sequence[ band(i){mul_a}, band(i, j){mul_b} ]
 """
 from __future__ import annotations
 
@@ -259,7 +267,46 @@ def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) 
 
 def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int) -> _Node:
     deps = _Deps.of(model)
-    return _blocked(_merge(_build(list(statements), 0, deps), deps), list(statements), deps, block)
+    parts = independent_parts(model, statements)
+    trees = []
+    for part in parts:
+        names = {s.name for s in part}
+        own = _Deps({k: m for k, m in deps.by_pair.items() if k[0] in names})
+        trees.append((part, _blocked(_merge(_build(part, 0, own), own), part, own, block)))
+    return trees[0][1] if len(trees) == 1 else _Sequence(trees)
+
+
+def independent_parts(model: PolyModel, statements: tuple[Statement, ...]
+                      ) -> list[list[Statement]]:
+    """The statements in parts, each in program order, ordered by their first statement:
+    two statements are in one part when a dependence joins them, or both read a tensor
+    of which one of them reads more than one element (the reuse that sharing a loop can
+    exploit), or a chain of such links does."""
+    part = {s.name: s.name for s in statements}
+
+    def find(x: str) -> str:
+        while part[x] != x:
+            part[x] = part[part[x]]
+            x = part[x]
+        return x
+
+    for src, dst in _Deps.of(model).by_pair:
+        part[find(src)] = find(dst)
+    readers: dict[str, list[tuple[str, bool]]] = {}
+    by_statement: list[isl.Map] = []
+    model.reads.foreach_map(by_statement.append)
+    for m in by_statement:
+        many = not m.range().is_singleton()
+        readers.setdefault(m.get_tuple_name(isl.dim_type.out), []).append(
+            (m.get_tuple_name(isl.dim_type.in_), many))
+    for reads in readers.values():
+        if any(many for _, many in reads):
+            for (a, _), (b, _) in zip(reads, reads[1:]):
+                part[find(a)] = find(b)
+    parts: dict[str, list[Statement]] = {}
+    for s in statements:
+        parts.setdefault(find(s.name), []).append(s)
+    return list(parts.values())
 
 
 def column_block(model: PolyModel, statements: tuple[Statement, ...],

@@ -18,6 +18,10 @@ needed), and a merge that would leave a large contraction no microkernel can com
 (a matmul with the softmax after it) is refused. Which contraction a target's
 microkernels compute is the backend's to say: it hands the oracle a `Microkernels`
 question.
+
+`ask_parallel` answers the last proposals, of groups with no path between them: they
+may be independent parts of one kernel (`fusion_tree`), a sequence of their own loop
+nests, when nothing joins their statements and no contraction leaves its microkernel.
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ from ..graph.ops import OPS
 from ..graph.storage import STORAGE
 from ..kernel import Kernel, build_kernels
 from ..machine import Machine
-from .fusion_tree import column_block, shared_depth
+from .dependences import compute_dependences
+from .fusion_tree import column_block, independent_parts, shared_depth
 from .group_models import GroupModels
-from .model import PolyModel
+from .model import PolyModel, build_model
 from .passes import element_bytes
 
 # (kernel, least flops worth one) -> the name of the microkernel that would compute the
@@ -129,6 +134,32 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Ma
     if (answer := _pointwise_answer(graph, a, b, machine)) is not None:
         return answer
     return _isl_answer(graph, a, b, machine, microkernels, max_operations, models)
+
+
+def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
+                 microkernels: Microkernels = lambda kernel, flops: None) -> FusionAnswer:
+    """May groups `a` and `b`, which no path joins in the kernel graph, be independent
+    parts of one kernel? Each part keeps its own loops and their marks, so the merge
+    costs no parallelism and saves a kernel call (and reads a common single value once)."""
+    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    merged = tuple(sorted(a + b, key=order.__getitem__))
+    (kernel,) = build_kernels(graph, (merged,))
+    capacity = machine.fusion_level.capacity
+    if lost := _microkernel_lost(graph, kernel, (a, b), microkernels):
+        return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
+    model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
+                        isl.Context())
+    kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
+    for part in independent_parts(compute_dependences(model), kernel.statements):
+        names = {s.name for s in part}
+        if names & kept_a and names & kept_b:
+            return FusionAnswer(False, 0, False, 0, capacity, 0,
+                                "they read a common tensor beyond single elements: in one "
+                                "kernel they would share loops, which reuse nothing")
+    saved = _saved_bytes(graph, a, b)
+    return FusionAnswer(True, 0, True, 0, capacity, saved,
+                        "independent: parts of one kernel, in sequence, each with its own "
+                        f"loops; saves {_mib(saved)} and a kernel call")
 
 
 def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],

@@ -141,11 +141,9 @@ def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: 
     """May groups `a` and `b`, which no path joins in the kernel graph, be independent
     parts of one kernel? Each part keeps its own loops and their marks, so the merge
     costs no parallelism and saves a kernel call (and reads a common single value once)."""
-    order = {n.name: k for k, n in enumerate(graph.nodes)}
-    merged = tuple(sorted(a + b, key=order.__getitem__))
-    (kernel,) = build_kernels(graph, (merged,))
+    kernel, lost = _merged_kernel(graph, a, b, microkernels)
     capacity = machine.fusion_level.capacity
-    if lost := _microkernel_lost(graph, kernel, (a, b), microkernels):
+    if lost:
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
     model = build_model(kernel.statements, {x.tensor: x.c_name for x in kernel.arrays},
                         isl.Context())
@@ -160,6 +158,16 @@ def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: 
     return FusionAnswer(True, 0, True, 0, capacity, saved,
                         "independent: parts of one kernel, in sequence, each with its own "
                         f"loops; saves {_mib(saved)} and a kernel call")
+
+
+def _merged_kernel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
+                   microkernels: Microkernels) -> tuple[Kernel, str]:
+    """The kernel of `a` and `b` merged, and why a contraction of theirs would lose its
+    microkernel in it ('' if none would)."""
+    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    merged = tuple(sorted(a + b, key=order.__getitem__))
+    (kernel,) = build_kernels(graph, (merged,))
+    return kernel, _microkernel_lost(graph, kernel, (a, b), microkernels)
 
 
 def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
@@ -194,11 +202,9 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                 microkernels: Microkernels, max_operations: int = 0,
                 models: GroupModels | None = None) -> FusionAnswer:
     """The answer from isl's model of the merged kernel (see the module docstring)."""
-    order = {n.name: k for k, n in enumerate(graph.nodes)}
-    merged = tuple(sorted(a + b, key=order.__getitem__))
-    (kernel,) = build_kernels(graph, (merged,))
+    kernel, lost = _merged_kernel(graph, a, b, microkernels)
     capacity = machine.fusion_level.capacity
-    if lost := _microkernel_lost(graph, kernel, (a, b), microkernels):
+    if lost:
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
     if not (kept_a and kept_b):  # one side folded into the other's contraction

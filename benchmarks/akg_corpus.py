@@ -84,18 +84,25 @@ def _in_float64(doc):
 
 
 def ill_conditioned(graph, inputs, got, ref, errors) -> str:
-    """Why outputs off by more than the tolerance are no worse than the reference ('' if
-    they are worse). The reference rounds every op's result to float32; the cpu target
-    also reassociates sums and contracts multiply-adds. On a graph whose outputs are
-    ill-conditioned in its inputs (near-cancelling denominators) both orders are far
-    from the exact value, so each is measured against the graph evaluated in float64:
-    polyc's worst error there within twice the reference's is the reference's own
-    accuracy, not a wrong answer."""
+    """Why outputs off by more than the tolerance are no worse than float32 allows (''
+    if they are worse). The reference rounds every op's result to float32; the cpu
+    target also reassociates sums and contracts multiply-adds. On a graph whose outputs
+    are ill-conditioned in its inputs (near-cancelling denominators) both orders are far
+    from the exact value, so each is measured against the graph evaluated in float64.
+    polyc's worst error there is float32's own accuracy, not a wrong answer, when it is
+    within twice the reference's, or within how far the float64 value itself moves when
+    the inputs move by one float32 rounding (an ulp, up or down at random, three draws):
+    no float32 evaluation, whose every intermediate is rounded so, can be expected
+    nearer."""
     import polyc
     from polyc.graph.reference import run_reference
     exact_graph = polyc.load_graph(_in_float64(graph.to_json()))
     wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in inputs.items()}
     exact = run_reference(exact_graph, wide)
+    rng = np.random.default_rng(0)
+    moved = [run_reference(exact_graph, {
+        k: v * (1 + rng.choice([-1.0, 1.0], v.shape) * 2.0 ** -24) if v.dtype.kind == "f"
+        else v for k, v in wide.items()}) for _ in range(3)]
     notes = []
     for name in errors:
         if ref[name].dtype.kind != "f":
@@ -103,9 +110,11 @@ def ill_conditioned(graph, inputs, got, ref, errors) -> str:
         truth = exact[name]
         ours = float(np.nanmax(np.abs(got[name].astype(np.float64) - truth)))
         theirs = float(np.nanmax(np.abs(ref[name].astype(np.float64) - truth)))
-        if not ours <= 2 * theirs:
+        spread = max(float(np.nanmax(np.abs(m[name] - truth))) for m in moved)
+        if not (ours <= 2 * theirs or ours <= spread):
             return ""
-        notes.append(f"{name}: off by {ours:.3g} from float64, the reference by {theirs:.3g}")
+        notes.append(f"{name}: off by {ours:.3g} from float64, the reference by {theirs:.3g}; "
+                     f"an ulp on the inputs moves float64's by {spread:.3g}")
     return "ill-conditioned: " + "; ".join(notes)
 
 
@@ -257,7 +266,8 @@ def report(results: list[dict], corpus: Path | None) -> str:
         lines.append(f"{v:9} {total[v]:5}  {100 * total[v] / max(n, 1):5.1f} %")
     if ill := sum(1 for r in results if r.get("note", "").startswith("ill-conditioned")):
         lines.append(f"(of the matches, {ill} differ from the reference beyond the tolerance "
-                     "on ill-conditioned outputs, no further from the float64 value than it)")
+                     "on ill-conditioned outputs, no further from the float64 value than it or "
+                     "than an ulp on the inputs moves that value)")
     times = [r["compile_s"] for r in results if "compile_s" in r]
     lines.append(f"\ncompile time p50 / p90 / p99 / max: {percentiles(times)} "
                  f"(over {len(times)} compiled graphs)")

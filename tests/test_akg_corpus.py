@@ -99,3 +99,28 @@ def test_an_ill_conditioned_output_is_judged_against_float64():
     assert note.startswith("ill-conditioned: ") and name in note
     noisy = {name: ref[name] + np.float32(0.01)}
     assert akg_corpus.ill_conditioned(graph, inputs, noisy, ref, errors) == ""
+
+
+def test_an_output_that_an_ulp_on_the_inputs_moves_may_be_off_by_as_much():
+    # y = (a - b) * 1000 with a ~ b ~ 1000: the reference is exact (a - b is), but an ulp
+    # on a or b (6e-5) moves the exact y by ~0.06-0.12; an answer within that is float32's
+    # accuracy, one ten times further is wrong
+    import numpy as np
+
+    import polyc
+    from polyc.graph.reference import run_reference
+    b = polyc.GraphBuilder("amplify")
+    a, c = b.input("a", [32]), b.input("b", [32])
+    graph = b.build([b.mul(b.sub(a, c), b.constant("k", [1], [1e3]))])
+    rng = np.random.default_rng(0)
+    inputs = {"a": (1000 + rng.uniform(0, 1, 32)).astype(np.float32),
+              "b": (1000 + rng.uniform(0, 1, 32)).astype(np.float32)}
+    ref = run_reference(graph, inputs)
+    (name,) = ref
+    near = {name: ref[name] + np.float32(0.03)}
+    errors = {name: akg_corpus.compare(near[name], ref[name])}
+    assert errors[name] is not None
+    note = akg_corpus.ill_conditioned(graph, inputs, near, ref, errors)
+    assert note.startswith("ill-conditioned: ") and "an ulp on the inputs" in note
+    far = {name: ref[name] + np.float32(1.0)}
+    assert akg_corpus.ill_conditioned(graph, inputs, far, ref, errors) == ""

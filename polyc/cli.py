@@ -266,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                         "POLYC_CACHE_URL when it is a Redis URL)")
     threads(p)
     p.set_defaults(fn=cmd_tune)
+    # settings.py imports neither FastAPI nor uvicorn; its defaults are the flags'
+    from .server.settings import Settings
+
+    def serve_default(name: str):
+        return Settings.__dataclass_fields__[name].default
+
     p = sub.add_parser("serve", help="run the HTTP compile service")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -275,33 +281,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="sqlite:///PATH (sqlite:////abs/path.db for an absolute path) or "
                         "redis://HOST:PORT/DB (default: POLYC_CACHE_URL, else a SQLite "
                         "file under the user's cache directory)")
-    p.add_argument("--compile-timeout", type=float, default=60.0,
+    p.add_argument("--compile-timeout", type=float, default=serve_default("compile_timeout_s"),
                    help="seconds one compile may take (then 504)")
-    p.add_argument("--queue-size", type=int, default=64,
+    p.add_argument("--queue-size", type=int, default=serve_default("queue_size"),
                    help="compiles that may wait for a worker (then 503)")
-    p.add_argument("--max-body-bytes", type=int, default=16 << 20,
+    p.add_argument("--max-body-bytes", type=int, default=serve_default("max_body_bytes"),
                    help="larger request bodies get 413")
-    p.add_argument("--worker-memory-mb", type=int, default=4096,
+    p.add_argument("--worker-memory-mb", type=int,
+                   default=serve_default("worker_memory_bytes") >> 20,
                    help="address-space limit of each worker and its gcc")
     p.add_argument("--workers-per-client", type=int, default=None,
                    help="compile workers one client address may hold at once (default: all "
                         "but one, so one client's slow compiles never take every worker)")
-    p.add_argument("--header-timeout", type=float, default=10.0,
+    p.add_argument("--header-timeout", type=float, default=serve_default("header_timeout_s"),
                    help="seconds a request's headers may take to arrive (then 408)")
-    p.add_argument("--body-timeout", type=float, default=20.0,
+    p.add_argument("--body-timeout", type=float, default=serve_default("body_timeout_s"),
                    help="seconds a request's body may take to arrive (then 408)")
-    p.add_argument("--max-connections", type=int, default=1000,
+    p.add_argument("--max-connections", type=int, default=serve_default("max_connections"),
                    help="connections and requests at once; past it, requests get 503")
-    p.add_argument("--cache-timeout", type=float, default=1.0,
+    p.add_argument("--cache-timeout", type=float, default=serve_default("cache_timeout_s"),
                    help="seconds a call to a Redis cache may take before Redis is taken as "
                         "down (the service then compiles locally)")
-    p.add_argument("--cache-retry", type=float, default=5.0,
+    p.add_argument("--cache-retry", type=float, default=serve_default("cache_retry_s"),
                    help="seconds a Redis cache that failed is left alone before it is tried "
                         "again")
-    p.add_argument("--lock-ttl", type=float, default=5.0,
+    p.add_argument("--lock-ttl", type=float, default=serve_default("lock_ttl_s"),
                    help="seconds after which the compile lock of a replica that stopped "
                         "renewing it (it died) lapses")
-    p.add_argument("--tuning-sync", type=float, default=30.0,
+    p.add_argument("--tuning-sync", type=float, default=serve_default("tuning_sync_s"),
                    help="with a Redis cache: seconds between two pulls of the tunings kept "
                         "there by polyc tune --cache")
     p.add_argument("--log-level", default="info",

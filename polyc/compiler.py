@@ -228,12 +228,14 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
 
 
 def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, machine: Machine,
-                   options: CommonOptions, trace: Trace) -> tuple[KernelResult, str]:
-    """The per-kernel half of the pipeline: the passes, then the target's C."""
+                   options: CommonOptions, trace: Trace, codegen: bool = True
+                   ) -> tuple[KernelResult, str]:
+    """The per-kernel half of the pipeline: the passes, then the target's C (none without
+    `codegen`: a symbolic compile's probes only decide)."""
     state = KernelState(kernel, isl.Context(), fusion, ledger=trace.ledger)
     state = run_passes(state, NEUTRAL + backend.passes(), machine, options, trace)
-    code, lines = trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
-                            show=lambda result: result[0])
+    code, lines = (trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
+                             show=lambda result: result[0]) if codegen else ("", ()))
     report = state.fusion + state.decisions + lines
     return KernelResult(state.kernel, state.model, state.schedule, report, state.trees,
                         state.promotions), code
@@ -280,9 +282,10 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
 
 
 def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
-                  trace: Trace) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
+                  trace: Trace, codegen: bool = True
+                  ) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
     """A static graph through every pass up to C: the primitive graph, the fusion plan,
-    each kernel's result and its C function."""
+    each kernel's result and its C function (see `compile_kernel` for `codegen`)."""
     g = trace.run("widen", widen_storage, loaded)
     g = trace.run("decompose", decompose_graph, g)
     g = trace.run("simplify", simplify_graph, g)
@@ -298,7 +301,7 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
     results, functions = [], []
     for kernel in kernels:
         result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend, machine,
-                                      options, trace)
+                                      options, trace, codegen)
         results.append(result)
         functions.append(code)
     return g, plan, results, functions

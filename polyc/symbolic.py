@@ -33,6 +33,7 @@ import islpy as isl
 from .errors import GraphError, InternalError, Problem
 from .graph.binding import bind_graph
 from .graph.ir import Graph
+from .codegen.ast_to_c import dispatcher
 from .graph.symbols import C_PREFIX, Tight
 from .kernel import Kernel
 from .kernel.comprehension import FloorDiv, Index, Mod, loads
@@ -52,39 +53,152 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
     fusion plan, per kernel (kernel, parametric model with its tree, report, trees), the
     C functions, and the options used. `compile_graph` is the static pipeline
     (`compiler.compile_graph`); `quiet_trace()` a trace for the probes after the first."""
-    pipeline = (compile_graph, quiet_trace)
     if backend.name != "cpu":
         raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
-    fit_probes, probes = _probes(loaded)
-    tried, failure = [], None
-    for change in _FALLBACKS:
-        attempt = replace(options, **change)
-        if attempt in tried:
-            continue
-        note = () if failure is None else (
-            f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
-            f"{failure.where} depended on the sizes)",)
-        try:
-            g, plan, results, functions = _attempt(
-                loaded, probes, fit_probes, backend, machine, attempt,
-                trace if not tried else quiet_trace(), note, pipeline)
-        except NotGeneral as e:
-            tried.append(attempt)
-            failure = e
-            if e.final:
-                raise _refusal(loaded, e) from None
-            continue
-        options = attempt
-        break
-    else:
-        raise _refusal(loaded, failure)
+    probes = _ProbeRuns(loaded, backend, machine, trace, compile_graph, quiet_trace)
+    top, *lower = size_regimes(_free_ranges(loaded)[0])
+    first, options = _first_version(probes, top, options, "_v0" if lower else "")
+    versions = [first]
+    for ranges in lower:  # downwards: each its own version, or the one above's
+        decision, why = _own_decision(probes, ranges, versions, options)
+        if why is None:
+            try:
+                versions.append(probes.emitted(_Version(ranges, decision),
+                                               f"_v{len(versions)}"))
+                continue
+            except NotGeneral as e:
+                why = f"its code generation differs: {e}"
+        above = versions[-1]  # proved again and emitted for the joined range
+        versions[-1] = _Version(_join(above.ranges, ranges), above.decision,
+                                above.notes + (f"{_text(ranges)}: this version too, since {why}",))
+    versions = [probes.emitted(v, f"_v{i}" if len(versions) > 1 else "")
+                for i, v in enumerate(versions)]
+    results, functions = _emit_versions(versions)
+    g, plan = versions[0].decision.graph, versions[0].decision.plan
     # the loaded graph's inputs: each names its own symbols (a symbol assumed equal to
     # another is written as that one in the generalised types)
     primitive = replace(g, inputs=loaded.inputs, symbols=loaded.symbols,
                         assumptions=loaded.assumptions)
     return primitive, plan, results, functions, options
+
+
+# where the range of a symbol is cut into size regimes, each compiled at probes inside
+# it: a few rows (a microkernel's tile or two), up to the rows a cache keeps, beyond
+SPLITS = (16, 512)
+
+
+def size_regimes(free: dict[str, tuple[int, int]]) -> list[dict[str, tuple[int, int]]]:
+    """The ranges decided apart, the largest sizes first. Only a graph with one free
+    symbol is cut: regimes of several would multiply (each a compile per probe); and
+    only into ranges of three values or more, which the probes fit as functions."""
+    if len(free) != 1:
+        return [dict(free)]
+    ((name, (lo, hi)),) = free.items()
+    edges = [lo, *(b for b in SPLITS if lo + 3 <= b <= hi - 2), hi + 1]
+    return [{name: (a, b - 1)} for a, b in zip(edges, edges[1:])][::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    """What the probes of one range agreed on, generalised."""
+
+    graph: Graph
+    plan: object
+    kernels: tuple[Kernel, ...]
+    trees: tuple[str, ...]
+    promotions: tuple  # per kernel
+    results: tuple  # the base probe's KernelResults
+    fit: tuple[dict[str, int], ...]  # the probes (`_probes`), the free symbols'
+    probes: tuple[dict[str, int], ...]  # and every symbol's
+    options: object  # those of the probes after the first
+    note: tuple[str, ...] = ()
+
+    @property
+    def base(self) -> dict[str, int]:
+        return self.probes[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Version:
+    ranges: dict[str, tuple[int, int]]
+    decision: _Decision
+    notes: tuple[str, ...] = ()
+    emitted: tuple = ()  # per kernel (model, C, codegen's lines), for these ranges
+
+
+class _ProbeRuns:
+    """The static pipeline at probes, each binding and options compiled once (the
+    regimes' probes meet when a range is decided again with other options)."""
+
+    def __init__(self, loaded, backend, machine, trace, compile_graph, quiet_trace):
+        self.loaded, self.backend, self.machine = loaded, backend, machine
+        self.trace, self.compile_graph, self.quiet_trace = trace, compile_graph, quiet_trace
+        self.done: dict = {}
+
+    def run(self, probe: dict[str, int], options):
+        key = (tuple(sorted(probe.items())), options)
+        if key not in self.done:
+            trace = self.trace if not self.done else self.quiet_trace()
+            # unverified: the tree the probes agree on is proved for every value (`_emit`)
+            self.done[key] = self.compile_graph(bind_graph(self.loaded, probe), self.backend,
+                                                self.machine, replace(options, verify=False),
+                                                trace, codegen=False)[:3]
+        return self.done[key]
+
+    def decide(self, ranges: dict[str, tuple[int, int]], options, note=(), edge=False
+               ) -> _Decision:
+        """The decisions the probes inside `ranges` agree on, else a NotGeneral. The
+        other probes use the gemm kernel the first chose (`_pinned`); with `edge`, the
+        last probe is the ranges' maxima (`_probes`)."""
+        fit, full = _probes(_within(self.loaded, ranges), edge)
+        base = self.run(full[0], options)
+        pinned = _pinned(options, base)
+        self.done.setdefault((tuple(sorted(full[0].items())), pinned), base)
+        runs = [base] + [self.run(p, pinned) for p in full[1:]]
+        g, plan, kernels, trees, promotions = _generalise(runs, fit)
+        return _Decision(g, plan, tuple(kernels), tuple(trees), tuple(promotions),
+                         tuple(base[2]), tuple(fit), tuple(full), pinned, note)
+
+    def decides_alike(self, ranges: dict[str, tuple[int, int]], above: _Decision, options) -> bool:
+        """Whether the first probe of `ranges` makes `above`'s decisions, its sizes the
+        affine functions `above`'s probes fitted (it takes the place of their check):
+        then the range needs no probes of its own."""
+        fit, full = _probes(_within(self.loaded, ranges))
+        runs = [self.run(p, above.options) for p in above.probes[:-1]]
+        runs.append(self.run(full[0], options))
+        try:
+            g, plan, kernels, trees, _ = _generalise(runs, [*above.fit[:-1], fit[0]])
+        except NotGeneral:
+            return False
+        return (g, plan.groups, tuple(kernels), tuple(trees)) == \
+            (above.graph, above.plan.groups, above.kernels, above.trees)
+
+    def emitted(self, version: _Version, suffix: str) -> _Version:
+        """The version with its kernels proved for its ranges and emitted (a NotGeneral
+        when codegen decides by a size), each function's name the kernel's and `suffix`
+        (a kernel with several versions: `_v0` the largest sizes', `_v1` the next)."""
+        if version.emitted:
+            return version
+        graph = _within(self.loaded, version.ranges)
+        d = version.decision
+        out = tuple(self.trace.run(f"symbolic {k.name}{suffix}", _emit,
+                                   replace(k, name=k.name + suffix), tree, promoted, graph,
+                                   self.backend, self.machine, d.options, show=lambda e: e[1])
+                    for k, tree, promoted in zip(d.kernels, d.trees, d.promotions))
+        return replace(version, emitted=out)
+
+
+def _pinned(options, run):
+    """`options` with the gemm kernel `run` chose for its contractions, when it chose one:
+    the probes of a range then agree on it. Left to itself, each probe picks by how
+    evenly its rows fill the kernel's tiles (1009 rows, 503, 499: 14x32 or 8x48), which
+    says nothing of the sizes between them."""
+    chosen = {m.kernel for r in run[2] for m in r.marks(mk.Gemm)}
+    if options.gemm_kernel or len(chosen) != 1:
+        return options
+    return replace(options, gemm_kernel=chosen.pop())
 
 
 # what a compile changes, in turn, when the probes decide differently: tiles cut to the
@@ -95,39 +209,52 @@ _CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents"
             "microkernels": "microkernels off, the portable loops instead"}
 
 
-def _attempt(loaded, probes, fit_probes, backend, machine, options, trace, note, pipeline):
-    """Decide at the probes, generalise, prove and emit every kernel; a NotGeneral when
-    the probes disagree or an emitter decides on a size it cannot compare."""
-    compile_graph, quiet_trace = pipeline
-    runs = [compile_graph(bind_graph(loaded, p), backend, machine, options,
-                          trace if k == 0 else quiet_trace())[:3]
-            for k, p in enumerate(probes)]
-    g, plan, kernels, trees = _generalise(runs, fit_probes)
-    ranges = ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in loaded.symbols.items())
-    base = ", ".join(f"{k}={v}" for k, v in sorted(probes[0].items()))
-    results, functions = [], []
-    for kernel, tree, probe_result in zip(kernels, trees, runs[0][2]):
+def _first_version(probes: _ProbeRuns, ranges, options, suffix) -> tuple[_Version, object]:
+    """The largest sizes' version and the options it was decided with: when its probes
+    disagree, it is compiled again with the fallbacks' options in turn (the other
+    versions keep those options)."""
+    tried, failure = [], None
+    for change in _FALLBACKS:
+        attempt = replace(options, **change)
+        if attempt in tried:
+            continue
+        note = () if failure is None else (
+            f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
+            f"{failure.where} depended on the sizes)",)
         try:
-            emitted, code = trace.run(f"symbolic {kernel.name}", _emit, kernel, tree,
-                                      probe_result.promotions, loaded, backend, machine,
-                                      options, show=lambda r: r[1])
-        except TypeError as e:  # sympy refuses `N > 0`: a choice codegen makes by size
-            if "truth value of Relational" not in str(e):
-                raise
-            raise NotGeneral(f"kernel {kernel.name}'s code generation", ["compares sizes"])
-        report = (probe_result.fusion_report + note
-                  + (f"decided at {base}; schedule proved legal by isl for {ranges}",))
-        results.append((kernel, emitted, report,
-                        probe_result.trees + (("symbolic", emitted.schedule),)))
-        functions.append(code)
-    return g, plan, results, functions
+            return probes.emitted(_Version(ranges, probes.decide(ranges, attempt, note)),
+                                  suffix), attempt
+        except NotGeneral as e:
+            tried.append(attempt)
+            failure = e
+            if e.final:
+                raise _refusal(probes.loaded, e) from None
+    raise _refusal(probes.loaded, failure)
 
 
-def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+def _probes(graph: Graph, edge: bool = False) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
     """The probes of `choose_probes` over the symbols that stay free, and the same with a
     value for every symbol: a symbol the graph assumes equal to another (`Eq(M, N)`, two
     dims broadcast together) takes that one's value, so the probes satisfy it. A probe
-    that breaks another assumption is refused."""
+    that breaks another assumption is refused. With `edge` the last probe, which checks
+    the fit, is the ranges' maxima."""
+    free, same = _free_ranges(graph)
+    fit = choose_probes(free)
+    if edge:
+        fit[-1] = {k: hi for k, (_, hi) in free.items()}
+    full = [{**p, **{k: p[rep] for k, rep in same.items()}} for p in fit]
+    for p in full:
+        for relation, message in graph.assumptions:
+            if not bool(relation.subs({s: p[s.name] for s in relation.free_symbols})):
+                raise GraphError(Problem(f"cannot compile once for every value: {message} "
+                                         "leaves no sizes to decide the code at; give static "
+                                         "shapes", field="symbols"))
+    return fit, full
+
+
+def _free_ranges(graph: Graph) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """The symbols that stay free with their ranges (narrowed by the graph's assumptions),
+    and the symbol each other one is assumed equal to."""
     same = {}
     for relation, _ in graph.assumptions:
         sides = [relation.lhs, relation.rhs] if relation.rel_op == "==" else []
@@ -141,15 +268,48 @@ def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
         bound = _linear_bound(relation)
         if bound is not None and bound[0] in free:
             free[bound[0]] = _meet(free[bound[0]], bound[1])
-    fit = choose_probes(free)
-    full = [{**p, **{k: p[rep] for k, rep in same.items()}} for p in fit]
-    for p in full:
-        for relation, message in graph.assumptions:
-            if not bool(relation.subs({s: p[s.name] for s in relation.free_symbols})):
-                raise GraphError(Problem(f"cannot compile once for every value: {message} "
-                                         "leaves no sizes to decide the code at; give static "
-                                         "shapes", field="symbols"))
-    return fit, full
+    return free, same
+
+
+def _within(graph: Graph, ranges: dict[str, tuple[int, int]]) -> Graph:
+    """The graph with its free symbols in `ranges`, and the symbols equal to them too."""
+    _, same = _free_ranges(graph)
+    narrowed = {k: ranges.get(same.get(k, k), r) for k, r in graph.symbols.items()}
+    return replace(graph, symbols=narrowed)
+
+
+def _join(a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]):
+    return {k: (min(a[k][0], b[k][0]), max(a[k][1], b[k][1])) for k in a}
+
+
+def _text(ranges: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in sorted(ranges.items()))
+
+
+def _own_decision(probes: _ProbeRuns, ranges, versions: list[_Version], options
+                  ) -> tuple[_Decision | None, str | None]:
+    """A range's decisions if they make a version of their own, else why not. Its tiles
+    are the memory model's, not balanced to the extent at its probes: the range spans a
+    factor of 32, no one extent. The versions of a kernel are functions behind one
+    signature, so they must agree on the graph, its kernels and their arrays."""
+    options = replace(options, balance_tiles=False)
+    above, first = versions[-1].decision, versions[0].decision
+    if probes.decides_alike(ranges, above, options):
+        return None, "its first probe decides the same"
+    try:
+        # checked at its largest sizes: the decisions of a few rows (no loop over row
+        # tiles when one tile holds them all) must hold up to its top
+        mine = probes.decide(ranges, options, edge=True)
+    except NotGeneral as e:
+        return None, f"the compiles in it differ in {e}"
+    if mine.kernels == above.kernels and mine.trees == above.trees:
+        return None, "its probes decide the same"
+    if mine.graph != first.graph or mine.plan.groups != first.plan.groups:
+        return None, "its fusion differs (the versions of a kernel need the same kernels)"
+    if [(k.name, k.params, k.symbols) for k in mine.kernels] != \
+            [(k.name, k.params, k.symbols) for k in first.kernels]:
+        return None, "its kernels take other arrays"
+    return mine, None
 
 
 def _meet(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -183,9 +343,9 @@ def _refusal(graph: Graph, e: NotGeneral) -> GraphError:
                               "function of the symbols); give static shapes", field="symbols"))
 
 
-def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
+def _generalise(runs, probes):
     """The primitive graph (user's symbol names), the fusion plan, the kernels (the
-    symbols' C names) and their trees' texts the probes agree on."""
+    symbols' C names), their trees' texts and their copies the probes agree on."""
     graphs = [r[0] for r in runs]
     g = generalise(graphs, probes, "the primitive graph")
     plan = runs[0][1]  # its report speaks of the base probe's sizes
@@ -194,17 +354,21 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
     if len({len(r[2]) for r in runs}) > 1:
         raise NotGeneral("the number of kernels", [len(r[2]) for r in runs])
     c_names = {name: C_PREFIX + name for name in probes[0]}  # the free symbols
-    kernels, trees = [], []
+    kernels, trees, promotions = [], [], []
     for results in zip(*(r[2] for r in runs)):
         name = results[0].kernel.name
         trees.append(_general_tree([str(r.schedule) for r in results], probes, name, c_names))
-        # the cpu's copies are a microkernel's packed panels, whose size the tiles fix:
-        # the same at every probe, they are used as they are (their isl footprints,
-        # which codegen does not read on the cpu, stay the base probe's)
-        plain = [tuple((p.buffer, p.array, p.box, p.layout, p.pad, p.element_bytes)
+        # the cpu's copies are a microkernel's packed panels: a tile's rows, or all the
+        # rows when fewer (`N` below a block of 512), an affine box like the rest;
+        # only their size is read on the cpu (their isl footprints stay the base probe's)
+        plain = [tuple((p.buffer, p.array, p.layout, p.pad, p.element_bytes)
                        for p in r.promotions) for r in results]
         if any(p != plain[0] for p in plain):
             raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
+        promotions.append(tuple(
+            replace(p, box=generalise([r.promotions[i].box for r in results], probes,
+                                      f"kernel {name}'s copy {p.buffer}", c_names))
+            for i, p in enumerate(results[0].promotions)))
         # a contracted buffer as long as a symbol is allocated per call (and per thread)
         kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
         for s in kernel.statements:  # isl divides by constants only
@@ -214,7 +378,7 @@ def _generalise(runs, probes) -> tuple[Graph, object, list[Kernel], list[str]]:
                 raise NotGeneral(f"kernel {name}'s statement {s.name}, whose index divides "
                                  "by a size", divisors, final=True)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
-    return g, plan, kernels, trees
+    return g, plan, kernels, trees, promotions
 
 
 def _divisions(e: Index):
@@ -242,13 +406,73 @@ def _general_tree(texts: list[str], probes, name: str, c_names) -> str:
     return _MARK.sub(lambda m: f'mark: "{next(marks)}"', texts[0])
 
 
-def _emit(kernel: Kernel, tree: str, promotions, graph: Graph, backend, machine, options):
-    """The kernel's parametric model with its tree, proved for every value, and its C."""
+def _emit_versions(versions: list[_Version]):
+    """Per kernel (kernel, model, report, trees) and its C: one function, or one per
+    version and the kernel's function choosing among them by the symbols' values, on
+    conditions isl writes from the versions' ranges."""
+    results, functions = [], []
+    several = len(versions) > 1
+    for j, kernel in enumerate(versions[0].decision.kernels):
+        first = versions[0].decision.results[j]
+        model, _, lines = versions[0].emitted[j]
+        report = first.fusion_report + versions[0].decision.note + lines
+        trees = first.trees
+        fused = len(versions[0].decision.plan.report_for(kernel.nodes))
+        for i, v in enumerate(versions):
+            where = f"version {i} for {_text(v.ranges)}: " if several else ""
+            own = [line for line in v.decision.results[j].fusion_report[fused:]
+                   if line not in first.fusion_report]  # the same fusion at other sizes
+            report += tuple(where + line for line in own) + (
+                f"{where}decided at {_text_binding(v.decision.base)}; schedule proved legal "
+                f"by isl for {_text(v.ranges)}",) + v.notes
+            trees += ((f"symbolic {_text(v.ranges)}" if several else "symbolic",
+                       v.emitted[j][0].schedule),)
+        results.append((kernel, model, report, trees))
+        functions += [v.emitted[j][1] for v in versions]
+        if several:
+            functions.append(str(dispatcher(kernel, _conditions(
+                [v.ranges for v in versions],
+                [f"{kernel.name}_v{i}" for i in range(len(versions))]))))
+    return results, functions
+
+
+def _conditions(ranges: list[dict[str, tuple[int, int]]], names: list[str]) -> list[tuple[str, str]]:
+    """(C condition, function) per version, tested in order: each version's range as isl
+    writes it knowing the earlier ones did not hold (`N >= 16` below `N >= 512`)."""
     ctx = isl.Context()
-    free = {k: graph.symbols[k[len(C_PREFIX):]] for k in kernel.symbols}
-    names = sorted(free)
-    bounds = " and ".join(f"{lo} <= {k} <= {hi}" for k, (lo, hi) in sorted(free.items()))
-    context = isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
+    left = _box(ctx, _join_all(ranges))
+    out = []
+    for r, name in zip(ranges, names):
+        box = _box(ctx, r)
+        out.append((isl.AstBuild.from_context(left).expr_from_set(box).to_C_str(), name))
+        left = left.subtract(box)
+    return out
+
+
+def _join_all(ranges: list[dict[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    out = ranges[0]
+    for r in ranges[1:]:
+        out = _join(out, r)
+    return out
+
+
+def _box(ctx: isl.Context, ranges: dict[str, tuple[int, int]]) -> isl.Set:
+    """The parameter set of the symbols' ranges, in their C names."""
+    names = sorted(C_PREFIX + k for k in ranges)
+    bounds = " and ".join(f"{lo} <= {C_PREFIX + k} <= {hi}" for k, (lo, hi) in sorted(ranges.items()))
+    return isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
+
+
+def _text_binding(binding: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
+
+
+def _emit(kernel: Kernel, tree: str, promotions, graph: Graph, backend, machine, options):
+    """The kernel's parametric model with its tree, proved for every value in the
+    graph's ranges, its C and the lines codegen reports."""
+    ctx = isl.Context()
+    context = _box(ctx, {k[len(C_PREFIX):]: graph.symbols[k[len(C_PREFIX):]]
+                         for k in kernel.symbols})
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     model = compute_dependences(build_model(kernel.statements, arrays, ctx, context))
     text = _DOMAIN.sub(lambda m: f'domain: "{model.domain}"', tree, count=1)
@@ -259,8 +483,13 @@ def _emit(kernel: Kernel, tree: str, promotions, graph: Graph, backend, machine,
                             f"the tree decided at the probes violates {violated}")
     model = model.with_schedule(_parallel_when(schedule, kernel))
     state = KernelState(kernel, ctx, model=model, promotions=promotions)
-    code, _ = backend.codegen(state, machine, options)
-    return model, code
+    try:
+        code, lines = backend.codegen(state, machine, options)
+    except TypeError as e:  # sympy refuses `N > 0`: a choice codegen makes by size
+        if "truth value of Relational" not in str(e):
+            raise
+        raise NotGeneral(f"kernel {kernel.name}'s code generation", ["compares sizes"])
+    return model, code, lines
 
 
 def _parallel_when(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:

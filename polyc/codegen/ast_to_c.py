@@ -117,11 +117,6 @@ class CBuilder:
 
     # -- the function -----------------------------------------------------------------
     def function(self, ast: isl.AstNode) -> cgen.FunctionBody:
-        params = []
-        for a in self.kernel.params:
-            value = cgen.RestrictPointer(cgen.Value(C_TYPE[a.type.dtype], a.c_name))
-            params.append(cgen.Const(value) if a.role == "in" else value)
-        params += [cgen.Value("int64_t", name) for name in self.kernel.symbols]
         body = [cgen.Comment(c_comment(f"{a.c_name}: {a.role} {a.type} tensor '{a.tensor}'"))
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
@@ -138,8 +133,27 @@ class CBuilder:
         held = [self.declare_local(a) for a in locals_ if a not in self.unstored]
         held += [(take, release) for take, release in buffers if release is not None]
         body += [take for take, _ in held] + [code] + [release for _, release in held]
-        decl = cgen.FunctionDeclaration(cgen.Value("void", self.kernel.name), params)
-        return cgen.FunctionBody(decl, cgen.Block(body))
+        return cgen.FunctionBody(declaration(self.kernel), cgen.Block(body))
+
+
+def declaration(kernel: Kernel) -> cgen.FunctionDeclaration:
+    """`void name(arrays..., symbols...)`: what the runtime calls."""
+    params = []
+    for a in kernel.params:
+        value = cgen.RestrictPointer(cgen.Value(C_TYPE[a.type.dtype], a.c_name))
+        params.append(cgen.Const(value) if a.role == "in" else value)
+    params += [cgen.Value("int64_t", name) for name in kernel.symbols]
+    return cgen.FunctionDeclaration(cgen.Value("void", kernel.name), params)
+
+
+def dispatcher(kernel: Kernel, versions: list[tuple[str, str]]) -> cgen.FunctionBody:
+    """The kernel's function as a choice among its versions (C condition, function name):
+    the first whose condition holds runs; the last one's condition is not tested."""
+    args = ", ".join([a.c_name for a in kernel.params] + list(kernel.symbols))
+    body: cgen.Generable = cgen.Statement(f"{versions[-1][1]}({args})")
+    for cond, name in reversed(versions[:-1]):
+        body = cgen.If(cond, cgen.Statement(f"{name}({args})"), body)
+    return cgen.FunctionBody(declaration(kernel), cgen.Block([body]))
 
 
 def user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:

@@ -62,7 +62,10 @@ class Promotion:
             return (*outer, -(-rows // edge), -(-cols // edge), edge, edge)
         _, width, dim = self.layout.split()
         width, dim = int(width), int(dim)
-        strips = -(-self.box[dim] // width)
+        # a symbolic box (one compile for all sizes) takes an affine bound: a strip's
+        # padding is at most width - 1
+        strips = (-(-self.box[dim] // width) if type(self.box[dim]) is int
+                  else (self.box[dim] + width - 1) / width)
         return (strips,) + tuple(n for d, n in enumerate(self.box) if d != dim) + (width,)
 
     @property

@@ -30,7 +30,7 @@ import math
 import cgen
 import islpy as isl
 
-from ....codegen.cexpr import ExprPrinter
+from ....codegen.cexpr import ExprPrinter, c_size
 from ....errors import InternalError
 from ....microkernels import registry
 from ....microkernels.analysis import BRows, GemmView, b_rows, gemm_view
@@ -130,7 +130,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         out = []
         if "b" in side and rows is None:
             out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, "
-                                      f"{self.b.promotion('mk_pb').bytes})"))
+                                      f"{c_size(self.b.promotion('mk_pb').bytes)})"))
         elif "b" in side:
             # the copy runs `nr` floats past P: the last tile reads its rows whole
             src = (f"polyc_scratch(4, {4 * (math.prod(rows.shape) + mk.nr)})" if rows.copy
@@ -139,7 +139,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
         if "a" in side:
             out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, "
-                                      f"{self.b.promotion('mk_pa').bytes})"))
+                                      f"{c_size(self.b.promotion('mk_pa').bytes)})"))
         return out
 
     def _batch_values(self, loops: dict[str, str]) -> dict[int, str]:

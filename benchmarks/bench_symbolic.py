@@ -1,6 +1,6 @@
 """One symbolic compile against one static compile per size, in one run.
 
-    python benchmarks/bench_symbolic.py [--threads 1] [--sizes 1,7,64,1000,4096]
+    python benchmarks/bench_symbolic.py [--threads 1] [--sizes 1,7,64,1000,4096] [--cases linear_gelu,softmax,layer_norm]
 
 For linear+gelu (`["N", 1024] @ [1024, 4096]`), softmax and layer_norm over
 `["N", 4096]`: one compile of the symbolic graph, and one static compile per N; at each
@@ -67,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", default="1,7,64,1000,4096")
+    parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     set_threads(args.threads)
@@ -86,12 +87,15 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     compile_rows = []
-    for name, make in CASES.items():
+    for name in args.cases.split(","):
+        make = CASES[name]
         start = time.perf_counter()
         symbolic = polyc.compile({**make("N"), "symbols": SYMBOLS})
         sym_s = time.perf_counter() - start
+        # the fallbacks taken, and the versions by size (or why a range has none)
         note = [line for k in symbolic.kernels for line in k.fusion_report
-                if line.startswith("symbolic shapes")]
+                if line.startswith("symbolic shapes") or " since " in line
+                or line.startswith("version ") and ": decided at " in line]
         static_s = 0.0
         rng = np.random.default_rng(0)
         for n in sizes:

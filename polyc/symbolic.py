@@ -147,17 +147,18 @@ class _ProbeRuns:
                                                 trace, codegen=False)[:3]
         return self.done[key]
 
-    def decide(self, ranges: dict[str, tuple[int, int]], options, note=(), edge=False
-               ) -> _Decision:
-        """The decisions the probes inside `ranges` agree on, else a NotGeneral. The
-        other probes use the gemm kernel the first chose (`_pinned`); with `edge`, the
-        last probe is the ranges' maxima (`_probes`)."""
-        fit, full = _probes(_within(self.loaded, ranges), edge)
+    def decide(self, ranges: dict[str, tuple[int, int]], options, note=()) -> _Decision:
+        """The decisions the probes inside `ranges` agree on and that hold for all of
+        them (`_check_gemm_loops`), else a NotGeneral. The other probes use the gemm
+        kernel the first chose (`_pinned`)."""
+        fit, full = _probes(_within(self.loaded, ranges))
         base = self.run(full[0], options)
         pinned = _pinned(options, base)
         self.done.setdefault((tuple(sorted(full[0].items())), pinned), base)
         runs = [base] + [self.run(p, pinned) for p in full[1:]]
         g, plan, kernels, trees, promotions = _generalise(runs, fit)
+        for k, tree in zip(kernels, trees):
+            _check_gemm_loops(k.name, tree, ranges)
         return _Decision(g, plan, tuple(kernels), tuple(trees), tuple(promotions),
                          tuple(base[2]), tuple(fit), tuple(full), pinned, note)
 
@@ -232,16 +233,13 @@ def _first_version(probes: _ProbeRuns, ranges, options, suffix) -> tuple[_Versio
     raise _refusal(probes.loaded, failure)
 
 
-def _probes(graph: Graph, edge: bool = False) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
     """The probes of `choose_probes` over the symbols that stay free, and the same with a
     value for every symbol: a symbol the graph assumes equal to another (`Eq(M, N)`, two
     dims broadcast together) takes that one's value, so the probes satisfy it. A probe
-    that breaks another assumption is refused. With `edge` the last probe, which checks
-    the fit, is the ranges' maxima."""
+    that breaks another assumption is refused."""
     free, same = _free_ranges(graph)
     fit = choose_probes(free)
-    if edge:
-        fit[-1] = {k: hi for k, (_, hi) in free.items()}
     full = [{**p, **{k: p[rep] for k, rep in same.items()}} for p in fit]
     for p in full:
         for relation, message in graph.assumptions:
@@ -297,9 +295,7 @@ def _own_decision(probes: _ProbeRuns, ranges, versions: list[_Version], options
     if probes.decides_alike(ranges, above, options):
         return None, "its first probe decides the same"
     try:
-        # checked at its largest sizes: the decisions of a few rows (no loop over row
-        # tiles when one tile holds them all) must hold up to its top
-        mine = probes.decide(ranges, options, edge=True)
+        mine = probes.decide(ranges, options)
     except NotGeneral as e:
         return None, f"the compiles in it differ in {e}"
     if mine.kernels == above.kernels and mine.trees == above.trees:
@@ -379,6 +375,35 @@ def _generalise(runs, probes):
                                  "by a size", divisors, final=True)
         kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     return g, plan, kernels, trees, promotions
+
+
+def _check_gemm_loops(name: str, tree: str, ranges: dict[str, tuple[int, int]]) -> None:
+    """A gemm plan leaves out the loop over blocks (or tiles) of a dim its probes fit in
+    one: made at 1009 rows with blocks of 1022, it has no loop over row blocks, and 2048
+    rows would run one block. A NotGeneral when a size in `ranges` outgrows one."""
+    import itertools
+
+    from .microkernels.registry import by_name
+    for word in _MARK.findall(tree):
+        mark = mk.parse(word)
+        if not isinstance(mark, mk.Gemm):
+            continue
+        kernel = by_name(mark.kernel)
+        for extent, block, loop in ((mark.m, mark.mc, "ic"), (mark.n, mark.nc, "jc"),
+                                    (mark.k, mark.kc, "pc"), (mark.m, kernel.mr, "ir"),
+                                    (mark.n, kernel.nr, "jr")):
+            if type(extent) is int or loop in mark.loops:
+                continue
+            if loop in ("ir", "jr"):  # tiles within a block
+                block = min(block, mark.mc if loop == "ir" else mark.nc)
+            names = {str(sym): sym for sym in extent.free_symbols}
+            corners = itertools.product(*([(names[C_PREFIX + k], lo), (names[C_PREFIX + k], hi)]
+                                          for k, (lo, hi) in ranges.items()
+                                          if C_PREFIX + k in names))
+            top = max(int(extent.subs(dict(c))) for c in corners)
+            if top > block:
+                raise NotGeneral(f"kernel {name}'s gemm plan", [
+                    f"no {loop} loop, yet {extent} reaches {top} > {block}"])
 
 
 def _divisions(e: Index):

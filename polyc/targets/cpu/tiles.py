@@ -36,13 +36,8 @@ from ...schedule_tree.marks import Tiles
 def _balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
     size = max(unit, size - size % unit)
     if not balance:
-        # sizes that hold for a range of extents (a symbolic compile's probes): an
-        # extent one block covers is one block of unit * 2^k (499 to 509 rows: 512);
-        # past that, never past the extent (a block cut to it would be the extent's
-        # size): the largest unit * 2^k within it; each the same for every extent up
-        # to twice the smallest
-        if extent <= size:
-            return min(size, unit << (math.ceil(extent / unit) - 1).bit_length())
+        # never past the extent (a block cut to it would be the extent's size): the
+        # largest unit * 2^k within it, the same for every extent up to twice that
         return min(size, unit << max(0, (extent // unit).bit_length() - 1))
     blocks = math.ceil(extent / size)
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))

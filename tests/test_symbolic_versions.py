@@ -1,0 +1,118 @@
+"""Size regimes of a symbolic compile: each decided at probes inside it, a version of a
+kernel where the decisions differ, chosen per call on conditions isl writes.
+
+Which regimes differ depends on the host (its calibrated gemm kernels, its caches), so
+the tests check what holds on any host: every regime is accounted for in the report,
+the C chooses among exactly the versions the trees show, on their ranges, and every
+size, at the edges of the regimes above all, matches the reference executor.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc.graph.load import load_graph
+from polyc.graph.reference import random_inputs, run_reference
+from polyc.symbolic import _conditions, size_regimes
+
+LINEAR_GELU = {"name": "lg", "inputs": [{"name": "x", "shape": ["N", 128]},
+                                        {"name": "w", "shape": [128, 256]},
+                                        {"name": "b", "shape": [256]}],
+               "nodes": [{"op": "linear", "inputs": ["x", "w", "b"], "outputs": ["h"]},
+                         {"op": "gelu", "inputs": ["h"], "outputs": ["y"],
+                          "attrs": {"approximate": "tanh"}}],
+               "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 2048}}}
+
+
+def test_regimes_cut_one_symbol_at_16_and_512_largest_first():
+    assert size_regimes({"N": (1, 8192)}) == [{"N": (512, 8192)}, {"N": (16, 511)},
+                                              {"N": (1, 15)}]
+    assert size_regimes({"N": (20, 100)}) == [{"N": (20, 100)}]
+    # a piece of fewer than three values is not cut off: the probes could not fit it
+    assert size_regimes({"N": (2, 16)}) == [{"N": (2, 16)}]
+    assert size_regimes({"N": (14, 600)}) == [{"N": (512, 600)}, {"N": (14, 511)}]
+    # several symbols: one range each, not cut (the regimes would multiply)
+    assert size_regimes({"M": (1, 8192), "N": (1, 8192)}) == [{"M": (1, 8192),
+                                                               "N": (1, 8192)}]
+
+
+def test_conditions_are_isl_s_knowing_the_earlier_ones_failed():
+    ranges = [{"N": (512, 8192)}, {"N": (16, 511)}, {"N": (1, 15)}]
+    got = _conditions(ranges, ["k_v0", "k_v1", "k_v2"])
+    # the last holds whenever the others failed: isl writes it as true
+    assert got == [("polyc_sym_N >= 512", "k_v0"), ("polyc_sym_N >= 16", "k_v1"),
+                   ("1", "k_v2")]
+
+
+@pytest.fixture(scope="module")
+def linear_gelu():
+    return polyc.compile(LINEAR_GELU)
+
+
+def _versions(kernel) -> list[tuple[int, int]]:
+    """The ranges of a kernel's versions, from its trees' names."""
+    return [tuple(map(int, m.groups())) for name, _ in kernel.trees
+            if (m := re.fullmatch(r"symbolic N in \[(\d+), (\d+)\]", name))]
+
+
+def test_every_regime_is_a_version_or_says_why_not(linear_gelu):
+    (kernel,) = linear_gelu.kernels
+    report = "\n".join(kernel.fusion_report)
+    versions = _versions(kernel)
+    for lo, hi in [(512, 2048), (16, 511), (1, 15)]:
+        own = any(v[0] <= lo and hi <= v[1] for v in versions)
+        merged = f"N in [{lo}, {hi}]: this version too, since " in report
+        assert own or merged or lo == 512, (lo, hi, report)
+    if versions:  # several: each proved for its range, the ranges cover [1, 2048]
+        assert sorted(versions)[0][0] == 1 and max(v[1] for v in versions) == 2048
+        for i, (lo, hi) in enumerate(versions):
+            assert f"version {i} for N in [{lo}, {hi}]: decided at N=" in report
+    else:
+        assert "schedule proved legal by isl for N in [1, 2048]" in report
+
+
+def test_the_kernel_chooses_among_its_versions_in_c(linear_gelu):
+    (kernel,) = linear_gelu.kernels
+    versions = _versions(kernel)
+    src = linear_gelu.c_source
+    name = kernel.name
+    if not versions:
+        assert f"{name}_v0" not in src
+        return
+    for i in range(len(versions)):
+        assert re.search(rf"\bvoid {name}_v{i}\(", src)
+    dispatch = src[src.index(f"void {name}("):]
+    dispatch = dispatch[:dispatch.index("}\n") + 2]
+    calls = re.findall(rf"\b{name}_v(\d+)\(", dispatch)
+    assert [int(c) for c in calls] == list(range(len(versions)))
+    assert dispatch.count("if (") == len(versions) - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 64, 300, 511, 512, 513, 1009, 2048])
+def test_every_size_matches_the_reference(linear_gelu, n):
+    graph = load_graph(LINEAR_GELU)
+    inputs = random_inputs(graph, seed=n, symbols={"N": n})
+    got, want = linear_gelu(**inputs), run_reference(graph, inputs)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_a_softmax_decides_alike_everywhere_and_stays_one_function():
+    # rows of 4096: even 13 of them are work enough for the threads (fewer columns and
+    # the fewest rows run on one thread: a version without the parallel loop)
+    doc = {"name": "sm", "inputs": [{"name": "x", "shape": ["N", 4096]}],
+           "nodes": [{"op": "softmax", "inputs": ["x"], "outputs": ["y"]}],
+           "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 1024}}}
+    compiled = polyc.compile(doc)
+    (kernel,) = compiled.kernels
+    report = "\n".join(kernel.fusion_report)
+    assert "N in [16, 511]: this version too, since its first probe decides the same" in report
+    assert "N in [1, 15]: this version too" in report
+    assert f"{kernel.name}_v0" not in compiled.c_source
+    graph = load_graph(doc)
+    for n in (1, 15, 16, 700):
+        inputs = random_inputs(graph, seed=n, symbols={"N": n})
+        np.testing.assert_allclose(compiled(**inputs)["y"], run_reference(graph, inputs)["y"],
+                                   rtol=1e-5, atol=1e-7)

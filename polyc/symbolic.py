@@ -21,6 +21,13 @@ blocks that do not follow the extents (`CpuOptions.balance_tiles`: a tile of 127
 size it cannot compare, without microkernels (the portable loops, with `omp simd`);
 the report says which. A parallel loop whose work depends on
 the symbols runs its threads only when a call has enough work (an OpenMP `if`).
+
+Versions by size: the range of a graph's one symbol is cut into regimes (`SPLITS`),
+each decided at probes inside it, the largest first. A regime whose decisions differ
+from the one above becomes a version of each kernel (a function of its own, proved for
+its range); the kernel's function calls one per call, on conditions isl writes from the
+ranges (`_conditions`). A regime that decides the same, or whose probes disagree, or
+whose fusion differs, joins the version above, and the report says why.
 """
 from __future__ import annotations
 

@@ -22,16 +22,18 @@ size it cannot compare, without microkernels (the portable loops, with `omp simd
 the report says which. A parallel loop whose work depends on
 the symbols runs its threads only when a call has enough work (an OpenMP `if`).
 
-Versions by size: the range of a graph's one symbol is cut into regimes (`SPLITS`),
-each decided at probes inside it, the largest first. A regime whose decisions differ
-from the one above becomes a version of each kernel (a function of its own, proved for
-its range); the kernel's function calls one per call, on conditions isl writes from the
-ranges (`_conditions`). A regime that decides the same, or whose probes disagree, or
-whose fusion differs, joins the version above, and the report says why.
+Versions by size: the ranges of a graph's one or two symbols are cut into regimes
+(`SPLITS`), boxes each decided at probes inside it, the largest first. A regime whose
+decisions differ from those of its parent (the box above it) becomes a version of each
+kernel (a function of its own, proved for its sizes); the kernel's function calls one
+per call, on conditions isl writes from the versions' sizes (`_conditions`). A regime
+that decides the same, or whose probes disagree, or whose fusion differs, or that comes
+after `MAX_PROBE_RUNS`, joins its parent's version, and the report says why.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import replace
 
@@ -65,21 +67,26 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
     probes = _ProbeRuns(loaded, backend, machine, trace, compile_graph, quiet_trace)
-    top, *lower = size_regimes(_free_ranges(loaded)[0])
+    (top, _), *lower = size_regimes(_free_ranges(loaded)[0])
     first, options = _first_version(probes, top, options, "_v0" if lower else "")
-    versions = [first]
-    for ranges in lower:  # downwards: each its own version, or the one above's
-        decision, why = _own_decision(probes, ranges, versions, options)
+    versions, home = [first], [0]  # home: each regime's version
+    for ranges, parent in lower:  # each its own version, or its parent's (sizes above)
+        above = versions[home[parent]]
+        decision, why = (_own_decision(probes, ranges, above.decision, first.decision, options)
+                         if len(probes.done) < MAX_PROBE_RUNS else
+                         (None, f"the compile's {MAX_PROBE_RUNS} probes are spent"))
         if why is None:
             try:
-                versions.append(probes.emitted(_Version(ranges, decision),
+                versions.append(probes.emitted(_Version((ranges,), decision),
                                                f"_v{len(versions)}"))
+                home.append(len(versions) - 1)
                 continue
             except NotGeneral as e:
                 why = f"its code generation differs: {e}"
-        above = versions[-1]  # proved again and emitted for the joined range
-        versions[-1] = _Version(_join(above.ranges, ranges), above.decision,
-                                above.notes + (f"{_text(ranges)}: this version too, since {why}",))
+        home.append(home[parent])  # proved again and emitted for its ranges and these
+        versions[home[parent]] = _Version(
+            _add_box(above.boxes, ranges), above.decision,
+            above.notes + (f"{_text((ranges,))}: this version too, since {why}",))
     versions = [probes.emitted(v, f"_v{i}" if len(versions) > 1 else "")
                 for i, v in enumerate(versions)]
     results, functions = _emit_versions(versions)
@@ -92,19 +99,41 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
 
 
 # where the range of a symbol is cut into size regimes, each compiled at probes inside
-# it: a few rows (a microkernel's tile or two), up to the rows a cache keeps, beyond
-SPLITS = (16, 512)
+# it: a few rows (a microkernel's tile or two), up to the rows a cache keeps, beyond;
+# with two symbols only the second cut (9 boxes would cost up to 36 compiles), with
+# more none
+SPLITS = ((16, 512), (512,))
+# a regime is decided apart only while the compiles at probes are fewer than this (a
+# regime takes one, or one per symbol and two more): a symbolic compile stays within a
+# few static ones
+MAX_PROBE_RUNS = 16
 
 
-def size_regimes(free: dict[str, tuple[int, int]]) -> list[dict[str, tuple[int, int]]]:
-    """The ranges decided apart, the largest sizes first. Only a graph with one free
-    symbol is cut: regimes of several would multiply (each a compile per probe); and
-    only into ranges of three values or more, which the probes fit as functions."""
-    if len(free) != 1:
-        return [dict(free)]
-    ((name, (lo, hi)),) = free.items()
-    edges = [lo, *(b for b in SPLITS if lo + 3 <= b <= hi - 2), hi + 1]
-    return [{name: (a, b - 1)} for a, b in zip(edges, edges[1:])][::-1]
+def size_regimes(free: dict[str, tuple[int, int]]
+                 ) -> list[tuple[dict[str, tuple[int, int]], int | None]]:
+    """The boxes of sizes decided apart, each with its parent's place in the list (the
+    box one step larger in its first symbol not at its largest), parents first: the
+    largest sizes, then by how many steps down. A range is cut only into pieces of three
+    values or more, which the probes fit as functions."""
+    names = sorted(free)
+    pieces = []
+    for name in names:
+        lo, hi = free[name]
+        cuts = [b for b in (SPLITS[len(names) - 1] if len(names) <= len(SPLITS) else ())
+                if lo + 3 <= b <= hi - 2]
+        edges = [lo, *cuts, hi + 1]
+        pieces.append([(a, b - 1) for a, b in zip(edges, edges[1:])][::-1])
+    order = sorted(itertools.product(*(range(len(p)) for p in pieces)), key=lambda v: (sum(v), v))
+    place = {v: i for i, v in enumerate(order)}
+
+    def parent(v):
+        if not any(v):
+            return None
+        i = next(i for i, x in enumerate(v) if x)
+        return place[v[:i] + (v[i] - 1,) + v[i + 1:]]
+
+    return [({n: pieces[k][x] for k, (n, x) in enumerate(zip(names, v))}, parent(v))
+            for v in order]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +158,7 @@ class _Decision:
 
 @dataclasses.dataclass(frozen=True)
 class _Version:
-    ranges: dict[str, tuple[int, int]]
+    boxes: tuple[dict[str, tuple[int, int]], ...]  # the sizes it runs: a union of boxes
     decision: _Decision
     notes: tuple[str, ...] = ()
     emitted: tuple = ()  # per kernel (model, C, codegen's lines), for these ranges
@@ -189,11 +218,11 @@ class _ProbeRuns:
         (a kernel with several versions: `_v0` the largest sizes', `_v1` the next)."""
         if version.emitted:
             return version
-        graph = _within(self.loaded, version.ranges)
         d = version.decision
         out = tuple(self.trace.run(f"symbolic {k.name}{suffix}", _emit,
-                                   replace(k, name=k.name + suffix), tree, promoted, graph,
-                                   self.backend, self.machine, d.options, show=lambda e: e[1])
+                                   replace(k, name=k.name + suffix), tree, promoted,
+                                   version.boxes, self.backend, self.machine, d.options,
+                                   show=lambda e: e[1])
                     for k, tree, promoted in zip(d.kernels, d.trees, d.promotions))
         return replace(version, emitted=out)
 
@@ -230,7 +259,7 @@ def _first_version(probes: _ProbeRuns, ranges, options, suffix) -> tuple[_Versio
             f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
             f"{failure.where} depended on the sizes)",)
         try:
-            return probes.emitted(_Version(ranges, probes.decide(ranges, attempt, note)),
+            return probes.emitted(_Version((ranges,), probes.decide(ranges, attempt, note)),
                                   suffix), attempt
         except NotGeneral as e:
             tried.append(attempt)
@@ -283,22 +312,31 @@ def _within(graph: Graph, ranges: dict[str, tuple[int, int]]) -> Graph:
     return replace(graph, symbols=narrowed)
 
 
-def _join(a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]):
-    return {k: (min(a[k][0], b[k][0]), max(a[k][1], b[k][1])) for k in a}
+def _add_box(boxes, box: dict[str, tuple[int, int]]) -> tuple[dict[str, tuple[int, int]], ...]:
+    """`boxes` and `box`, joined to one it adjoins along one symbol (16..511 and 512..8192:
+    16..8192) where there is one."""
+    for i, b in enumerate(boxes):
+        differ = [k for k in b if b[k] != box[k]]
+        if len(differ) == 1 and (b[differ[0]][1] + 1 == box[differ[0]][0]
+                                 or box[differ[0]][1] + 1 == b[differ[0]][0]):
+            k = differ[0]
+            joined = {**b, k: (min(b[k][0], box[k][0]), max(b[k][1], box[k][1]))}
+            return _add_box(boxes[:i] + boxes[i + 1:], joined)
+    return (*boxes, box)
 
 
-def _text(ranges: dict[str, tuple[int, int]]) -> str:
-    return ", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in sorted(ranges.items()))
+def _text(boxes) -> str:
+    return " or ".join(", ".join(f"{k} in [{lo}, {hi}]" for k, (lo, hi) in sorted(r.items()))
+                       for r in boxes)
 
 
-def _own_decision(probes: _ProbeRuns, ranges, versions: list[_Version], options
+def _own_decision(probes: _ProbeRuns, ranges, above: _Decision, first: _Decision, options
                   ) -> tuple[_Decision | None, str | None]:
     """A range's decisions if they make a version of their own, else why not. Its tiles
     are the memory model's, not balanced to the extent at its probes: the range spans a
     factor of 32, no one extent. The versions of a kernel are functions behind one
     signature, so they must agree on the graph, its kernels and their arrays."""
     options = replace(options, balance_tiles=False)
-    above, first = versions[-1].decision, versions[0].decision
     if probes.decides_alike(ranges, above, options):
         return None, "its first probe decides the same"
     try:
@@ -451,60 +489,58 @@ def _emit_versions(versions: list[_Version]):
         trees = first.trees
         fused = len(versions[0].decision.plan.report_for(kernel.nodes))
         for i, v in enumerate(versions):
-            where = f"version {i} for {_text(v.ranges)}: " if several else ""
+            where = f"version {i} for {_text(v.boxes)}: " if several else ""
             own = [line for line in v.decision.results[j].fusion_report[fused:]
                    if line not in first.fusion_report]  # the same fusion at other sizes
             report += tuple(where + line for line in own) + (
                 f"{where}decided at {_text_binding(v.decision.base)}; schedule proved legal "
-                f"by isl for {_text(v.ranges)}",) + v.notes
-            trees += ((f"symbolic {_text(v.ranges)}" if several else "symbolic",
+                f"by isl for {_text(v.boxes)}",) + v.notes
+            trees += ((f"symbolic {_text(v.boxes)}" if several else "symbolic",
                        v.emitted[j][0].schedule),)
         results.append((kernel, model, report, trees))
         functions += [v.emitted[j][1] for v in versions]
         if several:
             functions.append(str(dispatcher(kernel, _conditions(
-                [v.ranges for v in versions],
+                [v.boxes for v in versions],
                 [f"{kernel.name}_v{i}" for i in range(len(versions))]))))
     return results, functions
 
 
-def _conditions(ranges: list[dict[str, tuple[int, int]]], names: list[str]) -> list[tuple[str, str]]:
-    """(C condition, function) per version, tested in order: each version's range as isl
-    writes it knowing the earlier ones did not hold (`N >= 16` below `N >= 512`)."""
+def _conditions(boxes: list[tuple[dict[str, tuple[int, int]], ...]], names: list[str]
+                ) -> list[tuple[str, str]]:
+    """(C condition, function) per version, tested in order: each version's sizes as isl
+    writes them knowing the earlier ones did not hold (`N >= 16` below `N >= 512`)."""
     ctx = isl.Context()
-    left = _box(ctx, _join_all(ranges))
+    sets = [_union(ctx, b) for b in boxes]
+    left = sets[0]
+    for s in sets[1:]:
+        left = left.union(s)
     out = []
-    for r, name in zip(ranges, names):
-        box = _box(ctx, r)
-        out.append((isl.AstBuild.from_context(left).expr_from_set(box).to_C_str(), name))
-        left = left.subtract(box)
+    for s, name in zip(sets, names):
+        out.append((isl.AstBuild.from_context(left).expr_from_set(s.coalesce()).to_C_str(),
+                    name))
+        left = left.subtract(s)
     return out
 
 
-def _join_all(ranges: list[dict[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    out = ranges[0]
-    for r in ranges[1:]:
-        out = _join(out, r)
-    return out
-
-
-def _box(ctx: isl.Context, ranges: dict[str, tuple[int, int]]) -> isl.Set:
-    """The parameter set of the symbols' ranges, in their C names."""
-    names = sorted(C_PREFIX + k for k in ranges)
-    bounds = " and ".join(f"{lo} <= {C_PREFIX + k} <= {hi}" for k, (lo, hi) in sorted(ranges.items()))
-    return isl.Set.read_from_str(ctx, f"[{', '.join(names)}] -> {{ : {bounds} }}")
+def _union(ctx: isl.Context, boxes) -> isl.Set:
+    """The parameter set of the symbols' ranges (a union of boxes), in their C names."""
+    names = ", ".join(sorted(C_PREFIX + k for k in boxes[0]))
+    pieces = "; ".join(" : " + " and ".join(f"{lo} <= {C_PREFIX + k} <= {hi}"
+                                            for k, (lo, hi) in sorted(b.items()))
+                       for b in boxes)
+    return isl.Set.read_from_str(ctx, f"[{names}] -> {{ {pieces} }}").coalesce()
 
 
 def _text_binding(binding: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
 
 
-def _emit(kernel: Kernel, tree: str, promotions, graph: Graph, backend, machine, options):
-    """The kernel's parametric model with its tree, proved for every value in the
-    graph's ranges, its C and the lines codegen reports."""
+def _emit(kernel: Kernel, tree: str, promotions, boxes, backend, machine, options):
+    """The kernel's parametric model with its tree, proved for every size in `boxes`
+    (ranges of the free symbols), its C and the lines codegen reports."""
     ctx = isl.Context()
-    context = _box(ctx, {k[len(C_PREFIX):]: graph.symbols[k[len(C_PREFIX):]]
-                         for k in kernel.symbols})
+    context = _union(ctx, boxes)
     arrays = {a.tensor: a.c_name for a in kernel.arrays}
     model = compute_dependences(build_model(kernel.statements, arrays, ctx, context))
     text = _DOMAIN.sub(lambda m: f'domain: "{model.domain}"', tree, count=1)

@@ -27,24 +27,34 @@ LINEAR_GELU = {"name": "lg", "inputs": [{"name": "x", "shape": ["N", 128]},
                "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 2048}}}
 
 
-def test_regimes_cut_one_symbol_at_16_and_512_largest_first():
-    assert size_regimes({"N": (1, 8192)}) == [{"N": (512, 8192)}, {"N": (16, 511)},
-                                              {"N": (1, 15)}]
-    assert size_regimes({"N": (20, 100)}) == [{"N": (20, 100)}]
+def test_regimes_cut_at_16_and_512_largest_first_each_after_its_parent():
+    assert size_regimes({"N": (1, 8192)}) == [({"N": (512, 8192)}, None),
+                                              ({"N": (16, 511)}, 0), ({"N": (1, 15)}, 1)]
+    assert size_regimes({"N": (20, 100)}) == [({"N": (20, 100)}, None)]
     # a piece of fewer than three values is not cut off: the probes could not fit it
-    assert size_regimes({"N": (2, 16)}) == [{"N": (2, 16)}]
-    assert size_regimes({"N": (14, 600)}) == [{"N": (512, 600)}, {"N": (14, 511)}]
-    # several symbols: one range each, not cut (the regimes would multiply)
-    assert size_regimes({"M": (1, 8192), "N": (1, 8192)}) == [{"M": (1, 8192),
-                                                               "N": (1, 8192)}]
+    assert size_regimes({"N": (2, 16)}) == [({"N": (2, 16)}, None)]
+    assert size_regimes({"N": (14, 600)}) == [({"N": (512, 600)}, None), ({"N": (14, 511)}, 0)]
+    # two symbols: cut at 512 only; the boxes, each after the box one step larger in its
+    # first symbol not at its largest
+    assert size_regimes({"B": (1, 1024), "L": (1, 4096)}) == [
+        ({"B": (512, 1024), "L": (512, 4096)}, None), ({"B": (512, 1024), "L": (1, 511)}, 0),
+        ({"B": (1, 511), "L": (512, 4096)}, 0), ({"B": (1, 511), "L": (1, 511)}, 1)]
+    # three: not cut (8 boxes, each up to five compiles)
+    assert size_regimes({"A": (1, 99), "B": (1, 99), "C": (1, 99)}) == [
+        ({"A": (1, 99), "B": (1, 99), "C": (1, 99)}, None)]
 
 
 def test_conditions_are_isl_s_knowing_the_earlier_ones_failed():
-    ranges = [{"N": (512, 8192)}, {"N": (16, 511)}, {"N": (1, 15)}]
-    got = _conditions(ranges, ["k_v0", "k_v1", "k_v2"])
+    boxes = [({"N": (512, 8192)},), ({"N": (16, 511)},), ({"N": (1, 15)},)]
+    got = _conditions(boxes, ["k_v0", "k_v1", "k_v2"])
     # the last holds whenever the others failed: isl writes it as true
     assert got == [("polyc_sym_N >= 512", "k_v0"), ("polyc_sym_N >= 16", "k_v1"),
                    ("1", "k_v2")]
+    # a version of two boxes (one joined the other's), and the rest
+    two = [({"B": (16, 64), "L": (512, 4096)}, {"B": (1, 15), "L": (512, 4096)}),
+           ({"B": (1, 64), "L": (1, 511)},)]
+    got = _conditions(two, ["k_v0", "k_v1"])
+    assert got == [("polyc_sym_L >= 512", "k_v0"), ("1", "k_v1")]
 
 
 @pytest.fixture(scope="module")

@@ -46,16 +46,26 @@ class Program:
         self._sized_constants = functools.lru_cache(maxsize=8)(
             lambda binding: {c.name: constant_value(c, dict(binding)) for c in sized})
         self._scratch: dict[str, np.ndarray] = {}  # intermediates, reused across calls
-        # a symbolic graph's binding and shapes per input shapes: sympy is slow per call
-        self._bind = functools.lru_cache(maxsize=64)(
-            lambda graph, shapes: bind_symbols(graph, dict(shapes)))
-        self._shape = functools.lru_cache(maxsize=1024)(
-            lambda t, values: bound_shape(t, dict(values)))
+        # a symbolic graph's binding per input shapes, and the shapes of its outputs and
+        # the kernels' arrays per binding: sympy is slow per call, and so is hashing
+        # the graph or a type (microseconds, on kernels that take a few)
+        binds = functools.lru_cache(maxsize=64)(lambda shapes: bind_symbols(graph, dict(shapes)))
+        self._bind = lambda g, shapes: binds(tuple(shapes.items()))
+        self._shapes = functools.lru_cache(maxsize=64)(self._bound_shapes)
+
+    def _bound_shapes(self, binding: tuple[tuple[str, int], ...]) -> dict[str, tuple[int, ...]]:
+        """The shape of every output and kernel array once the symbols take `binding`."""
+        values = dict(binding)
+        c_values = {C_PREFIX + k: v for k, v in values.items()}  # the kernels' names
+        shapes = {a.tensor: bound_shape(a.type, c_values) for k in self.kernels for a in k.params}
+        shapes.update({name: bound_shape(self.graph.types[name], values)
+                       for name in self.graph.outputs})
+        return shapes
 
     def _output_buffer(self, name: str, out: Mapping[str, np.ndarray] | None,
-                       binding: Mapping[str, int]) -> np.ndarray:
+                       shapes: Mapping[str, tuple[int, ...]]) -> np.ndarray:
         t = self.graph.types[name]
-        shape = self._shape(t, tuple(binding.items()))
+        shape = shapes[name]
         if out is not None and name in out:
             a = out[name]
             if (not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != np.dtype(t.dtype)
@@ -79,27 +89,28 @@ class Program:
         calling them all computes the outputs; one alone can be timed (after the ones
         before it have filled its inputs)."""
         # C reads dense row-major buffers; a 0-d array is dense already
-        checked, binding = bind_inputs(
-            self.graph, inputs, lambda g, shapes: self._bind(g, tuple(shapes.items())))
+        checked, binding = bind_inputs(self.graph, inputs, self._bind)
         env = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v)
                for k, v in checked.items()}
         env.update(self._constants)
-        env.update(self._sized_constants(tuple(binding.items())))
+        key = tuple(binding.items())
+        env.update(self._sized_constants(key))
+        shapes = self._shapes(key)
         results = {}
         for name in self.graph.outputs:
             if name in env:  # an input or a constant returned as is: copy, never alias
-                buf = self._output_buffer(name, out, binding)
+                buf = self._output_buffer(name, out, shapes)
                 np.copyto(buf, env[name])
                 results[name] = buf
             else:
-                results[name] = env[name] = self._output_buffer(name, out, binding)
+                results[name] = env[name] = self._output_buffer(name, out, shapes)
         c_values = {C_PREFIX + k: v for k, v in binding.items()}  # the kernels' names
         calls = []
         for kernel, fn in zip(self.kernels, self._fns):
             args = []
             for a in kernel.params:
                 if a.tensor not in env:
-                    shape = self._shape(a.type, tuple(c_values.items()))
+                    shape = shapes[a.tensor]
                     if a.tensor not in self._scratch or self._scratch[a.tensor].shape != shape:
                         self._scratch[a.tensor] = np.empty(shape, a.type.dtype)
                     env[a.tensor] = self._scratch[a.tensor]

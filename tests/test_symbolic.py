@@ -18,6 +18,7 @@ from polyc.graph.load import load_graph
 from polyc.graph.ops import OPS
 from polyc.graph.reference import random_inputs, run_reference
 from polyc.graph.symbols import substitute_shape
+from test_differential import CASES
 
 # (op, input shapes, attrs, dtypes) per case; N and M are symbols in [1, 40]
 SHAPE_CASES = [
@@ -265,18 +266,7 @@ ONCE_REFUSED = ("reduce_mean-variance", "variance-all", "size1-everywhere",
                 "parallel-elementwise-broadcast")
 
 
-def _differential_cases():
-    """Every third case (the whole set takes ~100 s; run it with POLYC_SYMBOLIC_ALL=1),
-    every case that is refused, and conv2d-bias (its kernel's width is the symbol)."""
-    import os
-    from test_differential import CASES
-    every = os.environ.get("POLYC_SYMBOLIC_ALL") == "1"
-    return [c for k, c in enumerate(CASES)
-            if every or k % 3 == 0 or c.id in REFUSED or c.id in ONCE_REFUSED
-            or c.id == "conv2d-bias"]
-
-
-@pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in _differential_cases()])
+@pytest.mark.parametrize("c", [pytest.param(c, id=c.id) for c in CASES])
 def test_differential_case_symbolic_at_two_sizes(c):
     doc, inputs = _symbolic_case(c)
     if doc is None:

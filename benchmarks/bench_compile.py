@@ -7,7 +7,8 @@ Every graph of `examples/` and of `tests/test_differential.py` (each op of the r
 on edge-case shapes) is compiled for the cpu target `--repeat` times, gcc included, each
 time with the build cache emptied first, so nothing comes from an earlier compile (the
 per-machine gemm calibration is measured once before, and the gemm microkernels it
-builds as prebuilt parts are kept, as a service makes both once per machine);
+builds as prebuilt parts are kept, as is the precompiled prelude: a service makes all
+three once per machine);
 a graph's time is its median. Printed: p50 / p95 / max over the graphs against the
 issue's goals (p50 < 0.3 s, p95 < 1 s), in wall-clock time and in CPU time (this
 process's and gcc's: what the compile costs when it has the cores to itself, the verdict

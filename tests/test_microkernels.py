@@ -172,12 +172,14 @@ def test_avx512_kernel_compiles():
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_gemm_kernels_are_linked_as_prebuilt_parts(isa, tmp_path, monkeypatch):
-    """A gemm kernel is compiled once per toolchain and linked; the unit names it, and
-    built alone (a user's download) it pastes the kernel and computes the same."""
+    """A gemm kernel is compiled once per toolchain and linked, with the support the code
+    around it calls; the unit names both, and built alone (a user's download) it pastes
+    them and computes the same."""
     graph, inputs = _matmul((37, 50), (50, 70))
     compiled = _check(graph, inputs, _isa(isa))
     toolchain = cpu_toolchain(compiled.machine)
-    (name, _), = toolchain.linked(compiled.c_source)
+    support, (name, _) = toolchain.linked(compiled.c_source)
+    assert support[0] == registry.SUPPORT_PART
     assert f"/* polyc link: {name} */" in compiled.c_source
     assert name in _gemm_marks(compiled)[0]
     unit, alone = tmp_path / "unit.c", tmp_path / "alone.so"

@@ -17,6 +17,13 @@ compile than they do (the cpu's gemm microkernels). A unit names the parts it li
 lines `/* polyc link: NAME */`; each part is compiled once per toolchain into an object
 cached in the cache directory's `parts/`, and the unit is built with POLYC_PREBUILT
 defined and linked with it.
+
+A toolchain may also name its prelude: the C every unit it builds begins with (headers
+and helpers; the x86 intrinsics headers alone are most of an unoptimised small unit's
+gcc time). It is compiled once per toolchain into a precompiled header next to the
+parts, and a unit that begins with it includes that header instead. Where the compiler
+cannot use the precompiled header (another compiler, other flags) it reads the header's
+text: the same C either way.
 """
 from __future__ import annotations
 
@@ -60,18 +67,27 @@ class Toolchain:
     flags: tuple[str, ...]  # everything but the input and output names
     headers: tuple[Path, ...] = ()  # what the source includes besides system headers
     parts: tuple[tuple[str, str], ...] = ()  # prebuilt parts a unit may link: (name, C)
+    prelude: str = ""  # C every unit begins with, precompiled once (module docstring)
 
-    def command(self, c_file: Path | str, out: Path | str,
-                objects: tuple[Path, ...] = ()) -> list[str]:
+    def command(self, c_file: Path | str, out: Path | str, objects: tuple[Path, ...] = (),
+                include: Path | None = None) -> list[str]:
         """The one command line that turns generated C into a shared object."""
         prebuilt = ("-DPOLYC_PREBUILT",) if objects else ()
-        return [self.cc, *self.flags, *prebuilt, "-o", str(out), str(c_file),
+        quote = ("-iquote", str(include)) if include else ()
+        return [self.cc, *self.flags, *prebuilt, *quote, "-o", str(out), str(c_file),
                 *map(str, objects), "-lm"]
 
     def part_command(self, c_file: Path | str, out: Path | str) -> list[str]:
         # a part pastes support code only some of its users call
-        flags = [f for f in self.flags if f != "-shared"]
-        return [self.cc, *flags, "-Wno-unused-function", "-c", "-o", str(out), str(c_file)]
+        return [self.cc, *self._object_flags(), "-Wno-unused-function", "-c", "-o", str(out),
+                str(c_file)]
+
+    def header_command(self, header: Path | str, out: Path | str) -> list[str]:
+        """The command that precompiles the prelude: the units' own flags, as gcc wants."""
+        return [self.cc, *self._object_flags(), "-x", "c-header", "-o", str(out), str(header)]
+
+    def _object_flags(self) -> list[str]:
+        return [f for f in self.flags if f != "-shared"]
 
     def linked(self, source: str) -> list[tuple[str, str]]:
         """The (name, C) of the parts `source` links."""
@@ -133,15 +149,21 @@ def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float 
     run = functools.partial(_run, cc=toolchain.cc, timeout_s=timeout_s,
                             new_session=new_session, preexec_fn=preexec_fn)
     objects = tuple(_part_object(text, toolchain, run) for _, text in toolchain.linked(source))
+    header = None
+    if toolchain.prelude and source.startswith(toolchain.prelude):
+        header = _precompiled_prelude(toolchain, run)
+        # the #line keeps gcc's messages on the lines of `source`
+        first = toolchain.prelude.count("\n") + 1
+        source = f'#include "{header.name}"\n#line {first}\n' + source[len(toolchain.prelude):]
     with tempfile.TemporaryDirectory(prefix="polyc-build-") as tmp:
         c_file = Path(tmp) / "kernels.c"
         c_file.write_text(source, encoding="utf-8")
-        run(toolchain.command(c_file, out, objects))
+        run(toolchain.command(c_file, out, objects, header.parent if header else None))
 
 
-def _part_object(text: str, toolchain: Toolchain, run: Callable[[list[str]], None]) -> Path:
-    """The object of one prebuilt part, compiled on first use. Where the cache cannot be
-    written (a read-only cache), the process keeps its own copy."""
+def _parts_dir() -> Path:
+    """Where prebuilt parts are kept: the cache's `parts/`, or where the cache cannot be
+    written (a read-only cache), the process's own directory."""
     obj_dir = cache_dir() / "parts"
     try:
         obj_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +171,29 @@ def _part_object(text: str, toolchain: Toolchain, run: Callable[[list[str]], Non
             raise PermissionError(errno.EACCES, "not writable", str(obj_dir))
     except OSError:
         obj_dir = _private_dir()
+    return obj_dir
+
+
+def _precompiled_prelude(toolchain: Toolchain, run: Callable[[list[str]], None]) -> Path:
+    """The prelude as a header, with its precompiled form (`.h.gch`, which gcc prefers
+    to the text) beside it, both built on first use. The header is in place before its
+    precompiled form: a unit built in between reads the text."""
+    obj_dir = _parts_dir()
+    header = obj_dir / f"{toolchain.key(toolchain.prelude)}.h"
+    gch = header.with_name(header.name + ".gch")
+    if not gch.exists():
+        with tempfile.TemporaryDirectory(dir=obj_dir) as tmp:
+            tmp_header = Path(tmp) / header.name
+            tmp_header.write_text(toolchain.prelude, encoding="utf-8")
+            run(toolchain.header_command(tmp_header, Path(tmp) / gch.name))
+            os.replace(tmp_header, header)
+            os.replace(Path(tmp) / gch.name, gch)
+    return header
+
+
+def _part_object(text: str, toolchain: Toolchain, run: Callable[[list[str]], None]) -> Path:
+    """The object of one prebuilt part, compiled on first use."""
+    obj_dir = _parts_dir()
     obj = obj_dir / f"{toolchain.key(text)}.o"
     if not obj.exists():
         with tempfile.TemporaryDirectory(dir=obj_dir) as tmp:

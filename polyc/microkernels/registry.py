@@ -187,9 +187,15 @@ def c_source(kernels: list[Microkernel]) -> str:
 
 # the scratch and packing helpers the generated code calls itself
 SUPPORT = "support.c"
+SUPPORT_PART = "support"  # its name as a prebuilt part
 _ENTRY_ARGS = "long kc, const float *restrict A, const float *restrict B, "
 _C_ARGS = "float *restrict C, long ldc, int accumulate"
 _HIDDEN = '__attribute__((visibility("hidden")))'
+_SUPPORT_PROTOTYPES = (
+    "#include <stddef.h>\n"
+    f"{_HIDDEN} void *polyc_scratch(int slot, size_t bytes);\n"
+    f"{_HIDDEN} void polyc_pack_rows_t(const float *restrict src, long ld, long rows, "
+    "long tile, long kc, float *restrict dst);")
 
 
 def prebuilt(m: Microkernel) -> bool:
@@ -209,22 +215,27 @@ def prototypes(m: Microkernel) -> str:
     return "\n".join(lines)
 
 
+def _linked(name: str, prototypes: str, text: str) -> str:
+    return f"/* polyc link: {name} */\n#ifdef POLYC_PREBUILT\n{prototypes}\n#else\n{text}\n#endif"
+
+
 def unit_source(kernels: list[Microkernel]) -> str:
     """The C a generated unit carries for `kernels`. A prebuilt kernel is named on a
     `polyc link` line: built with POLYC_PREBUILT the unit sees only its prototypes and
     links the part (`part_source`); built alone it pastes the kernel, so the unit a
-    user downloads still compiles by itself."""
+    user downloads still compiles by itself. The support the code around a prebuilt
+    kernel calls is linked the same way, as a part of its own."""
     pasted = [m for m in kernels if not prebuilt(m)]
     files = _files(pasted)
-    if len(pasted) < len(kernels) and SUPPORT not in files:
-        files.insert(0, SUPPORT)
     out = [_text(files)]
+    if len(pasted) < len(kernels) and SUPPORT not in files:
+        out.insert(0, _linked(SUPPORT_PART, _SUPPORT_PROTOTYPES, _text([SUPPORT])))
+        files.append(SUPPORT)
     for m in kernels:
         if prebuilt(m):
             own = [f for f in _files([m]) if f not in files]
             files += own
-            out.append(f"/* polyc link: {m.name} */\n#ifdef POLYC_PREBUILT\n{prototypes(m)}\n"
-                       f"#else\n{_text(own)}\n#endif")
+            out.append(_linked(m.name, prototypes(m), _text(own)))
     return "\n".join(out)
 
 
@@ -234,7 +245,15 @@ def part_source(m: Microkernel) -> str:
             + c_source([m]))
 
 
+def support_part_source() -> str:
+    """The C of the support's prebuilt part, followed by the prototypes units see, so
+    gcc checks those against the definitions."""
+    return f"#define POLYC_SUPPORT_ENTRY {_HIDDEN}\n{_text([SUPPORT])}\n{_SUPPORT_PROTOTYPES}\n"
+
+
 def prebuilt_parts(features: frozenset[str] | set[str]) -> tuple[tuple[str, str], ...]:
-    """(name, C) of every prebuilt kernel a target with `features` can build."""
-    return tuple((m.name, part_source(m)) for m in REGISTRY
-                 if prebuilt(m) and set(m.features) <= set(features))
+    """(name, C) of every prebuilt kernel a target with `features` can build, and of the
+    support their callers link."""
+    return ((SUPPORT_PART, support_part_source()),
+            *((m.name, part_source(m)) for m in REGISTRY
+              if prebuilt(m) and set(m.features) <= set(features)))

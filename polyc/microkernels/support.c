@@ -24,6 +24,12 @@
 #ifndef POLYC_MK_ENTRY
 #define POLYC_MK_ENTRY __attribute__((noinline)) static
 #endif
+/* the support's own entry points: private to the unit too, unless it is built once as a
+   prebuilt part of its own (registry.py: support_part_source), which defines this as
+   hidden (gcc then compiles polyc_pack_rows_t once, not a clone per tile in every unit) */
+#ifndef POLYC_SUPPORT_ENTRY
+#define POLYC_SUPPORT_ENTRY static
+#endif
 #include <stdlib.h>
 #include <string.h>
 #if defined(__AVX__)
@@ -33,7 +39,7 @@
 static _Thread_local void *polyc_scratch_buf[6];
 static _Thread_local size_t polyc_scratch_cap[6];
 
-static void *polyc_scratch(int slot, size_t bytes)
+POLYC_SUPPORT_ENTRY void *polyc_scratch(int slot, size_t bytes)
 {
   bytes = (bytes + 63) & ~(size_t)63;
   if (polyc_scratch_cap[slot] < bytes) {
@@ -84,8 +90,9 @@ static inline void polyc_pack_t8(const float *restrict src, long ld, long rows, 
 #endif
 }
 
-static void polyc_pack_rows_t(const float *restrict src, long ld, long rows, long tile,
-                              long kc, float *restrict dst)
+static inline __attribute__((always_inline)) void
+polyc_pack_rows_t_tile(const float *restrict src, long ld, long rows, long tile, long kc,
+                       float *restrict dst)
 {
   long p = 0;
 #if defined(__AVX__)
@@ -96,5 +103,20 @@ static void polyc_pack_rows_t(const float *restrict src, long ld, long rows, lon
   for (; p < kc; p++)
     for (long i = 0; i < tile; i++)
       dst[p * tile + i] = i < rows ? src[i * ld + p] : 0.0f;
+}
+
+/* one copy per tile (its row groups and strides constants): where the support is pasted
+   gcc folds the switch at each call, where it is a prebuilt part it keeps all of them */
+#define POLYC_PACK_TILE(t) case t: polyc_pack_rows_t_tile(src, ld, rows, t, kc, dst); return;
+POLYC_SUPPORT_ENTRY void polyc_pack_rows_t(const float *restrict src, long ld, long rows,
+                                           long tile, long kc, float *restrict dst)
+{
+  switch (tile) {
+  POLYC_PACK_TILE(1) POLYC_PACK_TILE(2) POLYC_PACK_TILE(3) POLYC_PACK_TILE(4)
+  POLYC_PACK_TILE(5) POLYC_PACK_TILE(6) POLYC_PACK_TILE(7) POLYC_PACK_TILE(8)
+  POLYC_PACK_TILE(9) POLYC_PACK_TILE(10) POLYC_PACK_TILE(11) POLYC_PACK_TILE(12)
+  POLYC_PACK_TILE(13) POLYC_PACK_TILE(14) POLYC_PACK_TILE(15) POLYC_PACK_TILE(16)
+  }
+  polyc_pack_rows_t_tile(src, ld, rows, tile, kc, dst);
 }
 #endif

@@ -22,6 +22,7 @@ from pathlib import Path
 from ...codegen.build import Toolchain, cc
 from ...machine import Machine, MemoryLevel
 from ...microkernels import registry
+from .prelude import PRELUDE
 
 # reassociation lets gcc vectorise sums; infinities and NaN keep their IEEE meaning
 # (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf)
@@ -116,7 +117,7 @@ def cpu_toolchain(machine: Machine) -> Toolchain:
     # microkernels use (linear+gelu's gelu 30% cheaper, softmax 4096x4096 5% faster)
     wide = ("-mprefer-vector-width=512",) if "avx512f" in machine.features else ()
     return Toolchain(cc(), (*CFLAGS, f"-march={machine.arch}", *fp16, *wide),
-                     parts=registry.prebuilt_parts(machine.features))
+                     parts=registry.prebuilt_parts(machine.features), prelude=PRELUDE)
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ roles are never stored twice.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..kernel import Kernel
 from ..kernel.comprehension import (Aff, Call, Const, Expr, FloorDiv, Guarded, Load,
@@ -247,19 +247,38 @@ class BRows:
     column dims linearised with P's strides rather than the output's (conv2d over a
     58-wide padded input: v = 58*y + x), so a tile of consecutive v is a contiguous
     run of P; columns whose dims fall outside the output (x = 56, 57) are computed
-    and dropped. This is the direct convolution: no im2col."""
+    and dropped. This is the direct convolution: no im2col.
+
+    A dim the columns walk with a stride s (a strided conv2d: x[.., 2*y + ky, 2*x + kx])
+    is split in the copy into its s phases, P[.., ph, q] = x[.., lo + s*q + ph]: each K
+    row then reads one phase at unit stride (q = y + ky // 2, phase ky % 2), and off(k)
+    takes each phase's K part apart by division (`split`)."""
 
     tensor: str
-    shape: tuple[int, ...]  # P's shape
-    lo: tuple[int, ...]  # P[i] is the tensor's element i + lo
+    shape: tuple[int, ...]  # P's shape (`layout`)
+    lo: tuple[int, ...]  # per tensor dim: P's first index is the tensor's lo
     valid: tuple[tuple[int, int], ...]  # per dim, the tensor's index range P holds
     pad: float  # P elsewhere
-    copy: bool  # False: P is the tensor (no guard, nothing out of range)
+    copy: bool  # False: P is the tensor (no guard, nothing out of range, no phases)
     col_weights: tuple[int, ...]  # per column dim of the view: its weight in v
     col_extents: tuple[int, ...]
     red_weights: tuple[tuple[int, int], ...]  # K iterator -> its weight in P's address
     batch_weights: tuple[tuple[int, int], ...]  # output batch dim -> weight
-    const: int  # P's address at every iterator 0
+    const: int  # P's address at every iterator 0, but for the split dims' part
+    phases: tuple[int, ...]  # per tensor dim: how many phases P splits it into
+    # per split dim, off(k)'s part: (its K terms and constant past lo, phases, the
+    # phase's weight, the index's weight): r = aff(k) -> (r % s) * wp + (r / s) * wq
+    split: tuple[tuple[tuple[tuple[int, int], ...], int, int, int, int], ...]
+
+    @property
+    def layout(self) -> tuple[tuple[int, bool], ...]:
+        """P's dims, outermost first, as (tensor dim, whether it is that dim's phase):
+        the dims before the first split one, the phases, then the indices within one."""
+        n = len(self.lo)
+        cut = [d for d, s in enumerate(self.phases) if s > 1]
+        first = cut[0] if cut else n
+        return (tuple((d, False) for d in range(first)) + tuple((d, True) for d in cut)
+                + tuple((d, False) for d in range(first, n)))
 
     @property
     def width(self) -> int:
@@ -273,17 +292,32 @@ class BRows:
         return max((k for k, w in enumerate(self.col_weights) if w), default=None)
 
 
+def _phases(view: GemmView, load: Load) -> list[int]:
+    """Per dim of B's load, the phases a copy splits it into: the stride its column
+    iterators walk it with, where a K iterator walks it too (a strided window); else 1
+    (a 1x1 strided conv2d reads one phase: its planes are small, packing wins)."""
+    cols = {view.out_iter[d] for d in view.cols}
+    out = []
+    for x in load.index:
+        c = [k for p, k in x.terms if p in cols]
+        window = any(p in view.red and view.stmt.extents[p] > 1 for p, _ in x.terms)
+        s = math.gcd(*c) if c and window and all(k > 0 for k in c) else 1
+        out.append(s)
+    return out
+
+
 def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
-    """B as rows of a (padded) tensor, or None when B is anything but one load (guarded
-    by bounds on its index dims) whose innermost column dim walks memory with unit
-    stride, or when that gains nothing: a plain matmul's B (one column dim, no guard)
+    """B as rows of a (padded, phase-split) tensor, or None when B is anything but one
+    load (guarded by bounds on its index dims) whose column dims, once strided dims are
+    split into phases, walk memory with unit stride innermost, or when that gains
+    nothing: a plain matmul's B (one column dim, no guard)
     is faster packed (its rows a whole row of B apart: 127x255x383 ran at 61 GFLOP/s in
     place against 80 packed), and so is a 1x1 convolution's over small planes (no guard,
     dense columns, under PLANE_IN_PLACE floats: its K rows are whole planes apart, each
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns waste over
-    a quarter (a stride along the height) is left to packing."""
+    a quarter is left to packing."""
     e = view.b_expr
     bounds, load, pad = (e.bounds, e.then, e.otherwise) if isinstance(e, Guarded) else ((), e, None)
     if pad is not None and not isinstance(pad, Const):
@@ -307,18 +341,40 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
             return None
         shift = b.aff.const - load.index[d].const
         valid[d] = [max(valid[d][0], b.lo - shift), min(valid[d][1], b.hi - shift)]
-    copy = bool(bounds)
+    phases = _phases(view, load)
+    copy = bool(bounds) or max(phases) > 1
     if not copy and any(l < 0 or h >= n for l, h, n in zip(lo, hi, S)):
         return None
-    shape = tuple(h - l + 1 for l, h in zip(lo, hi)) if copy else S
+    box = tuple(h - l + 1 for l, h in zip(lo, hi)) if copy else S
     lo = tuple(lo) if copy else (0,) * len(S)
-    stride, weight = 1, {}
-    const = 0
-    for d in reversed(range(len(S))):
-        for p, c in load.index[d].terms:
-            weight[p] = weight.get(p, 0) + c * stride
-        const += (load.index[d].const - lo[d]) * stride
-        stride *= shape[d]
+    rows = BRows(load.tensor, (), lo, tuple(map(tuple, valid)),
+                 float(pad.value) if pad is not None else 0.0, copy, (), (), (), (), 0,
+                 tuple(phases), ())
+    # P's dims and strides, then each iterator's weight in its address
+    extent = {(d, True): s for d, s in enumerate(phases)}
+    extent.update({(d, False): -(-n // s) for d, (n, s) in enumerate(zip(box, phases))})
+    shape = tuple(extent[dim] for dim in rows.layout)
+    pstride, w = {}, 1
+    for dim in reversed(rows.layout):
+        pstride[dim] = w
+        w *= extent[dim]
+    weight, const, split = {}, 0, []
+    for d, x in enumerate(load.index):
+        s, wq = phases[d], pstride[(d, False)]
+        if s == 1:
+            for p, c in x.terms:
+                weight[p] = weight.get(p, 0) + c * wq
+            const += (x.const - lo[d]) * wq
+            continue
+        window = tuple((p, c) for p, c in x.terms if p in view.red)
+        for p, c in x.terms:
+            if p in view.red:
+                continue
+            if c % s or p not in {view.out_iter[q] for q in view.cols}:
+                return None  # a batch iterator in a split dim
+            weight[p] = weight.get(p, 0) + c // s * wq
+        # the K part past lo is >= 0 (the column terms' coefficients are positive)
+        split.append((window, x.const - lo[d], s, pstride[(d, True)], wq))
     col_ext = tuple(view.shape[d] for d in view.cols)
     cols = tuple(weight.get(view.out_iter[d], 0) if n > 1 else 0
                  for d, n in zip(view.cols, col_ext))
@@ -330,10 +386,10 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
             return None
         inner += w * (n - 1)
         unit = w or unit
-    rows = BRows(load.tensor, shape, lo, tuple(map(tuple, valid)),
-                 float(pad.value) if pad is not None else 0.0, copy, cols, col_ext,
-                 tuple((p, weight.get(p, 0)) for p in view.red),
-                 tuple((d, weight.get(view.out_iter[d], 0)) for d in view.batch), const)
+    rows = replace(rows, shape=shape, col_weights=cols, col_extents=col_ext,
+                   red_weights=tuple((p, weight.get(p, 0)) for p in view.red),
+                   batch_weights=tuple((d, weight.get(view.out_iter[d], 0)) for d in view.batch),
+                   const=const, split=tuple(split))
     if rows.width > MAX_ROW_WASTE * view.N or (
             not copy and rows.width == view.N < PLANE_IN_PLACE):
         return None

@@ -7,7 +7,7 @@ import math
 import cgen
 
 from ....codegen.cexpr import ExprPrinter
-from ....kernel.comprehension import Const
+from ....kernel.comprehension import Aff, Const
 from .common import decompose, stride, virtual
 
 
@@ -32,7 +32,7 @@ class BRowsMixin:
         k_names = [f"mk_r{p}" for p in view.red]
         weights = dict(rows.red_weights)
         off = " + ".join([str(rows.const)] + [f"{weights[p]} * mk_r{p}" for p in view.red
-                                               if weights[p]])
+                                               if weights[p]] + self._split_offsets())
         loop = cgen.For("long mk_k = 0", f"mk_k < {plan.k}", "mk_k++", cgen.Block(
             decompose(k_names, [view.stmt.extents[p] for p in view.red], "mk_k")
             + [cgen.Assign("mk_off[mk_k]", off)]))
@@ -40,30 +40,60 @@ class BRowsMixin:
         code.append(self.b.node(child, outer))
         return cgen.Block(code)
 
+    def _split_offsets(self) -> list[str]:
+        """off(k)'s part in each phase-split dim: its phase and its index in the phase."""
+        out = []
+        for terms, const, s, wp, wq in self.rows.split:
+            r = Aff(terms, const).render(lambda p: f"mk_r{p}")
+            out.append(f"(({r}) % {s}) * {wp} + (({r}) / {s}) * {wq}")
+        return out
+
     def _pad_copy(self, share: str | None) -> list[cgen.Generable]:
         """P row by row (its last dim): the pad value where an outer index is out of the
-        valid range, else pad, a copy of the valid middle, pad."""
+        valid range, else pad, a copy of the valid middle (every s-th element of the
+        tensor's row in a dim split into s phases), pad."""
         rows = self.rows
         arr = self.b.arrays[rows.tensor]
-        shape, lo, valid = rows.shape, rows.lo, rows.valid
+        shape, lo, valid, layout = rows.shape, rows.lo, rows.valid, rows.layout
         n, W = len(shape), shape[-1]
-        names = [f"mk_u{d}" for d in range(n - 1)]
+        names = [f"mk_u{k}" for k in range(n - 1)]
         outer = math.prod(shape[:-1])
-        src_strides = [stride(arr.type.shape, d) for d in range(n)]
-        inside = " && ".join(f"{valid[d][0]} <= {names[d]} + {lo[d]} && {names[d]} + {lo[d]} < {valid[d][1]}"
-                             for d in range(n - 1)
-                             if lo[d] < valid[d][0] or lo[d] + shape[d] > valid[d][1]) or "1"
-        src = " + ".join(f"({names[d]} + {lo[d]}) * {src_strides[d]}" for d in range(n - 1)) or "0"
+        # each tensor dim's index: lo + s * (its index in P) + (its phase in P)
+        at = {}
+        for k, (d, phase) in enumerate(layout[:-1]):
+            at.setdefault(d, [str(lo[d])]).append(
+                names[k] if phase or rows.phases[d] == 1 else f"{rows.phases[d]} * {names[k]}")
+        index = {d: " + ".join(terms) for d, terms in at.items()}
+        last = layout[-1][0]
+        src_strides = [stride(arr.type.shape, d) for d in range(len(lo))]
+        reach = {d: lo[d] + rows.phases[d] * shape[layout.index((d, False))] - 1
+                 for d in range(len(lo))}  # the largest index P holds
+        inside = " && ".join(f"{valid[d][0]} <= {index[d]} && {index[d]} < {valid[d][1]}"
+                             for d in sorted(index) if d != last
+                             and (lo[d] < valid[d][0] or reach[d] >= valid[d][1])) or "1"
+        src = " + ".join(f"({index[d]}) * {src_strides[d]}" for d in sorted(index) if d != last) or "0"
+        # the last dim's first element: lo + its phase; copied every s-th from there
+        s = rows.phases[last]
+        first = index.get(last, str(lo[last]))
         pad = ExprPrinter(self.b.arrays, lambda pos: "0").value(Const(rows.pad, "float32"))
+        if s == 1:
+            copy = cgen.Statement(
+                f"memcpy(mk_d + mk_lo, {arr.c_name} + {src} + mk_lo + {first}, 4 * (mk_hi - mk_lo))")
+        else:
+            copy = cgen.Block([
+                cgen.Statement(f"const float *restrict mk_s = {arr.c_name} + {src} + {first}"),
+                cgen.For("long mk_t = mk_lo", "mk_t < mk_hi", "mk_t++",
+                         cgen.Assign("mk_d[mk_t]", f"mk_s[{s} * mk_t]"))])
+        # the range of t where first + s*t is valid (C's division rounds toward zero: a
+        # numerator under s rounds to at most 0, which the max takes to 0 or mk_lo)
         body = decompose(names, list(shape[:-1]), "mk_u") + [
             cgen.Statement(f"float *restrict mk_d = mk_P + mk_u * {W}"),
             cgen.Statement("long mk_lo = 0, mk_hi = 0"),
             cgen.If(inside, cgen.Block([
-                cgen.Assign("mk_lo", f"max(0, {valid[-1][0] - lo[-1]})"),
-                cgen.Assign("mk_hi", f"max(mk_lo, min({W}, {valid[-1][1] - lo[-1]}))")])),
+                cgen.Assign("mk_lo", f"max(0, ({valid[last][0]} - ({first}) + {s - 1}) / {s})"),
+                cgen.Assign("mk_hi", f"max(mk_lo, min({W}, ({valid[last][1]} - ({first}) + {s - 1}) / {s}))")])),
             cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_t]", pad)),
-            cgen.If("mk_hi > mk_lo", cgen.Statement(
-                f"memcpy(mk_d + mk_lo, {arr.c_name} + {src} + mk_lo + {lo[-1]}, 4 * (mk_hi - mk_lo))")),
+            cgen.If("mk_hi > mk_lo", copy),
             cgen.For("long mk_t = mk_hi", f"mk_t < {W} + (mk_u == {outer - 1} ? {self.mk.nr} : 0)",
                      "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
         loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))

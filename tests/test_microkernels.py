@@ -329,8 +329,9 @@ def test_conv2d_implicit_gemm(xs, ws, attrs, bias):
 def test_conv2d_packed_by_runs(n, c, h, w, co, kh, kw, sh, sw, pads, kc, nc, parallel):
     """The run packer (emit.py's _run_nest): padding clipped per run, strided loads along
     the width, rows wrapping inside a panel, K blocks that end in a partial row group.
-    A stride along the height leaves B to packing: read by rows, every other row of
-    virtual columns would be computed and dropped."""
+    A stride along the height with a window of one row leaves B to packing (read by
+    rows, every other row of virtual columns would be computed and dropped); with a
+    taller window the input is split into phases and read by rows."""
     xs, ws = (n, c, h, w), (co, c, kh, kw)
     rng = np.random.default_rng(h * 100 + w)
     b = GraphBuilder("conv")
@@ -345,11 +346,12 @@ def test_conv2d_packed_by_runs(n, c, h, w, co, kh, kw, sh, sw, pads, kc, nc, par
 
 
 def test_conv2d_gather_is_packed_by_runs():
+    """A stride along the height over a window one row tall: no phase to split, packed."""
     b = GraphBuilder("conv")
-    graph = b.build([b.conv2d(b.input("x", (1, 16, 20, 20)), b.input("w", (24, 16, 3, 3)),
-                              pads=[1, 1, 1, 1], strides=[2, 1])])
+    graph = b.build([b.conv2d(b.input("x", (1, 16, 20, 20)), b.input("w", (24, 16, 1, 3)),
+                              pads=[0, 1, 0, 1], strides=[2, 1])])
     rng = np.random.default_rng(1)
-    inputs = {"x": _rand(rng, (1, 16, 20, 20)), "w": _rand(rng, (24, 16, 3, 3))}
+    inputs = {"x": _rand(rng, (1, 16, 20, 20)), "w": _rand(rng, (24, 16, 1, 3))}
     compiled = _check(graph, inputs, Options(microkernel_tiles=(("kc", 44),)), atol=3e-4)
     assert "mk_rows" in compiled.c_source and "mk_run" in compiled.c_source
     assert "b=packed" in _gemm_marks(compiled)[0]
@@ -405,6 +407,24 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert ("polyc_scratch(4," in compiled.c_source) == copy
+
+
+@pytest.mark.parametrize("xs,ws,attrs,layout", [
+    ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7"),
+    ((2, 5, 15, 17), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,9"),
+    ((1, 4, 20, 21), (8, 4, 3, 2), {"strides": [3, 2]}, "1,4,3,2,6,10"),
+    ((1, 4, 20, 21), (8, 4, 5, 3), {"strides": [2, 1], "pads": [1] * 4, "dilations": [2, 1]},
+     "1,4,2,11,23"),
+], ids=["resnet", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
+    """A strided window: the copy splits each strided dim into its phases (analysis.b_rows),
+    so every K row is a unit-stride run of one phase; no packing of B."""
+    graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
+    compiled = _check(graph, inputs, _isa(isa), atol=3e-4)
+    assert "b=rows" in _gemm_marks(compiled)[0]
+    assert f"padded to [{layout}]" in compiled.c_source
+    assert "pack_b" not in compiled.kernels[0].to_json()["schedule_text"]
 
 
 AVX512_CASES = {  # graph, inputs: edges in every direction of both tiles

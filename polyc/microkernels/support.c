@@ -80,7 +80,10 @@ static inline void polyc_pack_t8(const float *restrict src, long ld, long rows, 
   long width = tile - r0 < 8 ? tile - r0 : 8;
   for (int q = 0; q < 7; q++)
     _mm256_storeu_ps(d + q * tile, col[q]);
-  if (last || width < 8) {
+  /* a group narrower than 8 spills into the next K step's first slots, which a lower
+     group or the next K steps write after it: only past the panel's last K step is the
+     store cut (a memcpy per group took as long as the transposes on 14-row panels) */
+  if (last && width < 8) {
     float cut[8];
     _mm256_storeu_ps(cut, col[7]);
     memcpy(d + 7 * tile, cut, width * sizeof(float));

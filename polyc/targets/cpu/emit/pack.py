@@ -120,9 +120,8 @@ class PackMixin:
                 else:
                     full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [row]))
                 nest = cgen.If(f"{valid} == {tile}", full, nest)
-                if len(red_names) == 1:
-                    nest = self._transposed_rows(expr, view.out_iter[own[0]], view.red[0], tile,
-                                                 start, valid) or nest
+                nest = self._transposed_rows(expr, view.out_iter[own[0]], view.red, red_ext,
+                                             tile, start, valid) or nest
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
@@ -241,28 +240,35 @@ class PackMixin:
                     cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(
                         f"memcpy(mk_o + mk_p * {tile}, mk_rows + mk_p * {row} + mk_xp, {4 * tile})")))]))]))
 
-    def _transposed_rows(self, expr: Expr, own: int, red: int, tile: int, start: str,
-                         valid: str) -> cgen.Generable | None:
-        """A panel of a plain load contiguous along K (a row-major A): one call of
-        support.c's transposing packer, or None when the operand is anything else."""
+    def _transposed_rows(self, expr: Expr, own: int, red: tuple[int, ...], red_ext: list[int],
+                         tile: int, start: str, valid: str) -> cgen.Generable | None:
+        """A panel of a plain load contiguous along K (a row-major A, or conv2d's weights
+        O x C x KH x KW, whose K dims flatten at unit stride): one call of support.c's
+        transposing packer, or None when the operand is anything else."""
         batch = {self.view.out_iter[d] for d in self.view.batch}
         if (tile > 16 or not isinstance(expr, Load) or expr.dtype != "float32"
                 or not all(isinstance(e, Aff) for e in expr.index)
                 or self.b.arrays[expr.tensor].kept is not None
-                or not iterators(expr) <= {own, red} | batch):
+                or not iterators(expr) <= {own, *red} | batch):
             return None
         shape = self.b.arrays[expr.tensor].type.shape
-        coef = {own: 0, red: 0}
+        coef = dict.fromkeys((own, *red), 0)
         for d, e in enumerate(expr.index):
             for pos, c in e.terms:
                 if pos in coef:
                     coef[pos] += c * stride(shape, d)
-        if coef[red] != 1 or coef[own] <= 0:
+        # K's flattened index must be the address: each K dim's weight its inner extents'
+        weight = 1
+        for pos, n in reversed(list(zip(red, red_ext))):
+            if coef[pos] != weight and n > 1:
+                return None
+            weight *= n
+        if coef[own] <= 0:
             return None
         at = ExprPrinter(self.b.arrays, lambda pos: f"({start} + mk_xp)" if pos == own
-                         else "mk_k0" if pos == red else f"mk_s{pos}").access(expr.tensor, expr.index)
-        return cgen.Statement(f"polyc_pack_rows_t(&{at}, {c_size(coef[own])}, {valid}, {tile}, "
-                              "mk_kc, mk_dst)")
+                         else "0" if pos in red else f"mk_s{pos}").access(expr.tensor, expr.index)
+        return cgen.Statement(f"polyc_pack_rows_t(&{at} + mk_k0, {c_size(coef[own])}, {valid}, "
+                              f"{tile}, mk_kc, mk_dst)")
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:

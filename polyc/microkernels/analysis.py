@@ -269,6 +269,11 @@ class BRows:
     # per split dim, off(k)'s part: (its K terms and constant past lo, phases, the
     # phase's weight, the index's weight): r = aff(k) -> (r % s) * wp + (r / s) * wq
     split: tuple[tuple[tuple[tuple[int, int], ...], int, int, int, int], ...]
+    # (tensor dim, output batch dim) when every batch dim of more than one point picks a
+    # slice of the copy (conv2d's images): the copy is made one slice at a time inside
+    # the batch loop, where it stays in cache for the tiles that read it (8 images of
+    # 256x28x28 in phases, 7 MiB, made at once went out to memory and came back)
+    slices: tuple[tuple[int, int], ...] = ()
 
     @property
     def layout(self) -> tuple[tuple[int, bool], ...]:
@@ -304,6 +309,20 @@ def _phases(view: GemmView, load: Load) -> list[int]:
         s = math.gcd(*c) if c and window and all(k > 0 for k in c) else 1
         out.append(s)
     return out
+
+
+def _slices(view: GemmView, load: Load, copy: bool) -> tuple[tuple[int, int], ...]:
+    """`BRows.slices`: each batch dim of more than one point indexes one dim of the
+    load by itself, and no other; () when any does not (or there is no copy)."""
+    dims = [d for d in view.batch if view.shape[d] > 1]
+    out = []
+    for d in dims if copy else ():
+        it = view.out_iter[d]
+        at = [t for t, x in enumerate(load.index) if it in dict(x.terms)]
+        if len(at) != 1 or load.index[at[0]] != Aff(((it, 1),)):
+            return ()
+        out.append((at[0], d))
+    return tuple(out)
 
 
 def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
@@ -390,6 +409,7 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
                    red_weights=tuple((p, weight.get(p, 0)) for p in view.red),
                    batch_weights=tuple((d, weight.get(view.out_iter[d], 0)) for d in view.batch),
                    const=const, split=tuple(split))
+    rows = replace(rows, slices=_slices(view, load, copy))
     if rows.width > MAX_ROW_WASTE * view.N or (
             not copy and rows.width == view.N < PLANE_IN_PLACE):
         return None

@@ -142,13 +142,15 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     for name in ("pc", "jc"):
         if name in loops:
             tree = band([member(tiled[name])], tree)
+    if rows and rows.slices:  # the copy made per batch point, inside the batch loop
+        tree = mark(marks.BRows(s0.name), tree)
     batch = [d for d in view.batch if view.shape[d] > 1]
     if batch:
         members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
         tree = band(members, tree, coincident=plan.par == "batch")
         if plan.par == "batch":
             tree = mark(marks.Parallel(plan.threads), tree)
-    if rows:
+    if rows and not rows.slices:
         tree = mark(marks.BRows(s0.name), tree)
     tree = mark(plan, tree)
     return isl.Schedule.read_from_str(model.domain.get_ctx(),

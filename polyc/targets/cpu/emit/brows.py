@@ -13,9 +13,11 @@ from .common import decompose, stride, virtual
 
 class BRowsMixin:
     def prepare_rows(self, child, outer) -> cgen.Generable:
-        """B read in place (`analysis.BRows`): its padded copy, once per call, and the
-        offset of each K row in it. The team shares both loops (par=inner; each `omp for`
-        ends in a barrier, so both are complete before any tile reads them)."""
+        """B read in place (`analysis.BRows`): its padded copy, once per call or per
+        batch point (`slices`: the mark is then inside the batch loop), and the offset of
+        each K row in it. The team shares both loops (par=inner; each `omp for` ends in a
+        barrier, so both are complete before any tile reads them); par=batch with slices:
+        each thread copies its own batch points into its own buffer."""
         rows, plan, view = self.rows, self.plan, self.view
         arr = self.b.arrays[rows.tensor]
         code: list[cgen.Generable] = [cgen.Comment(
@@ -26,9 +28,11 @@ class BRowsMixin:
             code += self._buffers("b")
         share = {"inner": "omp for schedule(static)",
                  "batch": "omp parallel for schedule(static)"
-                          + (f" num_threads({plan.threads})" if plan.threads else "")}.get(plan.par)
+                          + (f" num_threads({plan.threads})" if plan.threads else "")
+                 if not rows.slices else None}.get(plan.par)
         if rows.copy:
-            code += self._pad_copy(share)
+            loops = self._tile_loops({f"b{d}" for _, d in rows.slices})
+            code += self._pad_copy(share, {t: loops.get(f"b{d}", "0") for t, d in rows.slices})
         k_names = [f"mk_r{p}" for p in view.red]
         weights = dict(rows.red_weights)
         off = " + ".join([str(rows.const)] + [f"{weights[p]} * mk_r{p}" for p in view.red
@@ -48,19 +52,24 @@ class BRowsMixin:
             out.append(f"(({r}) % {s}) * {wp} + (({r}) / {s}) * {wq}")
         return out
 
-    def _pad_copy(self, share: str | None) -> list[cgen.Generable]:
+    def _pad_copy(self, share: str | None, fixed: dict[int, str]) -> list[cgen.Generable]:
         """P row by row (its last dim): the pad value where an outer index is out of the
         valid range, else pad, a copy of the valid middle (every s-th element of the
-        tensor's row in a dim split into s phases), pad."""
+        tensor's row in a dim split into s phases), pad. The tensor dims in `fixed` take
+        that index (`BRows.slices`: P holds one batch point)."""
         rows = self.rows
         arr = self.b.arrays[rows.tensor]
-        shape, lo, valid, layout = rows.shape, rows.lo, rows.valid, rows.layout
+        lo, valid, layout = rows.lo, rows.valid, rows.layout
+        shape = tuple(1 if phase is False and d in fixed else n
+                      for (d, phase), n in zip(layout, rows.shape))
         n, W = len(shape), shape[-1]
         names = [f"mk_u{k}" for k in range(n - 1)]
         outer = math.prod(shape[:-1])
         # each tensor dim's index: lo + s * (its index in P) + (its phase in P)
-        at = {}
+        at = {d: [v] for d, v in fixed.items()}
         for k, (d, phase) in enumerate(layout[:-1]):
+            if d in fixed:
+                continue
             at.setdefault(d, [str(lo[d])]).append(
                 names[k] if phase or rows.phases[d] == 1 else f"{rows.phases[d]} * {names[k]}")
         index = {d: " + ".join(terms) for d, terms in at.items()}

@@ -133,7 +133,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                                       f"{c_size(self.b.promotion('mk_pb').bytes)})"))
         elif "b" in side:
             # the copy runs `nr` floats past P: the last tile reads its rows whole
-            src = (f"polyc_scratch(4, {4 * (math.prod(rows.shape) + mk.nr)})" if rows.copy
+            size = math.prod(rows.shape) // math.prod(self.view.shape[d] for _, d in rows.slices)
+            src = (f"polyc_scratch(4, {4 * (size + mk.nr)})" if rows.copy
                    else self.b.arrays[rows.tensor].c_name)
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]

@@ -30,7 +30,9 @@ class WriteBackMixin:
             out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
         else:
             bw = dict(rows.batch_weights)
-            bbase = " + ".join(f"{v} * {bw[d]}" for d, v in batch_vals.items() if v != "0" and bw[d])
+            sliced = {d for _, d in rows.slices}  # the copy holds this batch point only
+            bbase = " + ".join(f"{v} * {bw[d]}" for d, v in batch_vals.items()
+                               if v != "0" and bw[d] and d not in sliced)
             out += [cgen.Statement(f"const float *restrict mk_bp = mk_P + {bbase or '0'} + mk_jt"),
                     cgen.Statement("const long *restrict mk_offk = mk_off + mk_k0")]
             # the tile's first column, and whether all its columns are real and consecutive

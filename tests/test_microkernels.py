@@ -10,6 +10,7 @@ the others.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from dataclasses import replace
@@ -425,6 +426,17 @@ def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert f"padded to [{layout}]" in compiled.c_source
     assert "pack_b" not in compiled.kernels[0].to_json()["schedule_text"]
+
+
+def test_a_large_copy_is_made_per_image():
+    """Over analysis.SLICED_COPY bytes, the padded copy holds one image at a time, made
+    inside the batch loop (BRows.slices)."""
+    graph, inputs = _conv((2, 64, 64, 64), (8, 64, 3, 3), bias_relu=True, pads=[1] * 4)
+    compiled = _check(graph, inputs, Options(gemm_kernel=PORTABLE), atol=3e-4)
+    src = compiled.c_source
+    assert "b=rows" in _gemm_marks(compiled)[0] and "padded to [2,64,66,66]" in src
+    size = int(re.search(r"polyc_scratch\(4, (\d+)\)", src).group(1))
+    assert 4 * 64 * 66 * 66 <= size < 4 * 2 * 64 * 66 * 66
 
 
 AVX512_CASES = {  # graph, inputs: edges in every direction of both tiles

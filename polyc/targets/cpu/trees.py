@@ -23,9 +23,10 @@ call and a write-back that applies init and epilogue on the tile (`emit.py`). Pa
 evaluates the operands' expressions, so transposes, broadcasting, scaling folded into an
 operand and a strided conv2d's gather with its zero padding all happen while packing.
 
-When B's K rows are runs of one (padded) tensor (`analysis.b_rows`: conv2d with unit
-stride along the width) and the kernel has a variant that reads B in place, B is not
-packed (`b=rows`): `mark "b_rows S0"` above the batch band makes the padded copy and
+When B's K rows are runs of one (padded) tensor (`analysis.b_rows`: conv2d, a strided
+one from a copy split into phases) and the kernel has a variant that reads B in place,
+B is not packed (`b=rows`): `mark "b_rows S0"` above the batch band (below it when the
+copy is made per image, `BRows.slices`) makes the padded copy and
 the row offsets once, there is no jc band and no pack_b, and the jr tiles cut the
 output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
 rows are contiguous in the copy. That is the direct convolution, without im2col.

@@ -255,7 +255,8 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
                                                         max_operations=ops, models=models),
                       force=options.fuse_force, forbid=options.fuse_forbid,
                       force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
-                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels),
+                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels,
+                                                          models=models),
                       ledger=ledger)
 
 

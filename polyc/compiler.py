@@ -214,6 +214,7 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
     `options.verify`, checked against every dependence. A pass that rewrote the
     statements (`state.restart`) has them run again from the first."""
     k = state.kernel.name
+    checked = None  # the last tree's check, for `_verify`
     for p in passes:
         before = state.model.schedule if state.model is not None else None
         state = trace.run(f"{p.name} {k}", p.run, state, machine, options,
@@ -223,7 +224,7 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
         if p.changes_schedule and not (before is not None and before.plain_is_equal(state.schedule)):
             state = replace(state, trees=state.trees + ((p.name, state.schedule),))
             if options.verify and p.verify:
-                _verify(state.model, state.schedule, f"{p.name} {k}")
+                checked = _verify(state.model, state.schedule, f"{p.name} {k}", checked)
     return state
 
 
@@ -254,7 +255,8 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
                                                         max_operations=ops, models=models),
                       force=options.fuse_force, forbid=options.fuse_forbid,
                       force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
-                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels),
+                      parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels,
+                                                          models=models),
                       ledger=ledger)
 
 
@@ -275,10 +277,21 @@ def _check_kernel_edits(options: CommonOptions, kernels: tuple[Kernel, ...],
         raise GraphError(problems)
 
 
-def _verify(model: PolyModel, schedule: isl.Schedule, where: str) -> None:
-    violated = respects_dependences(model, schedule)
+def _verify(model: PolyModel, schedule: isl.Schedule, where: str,
+            checked: tuple | None = None) -> tuple:
+    """Check `schedule` against every dependence of `model`; returns what `checked`
+    takes at the next call. The check reads only the schedule's map: a tree that maps
+    every instance as the tree checked before did, against the same dependences (a
+    pass that added marks only), holds too, without asking again."""
+    order = schedule.get_map()
+    deps = (model.domain, model.flow, model.anti, model.output)
+    if checked is not None and all(x is y for x, y in zip(checked[0], deps)) \
+            and checked[1].is_equal(order):
+        return checked
+    violated = respects_dependences(model, order)
     if not violated.is_empty():
         raise InternalError(where, f"schedule violates dependences {violated}")
+    return deps, order
 
 
 def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,

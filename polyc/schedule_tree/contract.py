@@ -65,20 +65,38 @@ def _prefix(bands: list[isl.ScheduleNode], depth: int) -> isl.UnionMap:
     return out
 
 
-def _plan(model: PolyModel, schedule: isl.Schedule, array: Array) -> tuple[int, tuple[int, ...]]:
-    """(D, dims kept) for one local array; D = 0 when it cannot be contracted."""
-    accesses = model.reads.union(model.writes)
+class _Prefixes:
+    """`_prefix` maps of a kernel's schedule, kept between its local arrays: the arrays
+    of one fused group sit under the same bands, asked about at the same depths."""
+
+    def __init__(self):
+        self._maps: list[tuple[list[isl.ScheduleNode], int, isl.UnionMap]] = []
+
+    def of(self, bands: list[isl.ScheduleNode], depth: int) -> isl.UnionMap:
+        for known, d, prefix in self._maps:
+            if d == depth and len(known) == len(bands) \
+                    and all(x.is_equal(y) for x, y in zip(known, bands)):
+                return prefix
+        prefix = _prefix(bands, depth)
+        self._maps.append((bands, depth, prefix))
+        return prefix
+
+
+def _plan(accesses: isl.UnionMap, schedule: isl.Schedule, array: Array, prefixes: _Prefixes
+          ) -> tuple[int, tuple[int, ...]]:
+    """(D, dims kept) for one local array (`accesses`: the kernel's reads and writes);
+    D = 0 when it cannot be contracted."""
     touching = accesses.intersect_range(
         isl.UnionSet.from_set(isl.Set.read_from_str(
-            model.domain.get_ctx(), f"{{ {array.c_name}[{', '.join(f'e{k}' for k in range(array.type.ndim))}] }}")))
-    statements = _names(touching.domain())
-    bands = _path(schedule, statements)
+            accesses.get_ctx(), f"{{ {array.c_name}[{', '.join(f'e{k}' for k in range(array.type.ndim))}] }}")))
+    bands = _path(schedule, _names(touching.domain()))
     depth = sum(b.band_n_member() for b in bands)
     for d in range(depth, 0, -1):
-        when = touching.reverse().apply_range(_prefix(bands, d))  # element -> iterations
+        when = touching.reverse().apply_range(prefixes.of(bands, d))  # element -> iterations
         if not when.is_single_valued():
             continue
-        if when.range().is_equal(when.range().lexmin()):
+        iterations = when.range()
+        if iterations.is_equal(iterations.lexmin()):
             # the outer loops run once: contracting under them saves nothing, and the
             # per-thread copies would break, since the parallel loops are then the
             # sibling nests inside, each with copies of its own
@@ -91,19 +109,10 @@ def _plan(model: PolyModel, schedule: isl.Schedule, array: Array) -> tuple[int, 
 
 def _pins(when: isl.UnionMap, k: int, t: int) -> bool:
     """Is loop `t` always at index `k` of the element it touches?"""
-    pinned = True
-
-    def check(m: isl.Map) -> None:
-        nonlocal pinned
-        n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
-        src = ", ".join(f"e{i}" for i in range(n_in))
-        dst = ", ".join(f"t{i}" for i in range(n_out))
-        other = isl.Map.read_from_str(m.get_ctx(), f"{{ [{src}] -> [{dst}] : t{t} != e{k} }}")
-        other = other.set_tuple_name(isl.dim_type.in_, m.get_tuple_name(isl.dim_type.in_))
-        pinned &= m.intersect(other).is_empty()
-
-    when.foreach_map(check)
-    return pinned
+    maps: list[isl.Map] = []
+    when.foreach_map(maps.append)
+    return all(m.order_lt(isl.dim_type.in_, k, isl.dim_type.out, t).is_empty()
+               and m.order_gt(isl.dim_type.in_, k, isl.dim_type.out, t).is_empty() for m in maps)
 
 
 def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) -> Kernel:
@@ -113,9 +122,10 @@ def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) ->
     a buffer of 4096 floats.
     """
     arrays = []
+    accesses, prefixes = model.reads.union(model.writes), _Prefixes()
     for a in kernel.arrays:
         if a.role == "local":
-            depth, kept = _plan(model, schedule, a)
+            depth, kept = _plan(accesses, schedule, a, prefixes)
             element = a.type.itemsize
             size = element * math.prod(a.type.shape[k] for k in kept)
             if depth > 0 and size <= MAX_BUFFER_BYTES:

@@ -73,13 +73,16 @@ def _crossing(sink: isl.UnionMap, source: isl.UnionMap, order: isl.UnionMap, *,
     return _flow(sink, order, must=source) if must else _flow(sink, order, may=source)
 
 
-def respects_dependences(model: PolyModel, schedule: isl.Schedule) -> isl.UnionMap:
-    """The dependences `schedule` violates (empty when it is legal).
+def respects_dependences(model: PolyModel, schedule: isl.Schedule | isl.UnionMap
+                         ) -> isl.UnionMap:
+    """The dependences `schedule` violates (empty when it is legal); the schedule may be
+    given as its map (`schedule.get_map()`), all the check reads of it.
 
     Independent of whoever built the schedule: every dependence source must run strictly
     before its sink in the schedule's flattened lexicographic order.
     """
-    order = schedule.get_map().intersect_domain(model.domain)
+    order = schedule if isinstance(schedule, isl.UnionMap) else schedule.get_map()
+    order = order.intersect_domain(model.domain)
     if _ascending(model.dependences, order):
         return isl.UnionMap.empty(model.dependences.get_space())
     before = order.lex_lt_union_map(order)

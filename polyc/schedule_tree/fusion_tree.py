@@ -292,17 +292,17 @@ def independent_parts(model: PolyModel, statements: tuple[Statement, ...]
 
     for src, dst in _Deps.of(model).by_pair:
         part[find(src)] = find(dst)
-    readers: dict[str, list[tuple[str, bool]]] = {}
+    readers: dict[str, list[isl.Map]] = {}  # by tensor, its reads by statement
     by_statement: list[isl.Map] = []
     model.reads.foreach_map(by_statement.append)
     for m in by_statement:
-        many = not m.range().is_singleton()
-        readers.setdefault(m.get_tuple_name(isl.dim_type.out), []).append(
-            (m.get_tuple_name(isl.dim_type.in_), many))
+        readers.setdefault(m.get_tuple_name(isl.dim_type.out), []).append(m)
     for reads in readers.values():
-        if any(many for _, many in reads):
-            for (a, _), (b, _) in zip(reads, reads[1:]):
-                part[find(a)] = find(b)
+        # (isl's count of a read's elements only where it could join two statements)
+        if len(reads) > 1 and any(not m.range().is_singleton() for m in reads):
+            for a, b in zip(reads, reads[1:]):
+                part[find(a.get_tuple_name(isl.dim_type.in_))] = \
+                    find(b.get_tuple_name(isl.dim_type.in_))
     parts: dict[str, list[Statement]] = {}
     for s in statements:
         parts.setdefault(find(s.name), []).append(s)

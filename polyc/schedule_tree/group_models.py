@@ -34,6 +34,9 @@ from .model import PolyModel, build_model, original_order
 # groups kept: a fuse stage works on a few groups at a time (the one growing and its
 # neighbours); older ones are rebuilt when asked about again
 KEPT_GROUPS = 64
+# kernels kept (cheaper than models, asked about more: each proposal builds the merged
+# kernel and each side's alone)
+KEPT_KERNELS = 4 * KEPT_GROUPS
 
 
 class GroupModels:
@@ -44,6 +47,18 @@ class GroupModels:
         self.ctx = isl.Context()
         self.kept = kept
         self._models: OrderedDict[tuple[str, ...], tuple[Kernel, PolyModel]] = OrderedDict()
+        self._kernels: OrderedDict[tuple[str, ...], Kernel] = OrderedDict()
+
+    def kernel(self, group: tuple[str, ...]) -> Kernel:
+        """The kernel of `group` alone, as `build_kernels` builds it: a proposal's merged
+        kernel is, once accepted, the group the next proposals are about."""
+        if group in self._kernels:
+            self._kernels.move_to_end(group)
+        else:
+            (self._kernels[group],) = build_kernels(self.graph, (group,))
+            while len(self._kernels) > KEPT_KERNELS:
+                self._kernels.popitem(last=False)
+        return self._kernels[group]
 
     def merged(self, kernel: Kernel, a: tuple[str, ...], b: tuple[str, ...]) -> PolyModel:
         """The model with dependences of `kernel`, the merge of groups `a` and `b`."""
@@ -66,7 +81,7 @@ class GroupModels:
         if group in self._models:
             self._models.move_to_end(group)
             return self._models[group]
-        (kernel,) = build_kernels(self.graph, (group,))
+        kernel = self.kernel(group)
         model = compute_dependences(build_model(kernel.statements, _arrays(kernel), self.ctx))
         self._keep(group, kernel, model)
         return kernel, model

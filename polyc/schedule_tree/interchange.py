@@ -21,20 +21,34 @@ from .model import PolyModel
 _BAND = isl.schedule_node_type.band
 
 
+class _Steps:
+    """`step_pairs` for each member of one band: what the members share (the pairs with
+    every outer loop fixed, each member's own relations) is computed once."""
+
+    def __init__(self, band: isl.ScheduleNode, domain: isl.UnionSet | None = None):
+        domain = band.get_domain() if domain is None else domain
+        outer = band.get_prefix_schedule_union_map().intersect_domain(domain)
+        self.outer = outer.apply_range(outer.reverse())
+        partial = band.band_get_partial_schedule()
+        step = isl.UnionMap.read_from_str(band.get_ctx(), "{ [t] -> [t + 1] }")
+        self.fixed, self.stepped = [], []  # per member: its pairs equal, one step apart
+        for m in range(band.band_n_member()):
+            u = isl.UnionMap.from_union_pw_aff(partial.get_union_pw_aff(m)).intersect_domain(domain)
+            self.fixed.append(u.apply_range(u.reverse()))
+            self.stepped.append(u.apply_range(step).apply_range(u.reverse()))
+
+    def of(self, member: int) -> isl.UnionMap:
+        pairs = self.outer
+        for m, (fixed, stepped) in enumerate(zip(self.fixed, self.stepped)):
+            pairs = pairs.intersect(stepped if m == member else fixed)
+        return pairs
+
+
 def step_pairs(band: isl.ScheduleNode, member: int,
                domain: isl.UnionSet | None = None) -> isl.UnionMap:
     """Pairs of instances (of the band, or of `domain`) one step of band member `member`
     apart, with every outer loop and other member fixed."""
-    domain = band.get_domain() if domain is None else domain
-    outer = band.get_prefix_schedule_union_map().intersect_domain(domain)
-    pairs = outer.apply_range(outer.reverse())
-    partial = band.band_get_partial_schedule()
-    step = isl.UnionMap.read_from_str(band.get_ctx(), "{ [t] -> [t + 1] }")
-    for m in range(band.band_n_member()):
-        u = isl.UnionMap.from_union_pw_aff(partial.get_union_pw_aff(m)).intersect_domain(domain)
-        moved = u.apply_range(step) if m == member else u
-        pairs = pairs.intersect(moved.apply_range(u.reverse()))
-    return pairs
+    return _Steps(band, domain).of(member)
 
 
 def access_moves(pairs: isl.UnionMap, access: isl.UnionMap) -> isl.UnionSet:
@@ -51,10 +65,10 @@ def unit_step(ctx: isl.Context, array: str, rank: int) -> isl.UnionSet:
         ctx, f"{{ {array}[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
 
 
-def _jumps(band: isl.ScheduleNode, member: int, accesses: list[tuple[isl.Map, int]]) -> int:
-    """Weighted count of the accesses that are not contiguous when `member` is inner."""
+def _jumps(band: isl.ScheduleNode, pairs: isl.UnionMap, accesses: list[tuple[isl.Map, int]]) -> int:
+    """Weighted count of the accesses that are not contiguous when the member whose
+    `step_pairs` are `pairs` is inner."""
     cost = 0
-    pairs = step_pairs(band, member)
     for access, weight in accesses:
         moves = access_moves(pairs, isl.UnionMap(access))
         if moves.is_empty():
@@ -98,7 +112,8 @@ def interchange_for_locality(model: PolyModel) -> PolyModel:
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.get_type() == _BAND and node.band_n_member() >= 2 and node.band_get_permutable():
             n = node.band_n_member()
-            costs = [_jumps(node, m, accesses) for m in range(n)]
+            steps = _Steps(node)
+            costs = [_jumps(node, steps.of(m), accesses) for m in range(n)]
             best = min(range(n), key=lambda m: (costs[m], m != n - 1))
             if best != n - 1:
                 node = _reorder(node, [m for m in range(n) if m != best] + [best])

@@ -36,7 +36,7 @@ from ..graph.fuse import group_label
 from ..graph.ir import Graph
 from ..graph.ops import OPS
 from ..graph.storage import STORAGE
-from ..kernel import Kernel, build_kernels
+from ..kernel import Kernel
 from ..machine import Machine
 from .dependences import compute_dependences
 from .fusion_tree import column_block, independent_parts, shared_depth
@@ -137,11 +137,13 @@ def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Ma
 
 
 def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
-                 microkernels: Microkernels = lambda kernel, flops: None) -> FusionAnswer:
+                 microkernels: Microkernels = lambda kernel, flops: None, *,
+                 models: GroupModels | None = None) -> FusionAnswer:
     """May groups `a` and `b`, which no path joins in the kernel graph, be independent
     parts of one kernel? Each part keeps its own loops and their marks, so the merge
-    costs no parallelism and saves a kernel call (and reads a common single value once)."""
-    kernel, lost = _merged_kernel(graph, a, b, microkernels)
+    costs no parallelism and saves a kernel call (and reads a common single value once).
+    `models` keeps the groups' kernels between proposals, as for `ask_fusion`."""
+    kernel, lost = _merged_kernel(graph, a, b, microkernels, models or GroupModels(graph))
     capacity = machine.fusion_level.capacity
     if lost:
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
@@ -161,13 +163,13 @@ def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: 
 
 
 def _merged_kernel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
-                   microkernels: Microkernels) -> tuple[Kernel, str]:
+                   microkernels: Microkernels, models: GroupModels) -> tuple[Kernel, str]:
     """The kernel of `a` and `b` merged, and why a contraction of theirs would lose its
     microkernel in it ('' if none would)."""
     order = {n.name: k for k, n in enumerate(graph.nodes)}
     merged = tuple(sorted(a + b, key=order.__getitem__))
-    (kernel,) = build_kernels(graph, (merged,))
-    return kernel, _microkernel_lost(graph, kernel, (a, b), microkernels)
+    kernel = models.kernel(merged)
+    return kernel, _microkernel_lost(graph, kernel, (a, b), microkernels, models)
 
 
 def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
@@ -202,7 +204,8 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                 microkernels: Microkernels, max_operations: int = 0,
                 models: GroupModels | None = None) -> FusionAnswer:
     """The answer from isl's model of the merged kernel (see the module docstring)."""
-    kernel, lost = _merged_kernel(graph, a, b, microkernels)
+    models = models or GroupModels(graph)
+    kernel, lost = _merged_kernel(graph, a, b, microkernels, models)
     capacity = machine.fusion_level.capacity
     if lost:
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
@@ -213,7 +216,6 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
                             f"folded into the operand of {group_label(b if kept_b else a)}, "
                             "evaluated where the contraction reads it (while packing, with a "
                             f"microkernel); saves {_mib(saved)}")
-    models = models or GroupModels(graph)
     try:
         with isl_operations(models.ctx, max_operations):
             return _shared_loop_answer(graph, a, b, machine, kernel, kept_a, kept_b,
@@ -322,14 +324,15 @@ def _instances(pair: isl.Map) -> str:
             f"{dst}[{', '.join(map(str, values[n_in:]))}]")
 
 
-def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microkernels) -> str:
+def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microkernels,
+                      models: GroupModels) -> str:
     """Why merging would take a contraction off its microkernel ('' if it would not): a
     matmul fused with the reduction after it (softmax's max) leaves a plain loop nest
     five times slower than the microkernel and a second pass."""
     if microkernels(merged, 0) is not None:
         return ""
     for group in groups:
-        (alone,) = build_kernels(graph, (group,))
+        alone = models.kernel(group)
         conv = any(graph.node(n).op == "conv2d" for n in group)
         mk = microkernels(alone, KEEP_CONV_MICROKERNEL_FLOPS if conv else KEEP_MICROKERNEL_FLOPS)
         if mk is not None:

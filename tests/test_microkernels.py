@@ -410,6 +410,18 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
+@pytest.mark.parametrize("threads,par", [(1, "none"), (2, "inner")])
+def test_batched_conv2d_packs_the_weights_once_for_all_images(threads, par):
+    """The weights (A) have no batch dim: the batch loop runs inside the A block, so each
+    block is packed once and serves the 3 images (par=inner: the team packs it, then
+    shares each image's tiles)."""
+    graph, inputs = _conv((3, 16, 9, 9), (40, 16, 3, 3), bias_relu=True, pads=[1] * 4)
+    options = Options(threads=threads, microkernel_tiles=(("kc", 48), ("mc", 16)))
+    plan = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert plan.b == "rows" and plan.par == par and plan.batch_inside
+    assert plan.loops[:3] == ("pc", "ic", "b0")
+
+
 @pytest.mark.parametrize("xs,ws,attrs,layout", [
     ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7"),
     ((2, 5, 15, 17), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,9"),

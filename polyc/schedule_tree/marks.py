@@ -172,6 +172,12 @@ class Gemm(Mark):
     def tiles(self) -> Tiles:
         return Tiles(self.mc, self.nc, self.kc)
 
+    @property
+    def batch_inside(self) -> bool:
+        """Does the batch loop run inside the A block (`pc, ic, b0, jr, ir`), each packed
+        block of A then serving every image?"""
+        return any(loop[0] == "b" for loop in self.loops) and self.loops[0][0] != "b"
+
     def __str__(self) -> str:  # every field, always: the plan is read whole
         return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} "
                 f"mc={self.mc} nc={self.nc} kc={self.kc} par={self.par} threads={self.threads} "

@@ -31,6 +31,10 @@ the row offsets once, there is no jc band and no pack_b, and the jr tiles cut th
 output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
 rows are contiguous in the copy. That is the direct convolution, without im2col.
 
+When A has no batch dim (conv2d's weights) and B is read in place, the batch band
+goes below `pack_a` instead (`plan.loops` `pc, ic, b0, jr, ir`; `Gemm.batch_inside`):
+each A block is packed once and serves every image, not once per image.
+
 Reductions of float32 along a contiguous innermost axis (sum, max) get a mark above
 their innermost band: `mark "microkernel row_sum_f32 S0"`.
 """
@@ -44,7 +48,7 @@ from ...kernel import Kernel
 from ...kernel.comprehension import Statement
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, row_views
+from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, iterators, row_views
 from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
@@ -135,6 +139,10 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
             tree = band([member(tiled[name])], tree)
     if plan.par == "inner":
         tree = mark(marks.TeamFor(s0.name), tree)
+    batch = [d for d in view.batch if view.shape[d] > 1]
+    members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
+    if plan.batch_inside:
+        tree = band(members, tree)
     tree = mark(marks.PackA(s0.name), tree)
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
@@ -145,9 +153,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
             tree = band([member(tiled[name])], tree)
     if rows and rows.slices:  # the copy made per batch point, inside the batch loop
         tree = mark(marks.BRows(s0.name), tree)
-    batch = [d for d in view.batch if view.shape[d] > 1]
-    if batch:
-        members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
+    if batch and not plan.batch_inside:
         tree = band(members, tree, coincident=plan.par == "batch")
         if plan.par == "batch":
             tree = mark(marks.Parallel(plan.threads), tree)
@@ -242,7 +248,11 @@ def operand_access(view: GemmView, side: str, ctx: isl.Context) -> isl.UnionMap:
         return " + ".join(f"{weights[d]}*{s0.iter_name(view.out_iter[d])}" for d in dims) or "0"
 
     kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
-    batch = [s0.iter_name(view.out_iter[d]) for d in view.batch]
+    # a batch dim the operand does not vary with is 0: its block is one for all the
+    # images (A's, when the batch loop runs inside the A block: `Gemm.batch_inside`)
+    used = iterators(view.a_expr if side == "a" else view.b_expr)
+    batch = [s0.iter_name(view.out_iter[d]) if view.out_iter[d] in used else "0"
+             for d in view.batch]
     own = (flat(view.rows, view.strides(view.rows)) if side == "a"
            else flat(view.cols, view.strides(view.cols)))
     index = batch + ([own, kflat] if side == "a" else [kflat, own])

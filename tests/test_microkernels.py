@@ -410,16 +410,25 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
+@pytest.mark.parametrize("xs,ws,pads,tiles,b", [
+    ((3, 16, 9, 9), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows"),
+    ((3, 72, 5, 5), (256, 72, 1, 1), [0] * 4, (("kc", 24), ("mc", 64)), "packed"),
+], ids=["3x3-b-rows", "1x1-packed-b"])
 @pytest.mark.parametrize("threads,par", [(1, "none"), (2, "inner")])
-def test_batched_conv2d_packs_the_weights_once_for_all_images(threads, par):
+def test_batched_conv2d_packs_the_weights_once_for_all_images(xs, ws, pads, tiles, b,
+                                                              threads, par):
     """The weights (A) have no batch dim: the batch loop runs inside the A block, so each
     block is packed once and serves the 3 images (par=inner: the team packs it, then
-    shares each image's tiles)."""
-    graph, inputs = _conv((3, 16, 9, 9), (40, 16, 3, 3), bias_relu=True, pads=[1] * 4)
-    options = Options(threads=threads, microkernel_tiles=(("kc", 48), ("mc", 16)))
-    plan = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
-    assert plan.b == "rows" and plan.par == par and plan.batch_inside
+    shares each image's tiles); a packed B (a 1x1 conv over small planes) is packed per
+    image below it."""
+    graph, inputs = _conv(xs, ws, bias_relu=True, pads=pads)
+    compiled = _check(graph, inputs, Options(threads=threads, microkernel_tiles=tiles),
+                      atol=3e-4)
+    plan = marks.parse(_gemm_marks(compiled)[0])
+    assert plan.b == b and plan.par == par and plan.batch_inside
     assert plan.loops[:3] == ("pc", "ic", "b0")
+    tree = compiled.kernels[0].to_json()["schedule_text"]
+    assert (tree.index("pack_a") < tree.index("pack_b")) if b == "packed" else "pack_b" not in tree
 
 
 @pytest.mark.parametrize("xs,ws,attrs,layout", [

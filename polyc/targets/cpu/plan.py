@@ -96,7 +96,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops = ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
-    loops = loops + batch if _batch_inside_a(view, rows, par, loops) else batch + loops
+    inside = _batch_inside_a(view, rows, par, loops, -(-M // tiles.mc))
+    loops = loops + batch if inside else batch + loops
     loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
     loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
     if par == "inner" and not {"jr", "ir"} & set(loops):
@@ -107,12 +108,18 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
 
 
 
-def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str]) -> bool:
+def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str],
+                    a_blocks: int) -> bool:
     """Run the batch loop inside the A block (`pc, ic, b0, jr, ir`) when A has no batch
     dim: each block of A is then packed once for all the images, not once per image
-    (conv5 8x512x7x7 to 512 3x3 packed its 9.4 MB of weights 8 times). Only with B read
-    in place and not copied image by image (`BRows.slices`: the copy would be remade per
-    A block), with A blocked at all, and not when the batch loop is the parallel one."""
-    if not blocks or par == "batch" or rows is None or rows.slices:
+    (conv5 8x512x7x7 to 512 3x3 packed its 9.4 MB of weights 8 times). A packed B block
+    (one per image, no jc loop) is then packed again for each of the `a_blocks` row
+    blocks: done when that costs less than the A packs saved. Not when B is copied image
+    by image (`BRows.slices`: the copy would be remade per A block), when A is one block
+    (`blocks` empty) or when the batch loop is the parallel one."""
+    if not blocks or par == "batch" or (rows is not None and rows.slices) or "jc" in blocks:
         return False
-    return not iterators(view.a_expr) & {view.out_iter[d] for d in view.batch}
+    if iterators(view.a_expr) & {view.out_iter[d] for d in view.batch}:
+        return False
+    images = view.batches
+    return rows is not None or images * (a_blocks - 1) * view.N < (images - 1) * view.M

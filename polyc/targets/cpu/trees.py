@@ -31,9 +31,10 @@ the row offsets once, there is no jc band and no pack_b, and the jr tiles cut th
 output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
 rows are contiguous in the copy. That is the direct convolution, without im2col.
 
-When A has no batch dim (conv2d's weights) and B is read in place, the batch band
-goes below `pack_a` instead (`plan.loops` `pc, ic, b0, jr, ir`; `Gemm.batch_inside`):
-each A block is packed once and serves every image, not once per image.
+When A has no batch dim (conv2d's weights), the batch band may go below `pack_a`
+instead (`plan.loops` `pc, ic, b0, jr, ir`; `Gemm.batch_inside`): each A block is
+packed once and serves every image, not once per image; a packed B then has its
+`pack_b` below the batch band, packed per image and A block.
 
 Reductions of float32 along a contiguous innermost axis (sum, max) get a mark above
 their innermost band: `mark "microkernel row_sum_f32 S0"`.
@@ -141,12 +142,12 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
         tree = mark(marks.TeamFor(s0.name), tree)
     batch = [d for d in view.batch if view.shape[d] > 1]
     members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
-    if plan.batch_inside:
-        tree = band(members, tree)
+    if plan.batch_inside:  # B, which has the batch dim, packed per image below it
+        tree = band(members, mark(marks.PackB(s0.name), tree) if not rows else tree)
     tree = mark(marks.PackA(s0.name), tree)
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
-    if not rows:
+    if not rows and not plan.batch_inside:
         tree = mark(marks.PackB(s0.name), tree)
     for name in ("pc", "jc"):
         if name in loops:

@@ -16,21 +16,23 @@ class PackMixin:
     def pack(self, child, outer, side: str) -> cgen.Generable:
         plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
         s0 = view.stmt
+        # the K block is set by the first pack: B's, or A's when B is packed below it
+        def k_block(loops: dict[str, str]) -> list[cgen.Generable]:
+            return [cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
+                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)")]
         if side == "b":
-            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc"})
-            head = [cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
-                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
-                    cgen.Statement(f"const long mk_j0 = {loops.get('jc', '0')}"),
-                    cgen.Statement(f"const long mk_nc = min({t.nc}, {plan.n} - mk_j0)")]
+            loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc"}
+                                     | ({"ic"} if plan.batch_inside else set()))
+            head = [] if plan.batch_inside else k_block(loops)
+            head += [cgen.Statement(f"const long mk_j0 = {loops.get('jc', '0')}"),
+                     cgen.Statement(f"const long mk_nc = min({t.nc}, {plan.n} - mk_j0)")]
             tile, total, own = mk.nr, plan.n, view.cols
             expr, start, size, buf = view.b_expr, "mk_j0", "mk_nc", "mk_pb"
         else:
             loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
-            head = [] if self.rows is None else [  # no pack_b above to set the K block
-                cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
-                cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)")]
+            head = k_block(loops) if self.rows is not None or plan.batch_inside else []
             head += [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
-                    cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
+                     cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
         if plan.par != "inner":

@@ -106,8 +106,6 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
                 options.threads, tuple(loops), "rows" if rows else "packed")
 
 
-
-
 def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str],
                     a_blocks: int) -> bool:
     """Run the batch loop inside the A block (`pc, ic, b0, jr, ir`) when A has no batch

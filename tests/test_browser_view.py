@@ -218,8 +218,11 @@ def test_stage_times_composites_and_microkernel_choice(server, page):
     # one the target does not offer (microkernel_isa narrows it): the service's reason
     compile_in_page(page, LN_MM, options='{"microkernel_isa": "portable"}')
     key = page.url.rsplit("/", 1)[1]
-    refused = page.locator("optgroup[label^='not offered'] option[value='sgemm_avx2_6x16']")
-    assert refused.count() == 1
+    refused = "optgroup[label^='not offered'] option[value='sgemm_avx2_6x16']"
+    # the page renders the new compile after its URL changes: wait for the option (it
+    # is never visible, only attached), then it must be the only one
+    page.wait_for_selector(refused, state="attached")
+    assert page.locator(refused).count() == 1
     gemm.locator("select.gemm-kernel").select_option("sgemm_avx2_6x16")
     gemm.locator(".gemm-apply").click()
     page.wait_for_selector("#edit-error:not([hidden])")

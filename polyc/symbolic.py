@@ -173,8 +173,12 @@ class _ProbeRuns:
         self.trace, self.compile_graph, self.quiet_trace = trace, compile_graph, quiet_trace
         self.done: dict = {}
 
+    @staticmethod
+    def _key(probe: dict[str, int], options):
+        return tuple(sorted(probe.items())), options
+
     def run(self, probe: dict[str, int], options):
-        key = (tuple(sorted(probe.items())), options)
+        key = self._key(probe, options)
         if key not in self.done:
             trace = self.trace if not self.done else self.quiet_trace()
             # unverified: the tree the probes agree on is proved for every value (`_emit`)
@@ -190,7 +194,7 @@ class _ProbeRuns:
         fit, full = _probes(_within(self.loaded, ranges))
         base = self.run(full[0], options)
         pinned = _pinned(options, base)
-        self.done.setdefault((tuple(sorted(full[0].items())), pinned), base)
+        self.done.setdefault(self._key(full[0], pinned), base)
         runs = [base] + [self.run(p, pinned) for p in full[1:]]
         g, plan, kernels, trees, promotions = _generalise(runs, fit)
         for k, tree in zip(kernels, trees):
@@ -426,8 +430,6 @@ def _check_gemm_loops(name: str, tree: str, ranges: dict[str, tuple[int, int]]) 
     """A gemm plan leaves out the loop over blocks (or tiles) of a dim its probes fit in
     one: made at 1009 rows with blocks of 1022, it has no loop over row blocks, and 2048
     rows would run one block. A NotGeneral when a size in `ranges` outgrows one."""
-    import itertools
-
     from .microkernels.registry import by_name
     for word in _MARK.findall(tree):
         mark = mk.parse(word)

@@ -123,6 +123,46 @@ def test_attention_is_at_most_two_kernels():
     _check(graph, compiled)
 
 
+def test_causal_attention_folds_its_mask_into_the_scores_epilogue():
+    # the mask (a compare of two iotas, [L, L] broadcast over heads) is computed in the
+    # scores' write-back from the tile's row and column: scores, softmax, matmul
+    b = GraphBuilder("attention")
+    q, k, v = (b.input(n, [2, 128, 64]) for n in "qkv")
+    graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+    compiled = compile(graph)
+    assert [k.kernel.nodes for k in compiled.kernels][0] == (
+        "y.scores", "y.scaled", "y.mask", "y.masked")
+    assert len(compiled.kernels) == 3
+    scores = compiled.kernels[0]
+    assert any(line.startswith("microkernel S") for line in scores.fusion_report)
+    assert any("folded into the epilogue of" in line for line in scores.fusion_report)
+    assert "y.mask" not in {a.tensor for a in scores.kernel.arrays}
+    _check(graph, compiled)
+
+
+@pytest.mark.parametrize("epilogue", ["iota_mask", "doubled_bias"])
+def test_an_elementwise_tensor_read_by_a_matmul_epilogue_is_folded_into_it(epilogue):
+    # computed over fewer dims than the matmul's output, it is no epilogue statement of
+    # its own: folded, the kernel is again a contraction with an elementwise epilogue
+    b = GraphBuilder("epilogue")
+    x, w = b.input("x", [2, 96, 128]), b.input("w", [128, 160])
+    h = b.matmul(x, w)
+    if epilogue == "iota_mask":  # a causal-like mask over rows and columns, not batches
+        rows = b.constant("rows", [96, 1], list(range(96)), "int32")
+        cols = b.constant("cols", [1, 160], list(range(160)), "int32")
+        zero = b.constant("zero", [], [0.0])
+        y = b.select(b.greater(cols, rows, out="m"), zero, h, out="y")
+    else:
+        bias = b.mul(b.input("bias", [160]), b.constant("two", [], [2.0]), out="m")
+        y = b.add(h, bias, out="y")
+    graph = b.build([y])
+    compiled = compile(graph)
+    (kernel,) = compiled.kernels
+    assert any(line.startswith("microkernel S") for line in kernel.fusion_report)
+    assert "m" not in {s.target for s in kernel.kernel.statements}
+    _check(graph, compiled)
+
+
 def test_the_report_records_each_proposal_with_its_reason():
     compiled = compile(_single("softmax", [16, 32]))
     report = compiled.kernels[0].fusion_report

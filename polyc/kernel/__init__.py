@@ -1,7 +1,7 @@
 """The kernel IR: the statements of one generated C function and the arrays it touches.
 
 `comprehension` is a statement (one tensor comprehension per primitive node, over a box
-domain); `prologue` rewrites statements (folding a producer into a contraction's operand,
+domain); `prologue` rewrites statements (folding a producer into a contraction's operand or epilogue,
 recomputing a local where it is read); `ir` groups them into a `Kernel` with C-safe
 array names.
 """

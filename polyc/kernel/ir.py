@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..graph.ir import Graph, TensorType
 from ..graph.ranges import nonpositive_tensors
 from .comprehension import Statement, loads, lower_node
-from .prologue import fold_prologues, recompute, widening_loads
+from .prologue import fold_epilogues, fold_prologues, recompute, widening_loads
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -92,7 +92,8 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
         widened = widening_loads(statements, local)
         statements = recompute(statements, widened)
         statements, folded = fold_prologues(statements, local - set(widened))
-        folded += widened
+        statements, into_epilogue = fold_epilogues(statements, local - set(widened))
+        folded += into_epilogue + widened
         produced = [t for t in produced if t not in folded]
         loaded = {ld.tensor for s in statements for ld, _ in loads(s.expr)}
         read = []

@@ -1,4 +1,4 @@
-"""Folding a contraction's cheap producers into its operand expression.
+"""Folding a contraction's cheap producers into its operand or its epilogue.
 
     before:  S0: t[i0, i1] = a[i1, i0]                       (transpose, t local)
              S1_init: y[i0, i1] = 0
@@ -11,6 +11,17 @@ relu, cast, ...) and read only inside one operand of one contraction is not stor
 expression is substituted where the contraction reads it. With a microkernel the operand
 is evaluated while packing, about once per element, so the prologue costs no pass over
 memory; without one it is evaluated in the loop nest, so only cheap expressions fold.
+
+The same holds after the contraction (`fold_epilogues`): attention's causal mask, computed
+from iotas before the scores' matmul, is substituted into the select that reads it, so
+the kernel is again one contraction with an elementwise epilogue (`gemm_view`) and the
+mask is evaluated in the write-back from the output's indices:
+
+    before:  S0: mask[i0, i1] = greater(col[0, i1], row[i0, 0])
+             S1_init, S1: s[i0, i1, i2] += q[i0, i1, i3] * k[i0, i2, i3]
+             S2: y[i0, i1, i2] = select(mask[i1, i2], -inf, s[i0, i1, i2])
+    after:   S1_init, S1 as before
+             S2: y[i0, i1, i2] = select(greater(col[0, i2], row[i1, 0]), -inf, s[i0, i1, i2])
 """
 from __future__ import annotations
 
@@ -31,35 +42,94 @@ def fold_prologues(statements: Iterable[Statement], local: set[str]
                    ) -> tuple[tuple[Statement, ...], tuple[str, ...]]:
     """The statements with every foldable producer substituted into its contraction
     (chains fold one after the other: relu, then transpose), and the tensors folded."""
+    return _fold(statements, local, _operand_reader)
+
+
+def fold_epilogues(statements: Iterable[Statement], local: set[str]
+                   ) -> tuple[tuple[Statement, ...], tuple[str, ...]]:
+    """The statements with every cheap producer that does not depend on the kernel's
+    contraction and is read only by its epilogue substituted into its readers, and the
+    tensors folded. A producer that does depend on it is an epilogue statement already."""
+    return _fold(statements, local, _epilogue_readers)
+
+
+def _fold(statements: Iterable[Statement], local: set[str], readers_of
+          ) -> tuple[tuple[Statement, ...], tuple[str, ...]]:
+    """Fold, one at a time, each cheap producer for which `readers_of(statements, p)`
+    names the statements to substitute it into."""
     statements, folded = list(statements), []
-    while (found := _foldable(statements, local)) is not None:
-        p, s = found
-        statements[s] = _substitute_into(statements[s], statements[p])
+    while (found := _foldable(statements, local, readers_of)) is not None:
+        p, readers = found
+        for r in readers:
+            statements[r] = _substitute_into(statements[r], statements[p])
         folded.append(statements[p].target)
         del statements[p]
     return tuple(statements), tuple(folded)
 
 
-def _foldable(statements: list[Statement], local: set[str]) -> tuple[int, int] | None:
+def _foldable(statements: list[Statement], local: set[str], readers_of
+              ) -> tuple[int, list[int]] | None:
     for p, prod in enumerate(statements):
         t = prod.target
         if (t not in local or prod.reduce is not None or _calls(prod.expr) > MAX_CALLS
                 or prod.index != identity(len(prod.extents))
                 or sum(x.target == t for x in statements) != 1):
             continue
-        readers = [k for k, x in enumerate(statements)
-                   if any(ld.tensor == t for ld, _ in loads(x.expr))]
-        if len(readers) != 1 or readers[0] < p:
-            continue
-        s = statements[readers[0]]
-        if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
-                and len(s.expr.args) == 2):
-            continue
-        reads = [[ld for ld, _ in loads(arg) if ld.tensor == t] for arg in s.expr.args]
-        if min(map(len, reads)) == 0 and all(isinstance(e, Aff) for ld in reads[0] + reads[1]
-                                             for e in ld.index):
-            return p, readers[0]
+        readers = readers_of(statements, p)
+        if readers:
+            return p, readers
     return None
+
+
+def _readers(statements: list[Statement], t: str) -> list[int]:
+    return [k for k, x in enumerate(statements) if any(ld.tensor == t for ld, _ in loads(x.expr))]
+
+
+def _operand_reader(statements: list[Statement], p: int) -> list[int]:
+    """The one contraction whose operand alone reads statement `p`'s tensor, at affine
+    indices (else none)."""
+    t = statements[p].target
+    readers = _readers(statements, t)
+    if len(readers) != 1 or readers[0] < p:
+        return []
+    s = statements[readers[0]]
+    if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
+            and len(s.expr.args) == 2):
+        return []
+    reads = [[ld for ld, _ in loads(arg) if ld.tensor == t] for arg in s.expr.args]
+    if min(map(len, reads)) == 0 and all(isinstance(e, Aff) for ld in reads[0] + reads[1]
+                                         for e in ld.index):
+        return readers
+    return []
+
+
+def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
+    """The statements reading statement `p`'s tensor when all are elementwise statements
+    over the output of the kernel's one contraction, after it, reading it at affine
+    indices, and `p` reads nothing the contraction computes (else none)."""
+    sums = [k for k, x in enumerate(statements) if x.reduce == "sum"]
+    if len(sums) != 1:
+        return []
+    c = statements[sums[0]]
+    init = next((x for x in statements if x.target == c.target and x.reduce is None), None)
+    if init is None:
+        return []
+    after = {c.target}  # the tensors that depend on the contraction
+    for x in statements[sums[0] + 1:]:
+        if any(ld.tensor in after for ld, _ in loads(x.expr)):
+            after.add(x.target)
+    prod = statements[p]
+    if any(ld.tensor in after for ld, _ in loads(prod.expr)):
+        return []
+    readers = _readers(statements, prod.target)
+    for r in readers:
+        x = statements[r]
+        if (r < sums[0] or x.reduce is not None or x.extents != init.extents
+                or x.index != identity(len(x.extents))
+                or not all(isinstance(e, Aff) for ld, _ in loads(x.expr)
+                           if ld.tensor == prod.target for e in ld.index)):
+            return []
+    return readers
 
 
 def _calls(e: Expr) -> int:

@@ -13,8 +13,8 @@ schedule the kernel will get, `fusion_tree`). It answers:
 - saved bytes: the intermediate memory traffic the merge removes.
 
 Two answers come before the loops are looked at: a cheap elementwise producer of a
-contraction's operand is folded into it (`prologue.py`: no loop is shared, none is
-needed), and a merge that would leave a large contraction no microkernel can compute
+contraction's operand, or of its epilogue, is folded into it (`prologue.py`: no loop is
+shared, none is needed), and a merge that would leave a large contraction no microkernel can compute
 (a matmul with the softmax after it) is refused. Which contraction a target's
 microkernels compute is the backend's to say: it hands the oracle a `Microkernels`
 question.
@@ -212,10 +212,17 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
     if not (kept_a and kept_b):  # one side folded into the other's contraction
         saved = _saved_bytes(graph, a, b)
+        kept, folded = (b, a) if kept_b else (a, b)
+        outputs = {graph.node(n).output for n in folded}
+        operand = any(OPS[graph.node(n).op].family in ("matmul", "conv2d")
+                      and outputs & set(graph.node(n).inputs) for n in kept)
+        where = ("the operand of {}, evaluated where the contraction reads it (while "
+                 "packing, with a microkernel)" if operand else
+                 "the epilogue of {}, evaluated where it is read (in the write-back, "
+                 "from the output's indices, with a microkernel)")
         return FusionAnswer(True, 0, True, 0, capacity, saved,
-                            f"folded into the operand of {group_label(b if kept_b else a)}, "
-                            "evaluated where the contraction reads it (while packing, with a "
-                            f"microkernel); saves {_mib(saved)}")
+                            f"folded into {where.format(group_label(kept))}; "
+                            f"saves {_mib(saved)}")
     try:
         with isl_operations(models.ctx, max_operations):
             return _shared_loop_answer(graph, a, b, machine, kernel, kept_a, kept_b,

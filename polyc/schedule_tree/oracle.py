@@ -212,10 +212,10 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)
     if not (kept_a and kept_b):  # one side folded into the other's contraction
         saved = _saved_bytes(graph, a, b)
-        kept, folded = (b, a) if kept_b else (a, b)
-        outputs = {graph.node(n).output for n in folded}
-        operand = any(OPS[graph.node(n).op].family in ("matmul", "conv2d")
-                      and outputs & set(graph.node(n).inputs) for n in kept)
+        kept = b if kept_b else a
+        # into the operand, the contraction reads it; into the epilogue, it is as alone
+        operand = ([s.expr for s in kernel.statements if s.reduce] !=
+                   [s.expr for s in models.kernel(kept).statements if s.reduce])
         where = ("the operand of {}, evaluated where the contraction reads it (while "
                  "packing, with a microkernel)" if operand else
                  "the epilogue of {}, evaluated where it is read (in the write-back, "

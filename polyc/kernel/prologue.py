@@ -111,6 +111,8 @@ def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
     if len(sums) != 1:
         return []
     c = statements[sums[0]]
+    if not (isinstance(c.expr, Call) and c.expr.fn == "mul" and len(c.expr.args) == 2):
+        return []  # a sum of other terms (softmax's) has no write-back to fold into
     init = next((x for x in statements if x.target == c.target and x.reduce is None), None)
     if init is None:
         return []

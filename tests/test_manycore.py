@@ -118,6 +118,23 @@ def test_contractions_run_on_the_fixed_shape_kernel(m, k, n, epilogue):
     assert profile["high_water"]["LDM"] <= LDM
 
 
+def _masked_batched_matmul():
+    # a mask over rows and columns computed from iotas, broadcast over the batch (a
+    # causal attention's): folded into the epilogue, it leaves the contraction its kernel
+    b = GraphBuilder("masked")
+    h = b.matmul(b.input("x", (2, 128, 96)), b.input("w", (2, 96, 128)))
+    rows = b.constant("rows", [128, 1], list(range(128)), "int32")
+    cols = b.constant("cols", [1, 128], list(range(128)), "int32")
+    zero = b.constant("zero", [], [0.0])
+    return b.build([b.select(b.greater(cols, rows, out="m"), zero, h, out="y")])
+
+
+def test_a_mask_read_by_the_epilogue_keeps_the_contraction_on_the_kernel():
+    compiled, _ = _check(_masked_batched_matmul())
+    (kernel,) = compiled.kernels
+    assert kernel.microkernels == ["mc_sgemm_64x64x32"]
+
+
 def test_an_epilogue_writes_over_c_in_place():
     b = GraphBuilder("lg")
     graph = b.build([b.relu(b.matmul(b.input("a", (128, 64)), b.input("w", (64, 128))), out="y")])

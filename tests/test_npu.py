@@ -85,6 +85,23 @@ def test_contractions_run_on_the_cube_through_l1_and_l0_in_fractal_layout(dtype,
     assert profile["flops"] >= 8192 * blocks
 
 
+def _masked_batched_matmul():
+    # a mask over rows and columns computed from iotas, broadcast over the batch (a
+    # causal attention's): folded into the epilogue, it leaves the contraction its kernel
+    b = GraphBuilder("masked")
+    h = b.matmul(b.input("x", (2, 128, 96)), b.input("w", (2, 96, 128)))
+    rows = b.constant("rows", [128, 1], list(range(128)), "int32")
+    cols = b.constant("cols", [1, 128], list(range(128)), "int32")
+    zero = b.constant("zero", [], [0.0])
+    return b.build([b.select(b.greater(cols, rows, out="m"), zero, h, out="y")])
+
+
+def test_a_mask_read_by_the_epilogue_keeps_the_contraction_on_the_cube():
+    compiled, _ = _check(_masked_batched_matmul())
+    (kernel,) = compiled.kernels
+    assert "on the cube" in next(x for x in kernel.fusion_report if x.startswith("contraction "))
+
+
 def test_a_plain_matmul_output_leaves_through_the_unified_buffer():
     b = GraphBuilder("mm")
     graph = b.build([b.matmul(b.input("a", (64, 48)), b.input("w", (48, 80)), out="y")])

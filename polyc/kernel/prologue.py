@@ -12,25 +12,30 @@ expression is substituted where the contraction reads it. With a microkernel the
 is evaluated while packing, about once per element, so the prologue costs no pass over
 memory; without one it is evaluated in the loop nest, so only cheap expressions fold.
 
-The same holds after the contraction (`fold_epilogues`): attention's causal mask, computed
-from iotas before the scores' matmul, is substituted into the select that reads it, so
-the kernel is again one contraction with an elementwise epilogue (`gemm_view`) and the
-mask is evaluated in the write-back from the output's indices:
+The same holds after the contraction (`fold_epilogues`). Attention's causal mask, a
+compare of two iotas over [Lq, Lk] broadcast over the heads, is no epilogue statement of
+the scores' matmul (its domain is not the output's); substituted into the select that
+reads it, the kernel is again one contraction with an elementwise epilogue (`gemm_view`),
+and the mask is evaluated in the write-back from the output's indices:
 
     before:  S0: mask[i0, i1] = greater(col[0, i1], row[i0, 0])
              S1_init, S1: s[i0, i1, i2] += q[i0, i1, i3] * k[i0, i2, i3]
              S2: y[i0, i1, i2] = select(mask[i1, i2], -inf, s[i0, i1, i2])
     after:   S1_init, S1 as before
-             S2: y[i0, i1, i2] = select(greater(col[0, i2], row[i1, 0]), -inf, s[i0, i1, i2])
+             S2: y[i0, i1, i2] = select(greater(col[0, i2], row[i1, 0]), -inf,
+                                        s[i0, i1, i2])
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..graph.storage import STORAGE
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
                             Mod, Statement, identity, loads)
+
+# which statements a producer (its position) folds into; none when it does not fold
+Readers = Callable[[list[Statement], int], list[int]]
 
 # a few vector instructions each: recomputing them where the operand is read is cheap
 CHEAP = frozenset({"add", "sub", "mul", "div", "neg", "abs", "relu", "maximum", "minimum",
@@ -53,7 +58,7 @@ def fold_epilogues(statements: Iterable[Statement], local: set[str]
     return _fold(statements, local, _epilogue_readers)
 
 
-def _fold(statements: Iterable[Statement], local: set[str], readers_of
+def _fold(statements: Iterable[Statement], local: set[str], readers_of: Readers
           ) -> tuple[tuple[Statement, ...], tuple[str, ...]]:
     """Fold, one at a time, each cheap producer for which `readers_of(statements, p)`
     names the statements to substitute it into."""
@@ -67,7 +72,7 @@ def _fold(statements: Iterable[Statement], local: set[str], readers_of
     return tuple(statements), tuple(folded)
 
 
-def _foldable(statements: list[Statement], local: set[str], readers_of
+def _foldable(statements: list[Statement], local: set[str], readers_of: Readers
               ) -> tuple[int, list[int]] | None:
     for p, prod in enumerate(statements):
         t = prod.target
@@ -82,7 +87,8 @@ def _foldable(statements: list[Statement], local: set[str], readers_of
 
 
 def _readers(statements: list[Statement], t: str) -> list[int]:
-    return [k for k, x in enumerate(statements) if any(ld.tensor == t for ld, _ in loads(x.expr))]
+    return [k for k, x in enumerate(statements)
+            if any(ld.tensor == t for ld, _ in loads(x.expr))]
 
 
 def _operand_reader(statements: list[Statement], p: int) -> list[int]:

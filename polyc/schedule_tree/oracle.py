@@ -14,8 +14,8 @@ schedule the kernel will get, `fusion_tree`). It answers:
 
 Two answers come before the loops are looked at: a cheap elementwise producer of a
 contraction's operand, or of its epilogue, is folded into it (`prologue.py`: no loop is
-shared, none is needed), and a merge that would leave a large contraction no microkernel can compute
-(a matmul with the softmax after it) is refused. Which contraction a target's
+shared, none is needed), and a merge that would leave a large contraction no microkernel
+can compute (a matmul with the softmax after it) is refused. Which contraction a target's
 microkernels compute is the backend's to say: it hands the oracle a `Microkernels`
 question.
 

@@ -104,12 +104,14 @@ def cpu_seconds() -> float:
 
 def test_a_1000_node_chain_compiles_in_seconds():
     # the attack's figures: 25 / 50 / 100 / 200 nodes took 0.3 / 1.3 / 5.6 / 25 s in
-    # fusion alone, and 500 ran into the 60 s limit
+    # fusion alone, and 500 ran into the 60 s limit. Linear now: 3-7 s of CPU by the
+    # host (Sapphire Rapids 3-4 s, Zen 3 6-7 s); the bound is a complexity guard with
+    # room for slower hosts, not a speed claim (the benchmarks make those)
     start = cpu_seconds()
     result = compile(chain(1000), "cpu")
     elapsed = cpu_seconds() - start
     check(result.graph, result)
-    assert elapsed < 5.0, result.trace.timings
+    assert elapsed < 20.0, result.trace.timings
 
 
 def test_a_wide_fan_compiles_in_seconds():

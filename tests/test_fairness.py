@@ -98,30 +98,33 @@ SMALL = {"name": "small", "inputs": [{"name": "x", "shape": [4, 8]}],
 
 
 def test_bombs_from_one_client_leave_a_worker_for_another(tmp_path):
-    # each bomb holds its worker's gcc past the 3 s limit; two of them, from one address
+    # each bomb holds its worker's gcc past the 5 s limit; two of them, from one address
     with ServerProcess(f"sqlite:///{tmp_path}/c.sqlite3", workers=2, log_dir=tmp_path,
-                       args=("--compile-timeout", "3"),
+                       args=("--compile-timeout", "5"),
                        env={"POLYC_CACHE_DIR": str(tmp_path),
                             "POLYC_CC": slow_gcc(tmp_path)}) as server:
         bomber = httpx.Client(base_url=server.url, timeout=30,
                               transport=httpx.HTTPTransport(local_address="127.0.0.1"))
         other = httpx.Client(base_url=server.url, timeout=30,
                              transport=httpx.HTTPTransport(local_address="127.0.0.2"))
-        answers = []
-        bombs = [threading.Thread(target=lambda d=d: answers.append(bomber.post(
-            "/v1/compile", json={"graph": bomb(d)}).status_code))
-            for d in (32, 33)]
+        answers = []  # (when, status) of each bomb
+
+        def post_bomb(d):
+            status = bomber.post("/v1/compile", json={"graph": bomb(d)}).status_code
+            answers.append((time.monotonic(), status))
+
+        bombs = [threading.Thread(target=post_bomb, args=(d,)) for d in (32, 33)]
         for t in bombs:
             t.start()
         time.sleep(0.5)  # both bombs are in (one running, one waiting for a share)
-        start = time.monotonic()
         small = other.post("/v1/compile", json={"graph": SMALL})
-        took = time.monotonic() - start
+        answered = time.monotonic()
         assert small.status_code == 200, small.text
-        # before fair sharing it waited for the first bomb's 3 s time-out
-        assert took < 2.0, took
         for t in bombs:
             t.join()
-        assert answers == [504, 504]
+        # before fair sharing it waited for the first bomb's time-out; an order, not a
+        # duration, so a loaded host that compiles the small graph slowly still passes
+        assert answered < min(when for when, _ in answers), (answered, answers)
+        assert [status for _, status in answers] == [504, 504]
         bomber.close()
         other.close()

@@ -111,10 +111,11 @@ def _operand_reader(statements: list[Statement], p: int) -> list[int]:
 
 def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
     """The statements reading statement `p`'s tensor when all are elementwise statements
-    over the output of the kernel's one contraction, after it, reading it at affine
+    over the output of the kernel's first contraction, after it, reading it at affine
     indices, and `p` reads nothing the contraction computes (else none)."""
-    sums = [k for k, x in enumerate(statements) if x.reduce == "sum"]
-    if len(sums) != 1:
+    # the first sum is the contraction: a later one is a row sum after it (softmax's)
+    sums = [k for k, x in enumerate(statements) if x.reduce == "sum"][:1]
+    if not sums:
         return []
     c = statements[sums[0]]
     if not (isinstance(c.expr, Call) and c.expr.fn == "mul" and len(c.expr.args) == 2):

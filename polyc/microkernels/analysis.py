@@ -79,6 +79,9 @@ class GemmView:
     red: tuple[int, ...]  # contraction iterators flattened into K, in order
     a_arg: int  # which operand of the product is the A (rows) side
     shape: tuple[int, ...]  # the output's shape
+    # row operations after the epilogue (attention's softmax of the scores), in program
+    # order: they read a block of C's rows once every column of it is final
+    tail: tuple[Statement, ...] = ()
 
     @property
     def M(self) -> int:
@@ -139,13 +142,14 @@ class GemmView:
         return 2 * self.batches * self.M * self.N * self.K
 
 
-def gemm_view(kernel: Kernel) -> GemmView | None:
+def gemm_view(kernel: Kernel, tail: bool = False) -> GemmView | None:
     """The kernel as one contraction with init and epilogue, or None (see the module
-    docstring for the form)."""
-    sums = [s for s in kernel.statements if s.reduce == "sum"]
-    if len(sums) != 1:
+    docstring for the form); with `tail`, also one followed by row operations on C
+    (`_row_tail`), which only the cpu target's nest places."""
+    # the first sum is the contraction: any other is a tail's (a row sum after it)
+    s = next((s for s in kernel.statements if s.reduce == "sum"), None)
+    if s is None:
         return None
-    s = sums[0]
     if not (s.dtype == "float32" and isinstance(s.expr, Call) and s.expr.fn == "mul"
             and len(s.expr.args) == 2):
         return None
@@ -190,15 +194,50 @@ def gemm_view(kernel: Kernel) -> GemmView | None:
     if any(x.tensor in produced for x in loads_of(init.expr)) or any(
             x.tensor in produced for x in loads_of(s.expr)):
         return None
+    epilogue = 0
     for e in after:
         if e.reduce is not None or e.extents != shape or not _identity(e) or e.target in produced:
-            return None
-        for x in loads_of(e.expr):
-            if x.tensor in produced and _pure(x.index) != tuple(range(t)):
-                return None
+            break
+        if any(x.tensor in produced and _pure(x.index) != tuple(range(t))
+               for x in loads_of(e.expr)):
+            break
         produced.add(e.target)
-    return GemmView(s, init, tuple(after), out_iter, tuple(range(r)), rows, cols, red, a_arg,
-                    shape)
+        epilogue += 1
+    rest = after[epilogue:]
+    if rest and not (tail and _row_tail(rest, shape, cols, produced)):
+        return None
+    return GemmView(s, init, tuple(after[:epilogue]), out_iter, tuple(range(r)), rows, cols,
+                    red, a_arg, shape, tuple(rest))
+
+
+def _row_tail(tail: list[Statement], shape: tuple[int, ...], cols: tuple[int, ...],
+              produced: set[str]) -> bool:
+    """Is every statement of `tail` a row operation on the contraction's result: over
+    C's box, or C's box with its column dims reduced away (kept as dims of 1), reading
+    what the kernel produces only in its own batch point and row (a softmax of C's rows,
+    a row sum)? Such statements can run on a block of C's rows once all of its columns
+    are final, before the next block (`GemmView.tail`). `produced` grows by their
+    targets."""
+    t, initialised = len(shape), set()
+
+    def row_index(index, reduced_ok: bool) -> bool:
+        return all(_one(x) == d or (reduced_ok and d in cols and x == Aff())
+                   for d, x in enumerate(index))
+
+    for e in tail:
+        if len(e.extents) != t or any(e.extents[d] != shape[d] for d in range(t) if d not in cols):
+            return False
+        if e.reduce is None:
+            if (e.target in produced or not row_index(e.index, False)
+                    or any(e.extents[d] not in (1, shape[d]) for d in cols)):
+                return False
+            initialised.add(e.target)
+        elif e.target not in initialised or not row_index(e.index, True):
+            return False
+        if not all(row_index(x.index, True) for x in loads_of(e.expr) if x.tensor in produced):
+            return False
+        produced.add(e.target)
+    return True
 
 
 # virtual columns may exceed the real ones by this factor (the rest is computed, dropped)

@@ -9,6 +9,8 @@ statements.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...errors import GraphError, Problem
 from ...kernel import Kernel
 from ...machine import Machine
@@ -33,7 +35,7 @@ def measured(machine: Machine) -> dict[str, float]:
 def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> str | None:
     """The fusion oracle's question: the microkernel that computes `kernel`'s contraction
     (at least `min_flops` of it), or None."""
-    mk = gemm_microkernel(gemm_view(kernel), machine, min_flops=min_flops)
+    mk = gemm_microkernel(gemm_view(kernel, tail=True), machine, min_flops=min_flops)
     return mk.name if mk else None
 
 
@@ -43,8 +45,18 @@ def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
     least `min_flops`: what the microkernels pass maps, and the fusion oracle keeps."""
     if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
         return None
-    return registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
-                           rates=measured(machine))
+    mk = registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
+                         rates=measured(machine))
+    return None if mk is None or (view.tail and not tail_rows(view, mk, machine)) else mk
+
+
+def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int:
+    """The rows of a block of C whose row operations (`GemmView.tail`) run right after
+    the block is final: at most what fills half of L2 with whole rows of C, so the tail
+    reads them from L2 (attention's 512-wide scores: 60 rows of the 6x16 kernel on a
+    512 KiB L2); 0 when not even one micro-panel of rows fits."""
+    rows = machine.fusion_level.capacity // 2 // (4 * view.N)
+    return rows - rows % mk.mr
 
 
 def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
@@ -88,6 +100,9 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
     overrides.update(dict(options.microkernel_tiles))
     tiles = apply_overrides(tiles, overrides, M, N, K, mk)
+    if view.tail:  # every column in one block, so a block of rows is final at its end
+        tiles = replace(tiles, mc=min(tiles.mc, max(mk.mr, tail_rows(view, mk, machine))),
+                        nc=max(tiles.nc, -(-N // mk.nr) * mk.nr))
     par = "none"
     if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
@@ -96,7 +111,7 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops = ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
-    inside = _batch_inside_a(view, rows, par, loops, -(-M // tiles.mc))
+    inside = not view.tail and _batch_inside_a(view, rows, par, loops, -(-M // tiles.mc))
     loops = loops + batch if inside else batch + loops
     loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
     loops += ["ir"] if min(M, tiles.mc) > mk.mr else []

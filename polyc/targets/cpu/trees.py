@@ -49,7 +49,8 @@ from ...kernel import Kernel
 from ...kernel.comprehension import Statement
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, iterators, row_views
+from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators, loads_of,
+                                      row_views)
 from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
@@ -74,12 +75,12 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.microkernels:
         return model
-    view = gemm_view(kernel)
+    view = gemm_view(kernel, tail=True)
     if gemm_microkernel(view, machine, options.microkernel_isa) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
-        rows = b_rows(view, kernel) if mk.b_rows_variant else None
+        rows = b_rows(view, kernel) if mk.b_rows_variant and not view.tail else None
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
         # codegen reads tile origins off the loop iterators: isl must not scale a
         # strided loop (16*i2) down to its quotient (i2)
@@ -111,8 +112,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
     last_pc = t.kc * ((view.K - 1) // t.kc)
 
-    def member(expr_of) -> str:
-        return text.member((s0,) + others, expr_of)
+    def member(expr_of, tail: bool = True) -> str:
+        return text.member((s0,) + others + (view.tail if tail else ()), expr_of)
 
     def band(members: list[str], child: str, coincident: bool = False, options: bool = True) -> str:
         return text.band(members, child, coincident=coincident, permutable=False,
@@ -123,7 +124,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     red = text.band([text.member([s0], lambda s, p=p: s.iter_name(p)) for p in view.red],
                     permutable=False)
     tree = text.sequence([([view.init], None), ([s0], red)] + [([e], None) for e in view.epilogue])
-    point = [member(lambda s, d=d: view.out_name(s, d)) for d in view.rows + view.cols]
+    point = [member(lambda s, d=d: view.out_name(s, d), False) for d in view.rows + view.cols]
     tree = band(point, tree, options=False)
     tree = mark(marks.Microkernel(plan.kernel, s0.name), tree)
     tiled = {
@@ -137,7 +138,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     loops = plan.loops
     for name in ("ir", "jr"):
         if name in loops:
-            tree = band([member(tiled[name])], tree)
+            tree = band([member(tiled[name], False)], tree)
     if plan.par == "inner":
         tree = mark(marks.TeamFor(s0.name), tree)
     batch = [d for d in view.batch if view.shape[d] > 1]
@@ -145,6 +146,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     if plan.batch_inside:  # B, which has the batch dim, packed per image below it
         tree = band(members, mark(marks.PackB(s0.name), tree) if not rows else tree)
     tree = mark(marks.PackA(s0.name), tree)
+    if view.tail:
+        tree = text.sequence([((s0,) + others, tree), (view.tail, _tail_tree(view, plan))])
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
     if not rows and not plan.batch_inside:
@@ -163,6 +166,53 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     tree = mark(plan, tree)
     return isl.Schedule.read_from_str(model.domain.get_ctx(),
                                       f'{{ domain: "{model.domain}", child: {tree} }}')
+
+
+def _tail_tree(view: GemmView, plan: marks.Gemm) -> str:
+    """The row operations after a block of C is final (`GemmView.tail`), as the subtree
+    beside its pack_a under the row-block band: a band over the block's rows, then the
+    statements in order, each run of them that reads what the run produces only at its
+    own point sharing one loop over the columns (softmax: max; subtract, exp and sum;
+    the reciprocal of a row; the product). The reductions' initial values go first.
+
+        band [i] -> sequence [ S2_init, S5_init, band [j] S2, band [j] (S3, S4, S5),
+                               S6, band [j] S7 ]
+
+    With par=inner the team shares the rows (`team_for`)."""
+    def scalar(s: Statement) -> bool:
+        return all(s.extents[d] == 1 for d in view.cols)
+
+    produced = {view.stmt.target} | {e.target for e in view.epilogue}
+    inits = [s for s in view.tail if scalar(s) and s.reduce is None
+             and not any(x.tensor in produced | {t.target for t in view.tail}
+                         for x in loads_of(s.expr))]
+    parts: list[tuple[tuple[Statement, ...], str | None]] = [(tuple(inits), None)] if inits else []
+    run: list[Statement] = []
+
+    def close() -> None:
+        if run:
+            cols = [text.member(run, lambda s, d=d: s.iter_name(d)) for d in view.cols]
+            inner = text.sequence([((s,), None) for s in run]) if len(run) > 1 else None
+            parts.append((tuple(run), text.band(cols, inner, permutable=False)))
+            run.clear()
+
+    for s in view.tail:
+        if s in inits:
+            continue
+        if scalar(s):
+            close()
+            parts.append(((s,), None))
+            continue
+        mine = {t.target: t for t in run}
+        if any(x.tensor in mine and (mine[x.tensor].reduce is not None
+                                     or x.index != mine[x.tensor].index)
+               for x in loads_of(s.expr)):
+            close()
+        run.append(s)
+    close()
+    rows = [text.member(view.tail, lambda s, d=d: s.iter_name(d)) for d in view.rows]
+    tree = text.band(rows, text.sequence(parts), permutable=False)
+    return text.mark(marks.TeamFor(view.stmt.name), tree) if plan.par == "inner" else tree
 
 
 # --- row reductions ------------------------------------------------------------------
@@ -289,7 +339,8 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
     plans = state.marks(marks.Gemm)
     if not plans:
         return state
-    promotions = panel_promotions(state.schedule, gemm_view(state.kernel), plans[0], machine)
+    promotions = panel_promotions(state.schedule, gemm_view(state.kernel, tail=True), plans[0],
+                                  machine)
     return replace(state, promotions=promotions).note(*map(str, promotions))
 
 

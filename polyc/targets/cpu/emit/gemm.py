@@ -89,7 +89,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
 
     # -- gemm ----------------------------------------------------------------------------
     def gemm(self, plan: marks.Gemm, child, outer) -> cgen.Generable:
-        view = gemm_view(self.b.kernel)
+        view = gemm_view(self.b.kernel, tail=True)
         if view is None or view.stmt.name != plan.stmt:
             raise InternalError("codegen", f"mark {str(plan)!r} does not fit kernel "
                                            f"{self.b.kernel.name}")

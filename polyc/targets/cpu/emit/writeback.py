@@ -7,6 +7,7 @@ import cgen
 
 from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
 from ....kernel.comprehension import Const
+from ....microkernels.analysis import loads_of
 from .common import Scalars, decompose, stride, virtual
 
 
@@ -56,7 +57,9 @@ class WriteBackMixin:
         # it needs a pc loop (else the only block is first and last) unless the result
         # is a plain zero-initialised output
         zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
-        applies = bool(view.epilogue) or h.role != "out"
+        # a result the row tail reads whole, in place, is stored as an output is
+        applies = bool(view.epilogue) or not (
+            h.role == "out" or (s0.target in self._tail_reads() and h.kept is None))
         direct = [f"mk_mr == {MR}", "mk_straight" if rows else f"mk_nr == {NR}"]
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
@@ -89,6 +92,9 @@ class WriteBackMixin:
             out += slow
         return cgen.Block(out)
 
+
+    def _tail_reads(self) -> set[str]:
+        return {x.tensor for t in self.view.tail for x in loads_of(t.expr)}
 
     def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
         view, MR, NR = self.view, self.mk.mr, self.mk.nr
@@ -143,14 +149,16 @@ class WriteBackMixin:
                                f"{self._init_value(first, acc_name)}")]
         scalars = {s0.target: "mk_v"}
         plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
-        if self.b.arrays[s0.target].role == "out":
+        # what leaves the write-back: the kernel's outputs, and what its row tail reads
+        stored = self._tail_reads()
+        if self.b.arrays[s0.target].role == "out" or s0.target in stored:
             body.append(cgen.Assign(plain.access(s0.target, view.init.index), "mk_v"))
         for k, e in enumerate(view.epilogue):
             p = Scalars(self.b.arrays, lambda pos: f"mk_o{pos}", scalars)
             name = f"mk_e{k}"
             body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name} = {p.value(e.expr)}"))
             scalars[e.target] = name
-            if self.b.arrays[e.target].role == "out":
+            if self.b.arrays[e.target].role == "out" or e.target in stored:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
         return cgen.Block([self._rows_cols(body, simd=True)])
 

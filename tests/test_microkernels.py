@@ -613,16 +613,69 @@ def test_expensive_or_shared_producers_stay_in_their_own_kernel():
     assert not any("folded" in line for line in report), report
 
 
-@pytest.mark.parametrize("after", ["softmax", "reduce_sum"])
-def test_a_reduction_after_a_matmul_does_not_take_its_microkernel(after):
-    rng = np.random.default_rng(5)
-    b = GraphBuilder("mmred")
-    y = b.matmul(b.input("a", [128, 96]), b.input("w", [96, 160]))
-    out = b.op("softmax", y, axis=-1) if after == "softmax" else b.reduce_sum(y, axes=[1])
-    compiled = _check(b.build([out]), {"a": _rand(rng, (128, 96)), "w": _rand(rng, (96, 160))})
-    assert len(_gemm_marks(compiled)) == 1
+def _row_tail_graph(after: str, sa=(130, 200), sb=(200, 170), seed=5):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("mmrows")
+    a, w = b.input("a", sa), b.input("w", sb)
+    y = b.matmul(a, w)
+    if after == "scaled_softmax":  # an epilogue, then the rows
+        y = b.op("softmax", b.mul(y, b.constant("s", [], [0.125])), axis=-1)
+    elif after == "rms_norm":
+        y = b.op("rms_norm", y, b.input("g", sb[-1:]))
+    elif after == "reduce_sum":
+        y = b.reduce_sum(y, axes=[-1], keepdims=True)
+    else:
+        y = b.op(after, y, axis=-1)
+    graph = b.build([y])
+    return graph, {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+
+
+@pytest.mark.parametrize("after", ["softmax", "scaled_softmax", "log_softmax", "reduce_sum",
+                                   "rms_norm"])
+@pytest.mark.parametrize("tiles,parallel", [((), False), ((("kc", 64), ("mc", 12)), True)])
+def test_row_operations_after_a_matmul_run_in_its_nest(after, tiles, parallel):
+    # every column of C in one block, so each block of rows is final at its end and the
+    # row operations read it from cache: one kernel, the contraction on its microkernel;
+    # odd M and N (edge tiles), K in blocks, several row blocks shared by a team of 2
+    graph, inputs = _row_tail_graph(after)
+    options = Options(microkernel_tiles=tiles, parallel=parallel, threads=2 if parallel else 0)
+    compiled = _check(graph, inputs, options)
+    (kernel,) = compiled.kernels
+    (plan,) = _gemm_marks(compiled)
+    assert " n=170 " in plan and " nc=176 " in plan and "jc" not in plan, plan
+    if tiles:
+        assert "pc" in plan and "mc=12" in plan and "par=inner" in plan, plan
+        assert 'mark: "team_for' in kernel.to_json()["schedule_text"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq,lk", [(100, 100), (70, 130)])
+def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
+    # (each contraction large enough to keep its microkernel: 2^20 multiply-adds)
+    rng = np.random.default_rng(6)
+    b = GraphBuilder("att")
+    q, k, v = b.input("q", (3, lq, 64)), b.input("k", (3, lk, 64)), b.input("v", (3, lk, 48))
+    graph = b.build([b.attention(q, k, v, causal=causal, out="y")])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    for options in (Options(), Options(threads=2)):
+        compiled = _check(graph, inputs, options)
+        assert len(compiled.kernels) == 2 and len(_gemm_marks(compiled)) == 2
+        assert "y.probs" in compiled.kernels[0].kernel.nodes
+
+
+def test_rows_longer_than_half_the_l2_stay_in_their_own_kernel():
+    # a row of C over half of L2: no block of rows fits, the row sum is a kernel of its own
+    graph, inputs = _row_tail_graph("reduce_sum", sa=(24, 16), sb=(16, 5000))
+    host = cpu_machine()
+    small = replace(host, levels=tuple(replace(m, capacity=32 << 10) if m.name == "L2" else m
+                                       for m in host.levels))
+    compiled = compile(graph, small)
+    got = compiled(**inputs)[graph.outputs[0]]
+    np.testing.assert_allclose(got, run_reference(graph, inputs)[graph.outputs[0]], rtol=1e-4,
+                               atol=1e-3)
+    assert len(compiled.kernels) == 2
     report = [line for k in compiled.kernels for line in k.fusion_report]
-    assert any("computes its contraction with the sgemm" in line for line in report), report
+    assert any("rows that fit half of L2" in line for line in report), report
 
 
 # --- row reductions ---------------------------------------------------------------------

@@ -9,8 +9,11 @@ before them by the other only, and every epilogue statement E is elementwise on 
 reading what the kernel produces only at its own point. That covers matmul (batched,
 broadcast, transposed), linear, and conv2d as an implicit GEMM (I = output channels,
 J = output pixels, K = input channels x kernel window: the gather and its zero padding
-are f and g, evaluated when packing). Codegen and the matcher both call it, so the
-roles are never stored twice.
+are f and g, evaluated when packing). Asked for (`tail=True`, the cpu target), it
+also takes row operations after the epilogue, each over C's box or C's box with its
+columns reduced, reading what the kernel produces only in its own row (a softmax or a
+row sum of C): the view's `tail`. Codegen and the matcher both call it, so the roles
+are never stored twice.
 
 `row_view` finds a reduction along a contiguous innermost axis.
 """

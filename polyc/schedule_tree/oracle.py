@@ -334,8 +334,9 @@ def _instances(pair: isl.Map) -> str:
 def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microkernels,
                       models: GroupModels) -> str:
     """Why merging would take a contraction off its microkernel ('' if it would not): a
-    matmul fused with the reduction after it (softmax's max) leaves a plain loop nest
-    five times slower than the microkernel and a second pass."""
+    matmul fused with a reduction its target's nest cannot place (over C's columns on
+    the chips; over its rows, or rows too long for the cache, on the cpu) leaves a plain
+    loop nest five times slower than the microkernel and a second pass."""
     if microkernels(merged, 0) is not None:
         return ""
     for group in groups:
@@ -344,8 +345,9 @@ def _microkernel_lost(graph: Graph, merged: Kernel, groups, microkernels: Microk
         mk = microkernels(alone, KEEP_CONV_MICROKERNEL_FLOPS if conv else KEEP_MICROKERNEL_FLOPS)
         if mk is not None:
             return (f"{group_label(group)} computes its contraction with the {mk} "
-                    "microkernel; merged, the kernel is no contraction with elementwise "
-                    "epilogue, and would not")
+                    "microkernel; merged, the kernel is no contraction the target's "
+                    "microkernels take (with an elementwise epilogue; on the cpu also row "
+                    "operations on its result, rows that fit half of L2), and would not")
     return ""
 
 

@@ -170,20 +170,23 @@ class CpuBuilder(CBuilder):
             pragmas.append(" ".join(["omp", *words, *team, *private]))
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop]) if pragmas else loop
 
-    def heap_buffers(self) -> list:
-        """The contracted buffers as long as a symbolic dim (`CBuilder.declare_buffer`)."""
-        return [a for a in self.buffers if self.declare_buffer(a)[1] is not None]
+    def heap_buffers(self, shared: frozenset[str] = frozenset()) -> list:
+        """The contracted buffers as long as a symbolic dim (`CBuilder.declare_buffer`),
+        but those of the tensors `shared`."""
+        return [a for a in self.buffers
+                if self.declare_buffer(a)[1] is not None and a.tensor not in shared]
 
-    def private_buffers(self) -> list[str]:
-        """The clause that gives each thread its own fixed-size buffers (none or one)."""
+    def private_buffers(self, shared: frozenset[str] = frozenset()) -> list[str]:
+        """The clause that gives each thread its own fixed-size buffers (none or one),
+        but those of the tensors `shared` (a gemm's C block, which its team fills)."""
         heap = self.heap_buffers()
-        names = [a.c_name for a in self.buffers if a not in heap]
+        names = [a.c_name for a in self.buffers if a not in heap and a.tensor not in shared]
         return [f"private({', '.join(names)})"] if names else []
 
-    def thread_heap_buffers(self) -> tuple[list, list]:
+    def thread_heap_buffers(self, shared: frozenset[str] = frozenset()) -> tuple[list, list]:
         """Each thread's own heap buffers, inside its parallel region: (takes, releases);
         they hide the function's, which serve the loops no thread shares."""
-        held = [self.declare_buffer(a) for a in self.heap_buffers()]
+        held = [self.declare_buffer(a) for a in self.heap_buffers(shared)]
         return [take for take, _ in held], [release for _, release in held]
 
     def emit_partials(self, it, init, cond, inc, body, marks, names: list[str]):

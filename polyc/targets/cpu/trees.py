@@ -17,6 +17,16 @@ every loop a band of the tree and every decision a mark:
                         mark "microkernel sgemm_avx2_6x16 S0"
                           band [i.., j..]  sequence [init, S0 (band [k..]), E1, E2, ...]
 
+A contraction followed by row operations on its result (`GemmView.tail`: attention's
+softmax of the scores, a row sum) keeps every column in one block (no jc loop) and rows
+in blocks of at most half of L2; the row operations run beside `pack_a`, on the block's
+rows once its tiles are final, while they are still in cache (`_tail_tree`):
+
+              band [ic]
+                sequence
+                  filter [init, S0, E..]  mark "pack_a S0" ...   (as above)
+                  filter [tail]           band [i] -> sequence [ band [j] ... ]
+
 The statements stay in the tree below the microkernel mark, so the tree is checked
 against every dependence like any other; codegen replaces that subtree by the kernel
 call and a write-back that applies init and epilogue on the tile (`emit.py`). Packing

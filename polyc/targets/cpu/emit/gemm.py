@@ -111,8 +111,14 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         inner = self.b.node(child, outer)
         if plan.par == "inner":
             body += self._buffers()
-            threads = f" num_threads({plan.threads})" if plan.threads else ""
-            body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block([inner])]
+            threads = [f"num_threads({plan.threads})"] if plan.threads else []
+            # the row tail's contracted buffers (a row of exp) are each thread's own; a
+            # block of C (and of its epilogue) is filled by the team for the tail to read
+            shared = frozenset({view.stmt.target} | {e.target for e in view.epilogue})
+            takes, releases = self.b.thread_heap_buffers(shared)
+            private = self.b.private_buffers(shared)
+            body += [cgen.Pragma(" ".join(["omp parallel", *threads, *private])),
+                     cgen.Block(takes + [inner] + releases)]
         else:
             body.append(inner)
         self.plan = self.view = self.rows = None
@@ -120,8 +126,13 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
 
     def _acc_local(self) -> bool:
         """Partial sums of a result no one outside reads go to a scratch buffer."""
-        role = self.b.arrays[self.view.stmt.target].role
-        return role != "out" and "pc" in self.plan.loops
+        return not self._c_in_place() and "pc" in self.plan.loops
+
+    def _c_in_place(self) -> bool:
+        """Is the contraction's result stored whole in its own array: an output, or what
+        the row tail reads (uncontracted)?"""
+        h = self.b.arrays[self.view.stmt.target]
+        return h.role == "out" or (h.tensor in self._tail_reads() and h.kept is None)
 
     def _buffers(self, side: str = "ab") -> list[cgen.Generable]:
         """The packing buffers of `side` ('a', 'b' or both); with B read by rows, B's

@@ -57,9 +57,7 @@ class WriteBackMixin:
         # it needs a pc loop (else the only block is first and last) unless the result
         # is a plain zero-initialised output
         zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
-        # a result the row tail reads whole, in place, is stored as an output is
-        applies = bool(view.epilogue) or not (
-            h.role == "out" or (s0.target in self._tail_reads() and h.kept is None))
+        applies = bool(view.epilogue) or not self._c_in_place()
         direct = [f"mk_mr == {MR}", "mk_straight" if rows else f"mk_nr == {NR}"]
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []

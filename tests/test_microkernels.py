@@ -663,6 +663,23 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         assert "y.probs" in compiled.kernels[0].kernel.nodes
 
 
+def test_a_row_tail_over_a_symbolic_number_of_rows():
+    graph = {"name": "smw", "inputs": [{"name": "x", "shape": ["N", 96]},
+                                       {"name": "w", "shape": [96, 200]}],
+             "nodes": [{"op": "matmul", "inputs": ["x", "w"], "outputs": ["h"]},
+                       {"op": "softmax", "inputs": ["h"], "outputs": ["y"]}],
+             "outputs": ["y"]}
+    compiled = compile(graph)
+    (kernel,) = compiled.kernels
+    assert not compiled.fallbacks and kernel.marks(marks.Gemm)
+    for n in (1, 7, 300, 1000):
+        rng = np.random.default_rng(n)
+        inputs = {"x": _rand(rng, (n, 96)), "w": _rand(rng, (96, 200))}
+        np.testing.assert_allclose(compiled(**inputs)["y"],
+                                   run_reference(compiled.graph, inputs)["y"], rtol=1e-4,
+                                   atol=1e-6)
+
+
 def test_rows_longer_than_half_the_l2_stay_in_their_own_kernel():
     # a row of C over half of L2: no block of rows fits, the row sum is a kernel of its own
     graph, inputs = _row_tail_graph("reduce_sum", sa=(24, 16), sb=(16, 5000))

@@ -680,6 +680,21 @@ def test_a_row_tail_over_a_symbolic_number_of_rows():
                                    atol=1e-6)
 
 
+def test_a_conv2d_keeps_reading_its_input_in_place_rather_than_take_a_row_tail():
+    # a global sum pool after conv2d is a row tail, but the tail's single column block
+    # would make B packed: the direct convolution and a pooling kernel instead
+    b = GraphBuilder("convpool")
+    x, w = b.input("x", (1, 16, 20, 20)), b.input("w", (32, 16, 3, 3))
+    y = b.reduce_sum(b.relu(b.conv2d(x, w, pads=[1, 1, 1, 1])), axes=[2, 3], keepdims=True)
+    graph = b.build([y])
+    rng = np.random.default_rng(8)
+    compiled = _check(graph, {"x": _rand(rng, (1, 16, 20, 20)), "w": _rand(rng, (32, 16, 3, 3))},
+                      atol=1e-3)
+    assert len(compiled.kernels) == 2
+    (plan,) = _gemm_marks(compiled)
+    assert plan.endswith("b=rows"), plan
+
+
 def test_rows_longer_than_half_the_l2_stay_in_their_own_kernel():
     # a row of C over half of L2: no block of rows fits, the row sum is a kernel of its own
     graph, inputs = _row_tail_graph("reduce_sum", sa=(24, 16), sb=(16, 5000))

@@ -15,7 +15,7 @@ from ...errors import GraphError, Problem
 from ...kernel import Kernel
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import BRows, GemmView, gemm_view, iterators
+from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, iterators
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
 from .tiles import apply_overrides, model_tiles
@@ -35,8 +35,18 @@ def measured(machine: Machine) -> dict[str, float]:
 def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> str | None:
     """The fusion oracle's question: the microkernel that computes `kernel`'s contraction
     (at least `min_flops` of it), or None."""
-    mk = gemm_microkernel(gemm_view(kernel, tail=True), machine, min_flops=min_flops)
+    mk = gemm_microkernel(cpu_gemm_view(kernel), machine, min_flops=min_flops)
     return mk.name if mk else None
+
+
+def cpu_gemm_view(kernel: Kernel) -> GemmView | None:
+    """`gemm_view` with the row tail the cpu nest places (`trees._tail_tree`), except
+    after a contraction whose B is read in place (conv2d, `analysis.b_rows`): packing it
+    for the tail's single column block would cost more than the tail's kernel saves."""
+    view = gemm_view(kernel, tail=True)
+    if view is not None and view.tail and b_rows(view, kernel) is not None:
+        return None
+    return view
 
 
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",

@@ -59,13 +59,12 @@ from ...kernel import Kernel
 from ...kernel.comprehension import Statement
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators, loads_of,
-                                      row_views)
+from ...microkernels.analysis import BRows, GemmView, b_rows, iterators, loads_of, row_views
 from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
-from .plan import choose_gemm_kernel, gemm_microkernel, plan_gemm
+from .plan import choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm
 
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
@@ -85,12 +84,12 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.microkernels:
         return model
-    view = gemm_view(kernel, tail=True)
+    view = cpu_gemm_view(kernel)
     if gemm_microkernel(view, machine, options.microkernel_isa) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
-        rows = b_rows(view, kernel) if mk.b_rows_variant and not view.tail else None
+        rows = b_rows(view, kernel) if mk.b_rows_variant else None
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
         # codegen reads tile origins off the loop iterators: isl must not scale a
         # strided loop (16*i2) down to its quotient (i2)
@@ -349,7 +348,7 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
     plans = state.marks(marks.Gemm)
     if not plans:
         return state
-    promotions = panel_promotions(state.schedule, gemm_view(state.kernel, tail=True), plans[0],
+    promotions = panel_promotions(state.schedule, cpu_gemm_view(state.kernel), plans[0],
                                   machine)
     return replace(state, promotions=promotions).note(*map(str, promotions))
 

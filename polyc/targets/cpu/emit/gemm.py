@@ -33,8 +33,9 @@ import islpy as isl
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....errors import InternalError
 from ....microkernels import registry
-from ....microkernels.analysis import BRows, GemmView, b_rows, gemm_view
+from ....microkernels.analysis import BRows, GemmView, b_rows
 from ....schedule_tree import marks
+from ..plan import cpu_gemm_view
 from .brows import BRowsMixin
 from .pack import PackMixin
 from .writeback import WriteBackMixin
@@ -89,7 +90,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
 
     # -- gemm ----------------------------------------------------------------------------
     def gemm(self, plan: marks.Gemm, child, outer) -> cgen.Generable:
-        view = gemm_view(self.b.kernel, tail=True)
+        view = cpu_gemm_view(self.b.kernel)
         if view is None or view.stmt.name != plan.stmt:
             raise InternalError("codegen", f"mark {str(plan)!r} does not fit kernel "
                                            f"{self.b.kernel.name}")

@@ -695,13 +695,28 @@ def test_a_conv2d_keeps_reading_its_input_in_place_rather_than_take_a_row_tail()
     assert plan.endswith("b=rows"), plan
 
 
+def _with_l2(capacity: int):
+    host = cpu_machine()
+    return replace(host, levels=tuple(replace(m, capacity=capacity) if m.name == "L2" else m
+                                      for m in host.levels))
+
+
+@pytest.mark.parametrize("l2,kernels", [(256 << 10, 3), (2 << 20, 2)])
+def test_a_softmax_tail_needs_blocks_of_several_row_panels(l2, kernels):
+    # 2048 scores a row: half of a 256 KiB L2 holds 16 rows, too few for B's panels to
+    # be reused by any kernel's 8 row panels (the matmul would stream k from L3 every
+    # few tiles); 2 MiB holds 128
+    b = GraphBuilder("att")
+    q, k, v = (b.input(n, (2, 2048, 64)) for n in "qkv")
+    graph = b.build([b.attention(q, k, v, out="y")])
+    compiled = compile(graph, _with_l2(l2), options=Options(gemm_kernel=PORTABLE), build=False)
+    assert len(compiled.kernels) == kernels
+
+
 def test_rows_longer_than_half_the_l2_stay_in_their_own_kernel():
     # a row of C over half of L2: no block of rows fits, the row sum is a kernel of its own
     graph, inputs = _row_tail_graph("reduce_sum", sa=(24, 16), sb=(16, 5000))
-    host = cpu_machine()
-    small = replace(host, levels=tuple(replace(m, capacity=32 << 10) if m.name == "L2" else m
-                                       for m in host.levels))
-    compiled = compile(graph, small)
+    compiled = compile(graph, _with_l2(32 << 10))
     got = compiled(**inputs)[graph.outputs[0]]
     np.testing.assert_allclose(got, run_reference(graph, inputs)[graph.outputs[0]], rtol=1e-4,
                                atol=1e-3)

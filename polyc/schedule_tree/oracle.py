@@ -108,12 +108,15 @@ def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
     return {s.name for s in kernel.statements if s.name.split("_")[0] in prefixes}
 
 
-def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0) -> int:
+def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0,
+              skip: frozenset[str] = frozenset()) -> int:
     """Bytes of distinct elements touched by the first iteration of the outer `depth`
-    loops (on box domains every iteration is alike); with `block`, the last of those
-    loops is a column block: the first `block` columns."""
+    loops (on box domains every iteration is alike) by the statements not in `skip`;
+    with `block`, the last of those loops is a column block: the first `block` columns."""
     parts = []
     for s in kernel.statements:
+        if s.name in skip:
+            continue
         n = len(s.extents)
         iters = ", ".join(s.iter_name(d) for d in range(n))
         fixed = [f"{s.iter_name(d)} = 0" for d in range(min(depth - (1 if block else 0), n))]
@@ -172,6 +175,17 @@ def _merged_kernel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     return kernel, _microkernel_lost(graph, kernel, (a, b), microkernels, models)
 
 
+def _nest_blocked(kernel: Kernel, microkernels: Microkernels) -> frozenset[str]:
+    """The contraction statement of a kernel a microkernel computes: the nest blocks its
+    operands itself (B packed once for every row block, in the block level), so one
+    iteration of the shared loops does not hold them (attention's scores with their
+    softmax: a row needs all of k, yet the nest keeps k in L3 and a block of rows in L2)."""
+    if microkernels(kernel, 0) is None:
+        return frozenset()
+    first = next((s for s in kernel.statements if s.reduce == "sum"), None)
+    return frozenset({first.name}) if first is not None else frozenset()
+
+
 def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                       machine: Machine) -> FusionAnswer | None:
     """The answer for groups of elementwise nodes over one shape, without isl (None
@@ -226,7 +240,8 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
     try:
         with isl_operations(models.ctx, max_operations):
             return _shared_loop_answer(graph, a, b, machine, kernel, kept_a, kept_b,
-                                       models.merged(kernel, a, b))
+                                       models.merged(kernel, a, b),
+                                       _nest_blocked(kernel, microkernels))
     except OutOfOperations as e:
         return FusionAnswer(False, 0, False, 0, capacity, 0, f"{e} before answering",
                             over_budget=True)
@@ -234,9 +249,11 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
 
 def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                         machine: Machine, kernel: Kernel, kept_a: set[str], kept_b: set[str],
-                        model: PolyModel) -> FusionAnswer:
+                        model: PolyModel, blocked: frozenset[str] = frozenset()
+                        ) -> FusionAnswer:
     """The answer from the loops the merged kernel's statements can share (`model`, its
-    dependences computed)."""
+    dependences computed); the statements `blocked` by a microkernel's nest count in no
+    footprint."""
     capacity = machine.fusion_level.capacity
     block = column_block(model, kernel.statements, element_bytes(kernel),
                          machine.block_bytes, machine.cores)
@@ -256,7 +273,7 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             "iteration of the consumer's outer loop needs the producer's "
                             "for several values (a reduction across it, or a transposed read)"
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
-    foot = footprint(model, kernel, depth, block)
+    foot = footprint(model, kernel, depth, block, blocked)
     answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other

@@ -15,9 +15,11 @@ schedule the kernel will get, `fusion_tree`). It answers:
 Two answers come before the loops are looked at: a cheap elementwise producer of a
 contraction's operand, or of its epilogue, is folded into it (`prologue.py`: no loop is
 shared, none is needed), and a merge that would leave a large contraction no microkernel
-can compute (a matmul with the softmax after it) is refused. Which contraction a target's
-microkernels compute is the backend's to say: it hands the oracle a `Microkernels`
-question.
+can compute (a matmul with a reduction over its rows after it; on the chips, with the
+softmax of its rows, which the cpu's nest runs as a row tail) is refused. Which
+contraction a target's microkernels compute is the backend's to say: it hands the oracle
+a `Microkernels` question. When the merged kernel is one, the footprint leaves out the
+contraction's operands: the microkernel's nest blocks them itself.
 
 `ask_parallel` answers the last proposals, of groups with no path between them: they
 may be independent parts of one kernel (`fusion_tree`), a sequence of their own loop

@@ -663,6 +663,18 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         assert "y.probs" in compiled.kernels[0].kernel.nodes
 
 
+def test_a_row_tail_shared_by_a_team_may_stream_its_output():
+    # 18 MiB of probabilities: on a host whose last cache level is at most 36 MiB, the
+    # tail's rows, shared by the team, store them with non-temporal stores (`stream`)
+    rng = np.random.default_rng(7)
+    b = GraphBuilder("att")
+    q, k, v = b.input("q", (1, 4608, 64)), b.input("k", (1, 1024, 64)), b.input("v", (1, 1024, 64))
+    graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    compiled = _check(graph, inputs, Options(threads=2))
+    assert len(compiled.kernels) == 2 and "par=inner" in _gemm_marks(compiled)[0]
+
+
 def test_a_row_tail_over_a_symbolic_number_of_rows():
     graph = {"name": "smw", "inputs": [{"name": "x", "shape": ["N", 96]},
                                        {"name": "w", "shape": [96, 200]}],

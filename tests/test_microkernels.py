@@ -661,6 +661,8 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         compiled = _check(graph, inputs, options)
         assert len(compiled.kernels) == 2 and len(_gemm_marks(compiled)) == 2
         assert "y.probs" in compiled.kernels[0].kernel.nodes
+        assert any("row tail (y.max, " in line and "y.probs)" in line
+                   for line in compiled.kernels[0].fusion_report)
 
 
 def test_a_row_tail_shared_by_a_team_may_stream_its_output():

@@ -91,6 +91,12 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = b_rows(view, kernel) if mk.b_rows_variant else None
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
+        if view.tail and report is not None:
+            tensors = ", ".join(dict.fromkeys(s.target for s in view.tail))
+            report.append(f"{view.stmt.name} row tail ({tensors}): on each block of {plan.mc} "
+                          f"rows of C once its {view.N} columns are final, while the block is "
+                          f"in cache (one column block; rows filling at most half of "
+                          f"{machine.fusion_level.name})")
         # codegen reads tile origins off the loop iterators: isl must not scale a
         # strided loop (16*i2) down to its quotient (i2)
         model.domain.get_ctx().set_ast_build_scale_strides(0)

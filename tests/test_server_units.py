@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import re
 
 import time
 
@@ -25,6 +26,7 @@ from polyc.server.metrics import Metrics
 from polyc.server.models import CompileOptions, CompileRequest
 from polyc.server.problems import ApiProblem, graph_errors
 from polyc.targets.cpu import cpu_machine, host_can_run
+from polyc.version import __version__, build_version, source_digest
 
 TOOLCHAIN = Toolchain(polyc="0.1.0", islpy="2026.1", isl="isl-x", targets=(
     ("cpu", (("cc", "gcc"), ("cc_version", "gcc 12"), ("cflags", "-O3"), ("headers", "h0"))),))
@@ -123,6 +125,21 @@ def test_real_toolchain_is_detected():
 
 PARTS = {"record.json": b'{"a": 1}', "kernels.c": b"void f(void) {}\n",
          "kernels.so": b"\x7fELF" * 99}
+
+
+def test_the_key_tells_two_builds_of_one_release_apart(tmp_path):
+    # a cache that outlives an upgrade must not serve what the older code generated
+    assert Toolchain.detect().polyc == build_version()
+    assert re.fullmatch(rf"{re.escape(__version__)}\+[0-9a-f]{{16}}", build_version())
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "k.c").write_text("int k;\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("not a source")
+    before = source_digest(tmp_path)
+    (tmp_path / "pkg" / "notes.txt").write_text("still not a source")
+    assert source_digest(tmp_path) == before
+    (tmp_path / "pkg" / "k.c").write_text("int k = 1;\n")
+    assert source_digest(tmp_path) != before
 
 
 def test_bundle_round_trip():

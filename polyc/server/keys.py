@@ -2,8 +2,9 @@
 
 key = sha256 over, each part preceded by its length (so no two part lists collide):
   the key format version, the canonical graph JSON, the target, the canonical options
-  JSON, the polyc version, the islpy and isl versions, the target's C compiler command,
-  its version and its flags, and what the target's backend says changes its code
+  JSON, the polyc version with a digest of its sources (`version.build_version`), the
+  islpy and isl versions, the target's C compiler command, its version and its flags,
+  and what the target's backend says changes its code
   (`Backend.key_parts`: for the cpu, built for -march=native, the host's CPU and the
   state of the tuning cache, as `polyc tune` changes tiles). The gemm kernels' speeds
   measured on the host (the cpu's calibration: they choose the default kernel) are not
@@ -59,7 +60,7 @@ class Toolchain:
 
         from .. import targets
         from ..codegen.build import compiler_version
-        from ..version import __version__
+        from ..version import build_version
         described = []
         for name in targets.names():
             backend = targets.backend(name)
@@ -69,7 +70,7 @@ class Toolchain:
                       "cflags": " ".join(tc.flags), "headers": tc.headers_digest(),
                       **backend.prepare(machine)}
             described.append((name, tuple(fields.items())))
-        return cls(polyc=__version__, islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),
+        return cls(polyc=build_version(), islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),
                    targets=tuple(described))
 
     def of(self, target: str) -> dict[str, str]:

@@ -46,6 +46,14 @@ def _isa(isa: str) -> Options:
     return Options(microkernel_isa=isa)
 
 
+def _target_isas() -> list[str]:
+    """The ISAs whose gemm kernels -march enables: what hypothesis draws from (an ISA
+    skipped by `_isa` inside an example skips the whole test, every example with it)."""
+    target = cpu_machine()
+    return [isa for isa in ISAS
+            if registry.select("gemm", "float32", target, isa, rates={}) is not None]
+
+
 def _check(graph, inputs, options=Options(), rtol=1e-4, atol=1e-4):
     compiled = compile(graph, options=options)
     got = compiled(**inputs)
@@ -507,7 +515,7 @@ def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
        co=st.sampled_from([4, 6, 8, 12, 20]), kh=st.integers(1, 3), kw=st.integers(1, 3),
        dil=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
        kc=st.sampled_from([0, 5, 8, 20]), mc=st.sampled_from([0, 4, 12, 28]),
-       parallel=st.booleans(), bias_relu=st.booleans(), isa=st.sampled_from(ISAS))
+       parallel=st.booleans(), bias_relu=st.booleans(), isa=st.sampled_from(_target_isas()))
 def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, parallel, bias_relu,
                               isa):
     """B read by rows for random shapes: virtual columns that wrap inside a tile (or
@@ -544,7 +552,8 @@ def test_forced_variants(isa):
 @given(m=st.integers(8, 70), n=st.integers(8, 70), k=st.integers(8, 70),
        batch=st.sampled_from([(), (3,), (2, 1)]), ta=st.booleans(), tb=st.booleans(),
        kc=st.sampled_from([0, 8, 20]), mc=st.sampled_from([0, 6, 24, 28]),
-       nc=st.sampled_from([0, 16, 48, 64]), parallel=st.booleans(), isa=st.sampled_from(ISAS))
+       nc=st.sampled_from([0, 16, 48, 64]), parallel=st.booleans(),
+       isa=st.sampled_from(_target_isas()))
 def test_random_contractions(m, n, k, batch, ta, tb, kc, mc, nc, parallel, isa):
     sa = batch + ((k, m) if ta else (m, k))
     sb = (n, k) if tb else (k, n)
@@ -663,6 +672,22 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         assert "y.probs" in compiled.kernels[0].kernel.nodes
         assert any("row tail (y.max, " in line and "y.probs)" in line
                    for line in compiled.kernels[0].fusion_report)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(20, 90), n=st.integers(20, 150), k=st.integers(20, 90),
+       batch=st.sampled_from([(), (3,)]),
+       after=st.sampled_from(["softmax", "log_softmax", "reduce_sum", "rms_norm"]),
+       kc=st.sampled_from([0, 16, 40]), mc=st.sampled_from([0, 6, 24]),
+       parallel=st.booleans())
+def test_random_row_tails(m, n, k, batch, after, kc, mc, parallel):
+    # the host's own gemm kernel (pinning an ISA it lacks would skip every example)
+    graph, inputs = _row_tail_graph(after, sa=batch + (m, k), sb=(k, n), seed=m * n + k)
+    tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc)) if v)
+    options = Options(microkernel_tiles=tiles, parallel=parallel, threads=2 if parallel else 0)
+    compiled = _check(graph, inputs, options)
+    assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
 
 
 def test_a_row_tail_shared_by_a_team_may_stream_its_output():

@@ -57,7 +57,8 @@ def cpu_gemm_view(kernel: Kernel) -> GemmView | None:
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
                      min_flops: int = MIN_GEMM_FLOPS) -> registry.Microkernel | None:
     """The gemm microkernel for a contraction (`gemm_view`), if any and if it has at
-    least `min_flops`: what the microkernels pass maps, and the fusion oracle keeps."""
+    least `min_flops`: what the microkernels pass maps, and the fusion oracle keeps. With
+    a row tail, only where blocks of whole rows fit (`tail_rows`)."""
     if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
         return None
     mk = registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import Callable, Iterable, Mapping, Union
 
 from ..graph.ir import INT_BITS, Node, Tensor, TensorType, int_range
 from ..graph.ops import conv2d_out_hw, norm_axes, slice_params
@@ -199,6 +199,13 @@ def show_expr(e: Expr) -> str:
         return f"{e.fn}({', '.join(show_expr(a) for a in e.args)})"
     cond = " and ".join(f"{b.lo}<={b.aff.render(names)}<{b.hi}" for b in e.bounds)
     return f"({cond} ? {show_expr(e.then)} : {show_expr(e.otherwise)})"
+
+
+def first_sum(statements: Iterable[Statement]) -> Statement | None:
+    """The statement a kernel's contraction is looked for in: its first sum. A sum after
+    it reduces what the contraction produced (softmax's denominator of the scores), so
+    it is a row operation on the result, never a second contraction."""
+    return next((s for s in statements if s.reduce == "sum"), None)
 
 
 # --- lowering of primitive nodes ---------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 
 from ..graph.storage import STORAGE
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
-                            Mod, Statement, identity, loads)
+                            Mod, Statement, first_sum, identity, loads)
 
 # which statements a producer (its position) folds into; none when it does not fold
 Readers = Callable[[list[Statement], int], list[int]]
@@ -113,18 +113,17 @@ def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
     """The statements reading statement `p`'s tensor when all are elementwise statements
     over the output of the kernel's first contraction, after it, reading it at affine
     indices, and `p` reads nothing the contraction computes (else none)."""
-    # the first sum is the contraction: a later one is a row sum after it (softmax's)
-    sums = [k for k, x in enumerate(statements) if x.reduce == "sum"][:1]
-    if not sums:
+    c = first_sum(statements)
+    if c is None:
         return []
-    c = statements[sums[0]]
+    at = statements.index(c)
     if not (isinstance(c.expr, Call) and c.expr.fn == "mul" and len(c.expr.args) == 2):
         return []  # a sum of other terms (softmax's) has no write-back to fold into
     init = next((x for x in statements if x.target == c.target and x.reduce is None), None)
     if init is None:
         return []
     after = {c.target}  # the tensors that depend on the contraction
-    for x in statements[sums[0] + 1:]:
+    for x in statements[at + 1:]:
         if any(ld.tensor in after for ld, _ in loads(x.expr)):
             after.add(x.target)
     prod = statements[p]
@@ -133,7 +132,7 @@ def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
     readers = _readers(statements, prod.target)
     for r in readers:
         x = statements[r]
-        if (r < sums[0] or x.reduce is not None or x.extents != init.extents
+        if (r < at or x.reduce is not None or x.extents != init.extents
                 or x.index != identity(len(x.extents))
                 or not all(isinstance(e, Aff) for ld, _ in loads(x.expr)
                            if ld.tensor == prod.target for e in ld.index)):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from ..kernel import Kernel
 from ..kernel.comprehension import (Aff, Call, Const, Expr, FloorDiv, Guarded, Load,
-                                           Mod, Statement)
+                                           Mod, Statement, first_sum)
 
 
 def iterators(e) -> set[int]:
@@ -149,8 +149,7 @@ def gemm_view(kernel: Kernel, tail: bool = False) -> GemmView | None:
     """The kernel as one contraction with init and epilogue, or None (see the module
     docstring for the form); with `tail`, also one followed by row operations on C
     (`_row_tail`), which only the cpu target's nest places."""
-    # the first sum is the contraction: any other is a tail's (a row sum after it)
-    s = next((s for s in kernel.statements if s.reduce == "sum"), None)
+    s = first_sum(kernel.statements)
     if s is None:
         return None
     if not (s.dtype == "float32" and isinstance(s.expr, Call) and s.expr.fn == "mul"

@@ -39,6 +39,7 @@ from ..graph.ir import Graph
 from ..graph.ops import OPS
 from ..graph.storage import STORAGE
 from ..kernel import Kernel
+from ..kernel.comprehension import first_sum
 from ..machine import Machine
 from .dependences import compute_dependences
 from .fusion_tree import column_block, independent_parts, shared_depth
@@ -184,7 +185,7 @@ def _nest_blocked(kernel: Kernel, microkernels: Microkernels) -> frozenset[str]:
     softmax: a row needs all of k, yet the nest keeps k in L3 and a block of rows in L2)."""
     if microkernels(kernel, 0) is None:
         return frozenset()
-    first = next((s for s in kernel.statements if s.reduce == "sum"), None)
+    first = first_sum(kernel.statements)
     return frozenset({first.name}) if first is not None else frozenset()
 
 

@@ -197,10 +197,10 @@ def _tail_tree(view: GemmView, plan: marks.Gemm) -> str:
     def scalar(s: Statement) -> bool:
         return all(s.extents[d] == 1 for d in view.cols)
 
-    produced = {view.stmt.target} | {e.target for e in view.epilogue}
+    produced = ({view.stmt.target} | {e.target for e in view.epilogue}
+                | {t.target for t in view.tail})
     inits = [s for s in view.tail if scalar(s) and s.reduce is None
-             and not any(x.tensor in produced | {t.target for t in view.tail}
-                         for x in loads_of(s.expr))]
+             and not any(x.tensor in produced for x in loads_of(s.expr))]
     parts: list[tuple[tuple[Statement, ...], str | None]] = [(tuple(inits), None)] if inits else []
     run: list[Statement] = []
 

@@ -242,11 +242,14 @@ def _pinned(options, run):
     return replace(options, gemm_kernel=chosen.pop())
 
 
-# what a compile changes, in turn, when the probes decide differently: tiles cut to the
-# extent (1009 in 8 tiles of 127) differ at every probe, the model's sizes do not; a
-# microkernel's emitter may decide by a size it cannot compare
-_FALLBACKS = ({}, {"balance_tiles": False}, {"balance_tiles": False, "microkernels": False})
+# what a compile changes, in turn, when the probes decide differently: a symbolic batch
+# folded into a contraction's columns makes a column block that grows with it; tiles
+# cut to the extent (1009 in 8 tiles of 127) differ at every probe, the model's sizes do
+# not; a microkernel's emitter may decide by a size it cannot compare
+_FALLBACKS = ({}, {"fold_batch": False}, {"fold_batch": False, "balance_tiles": False},
+              {"fold_batch": False, "balance_tiles": False, "microkernels": False})
 _CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents",
+            "fold_batch": "no batch folded into a contraction's columns",
             "microkernels": "microkernels off, the portable loops instead"}
 
 
@@ -441,8 +444,13 @@ def _check_gemm_loops(name: str, tree: str, ranges: dict[str, tuple[int, int]]) 
                                     (mark.n, kernel.nr, "jr")):
             if type(extent) is int or loop in mark.loops:
                 continue
-            if loop in ("ir", "jr"):  # tiles within a block
-                block = min(block, mark.mc if loop == "ir" else mark.nc)
+            # tiles within a block
+            blocks = [block] + ([mark.mc if loop == "ir" else mark.nc] if loop in ("ir", "jr")
+                                else [])
+            if any(type(b) is not int for b in blocks):  # a block as large as the dim
+                raise NotGeneral(f"kernel {name}'s gemm plan", [
+                    f"no {loop} loop, its block grows with the sizes ({blocks})"])
+            block = min(blocks)
             names = {str(sym): sym for sym in extent.free_symbols}
             corners = itertools.product(*([(names[C_PREFIX + k], lo), (names[C_PREFIX + k], hi)]
                                           for k, (lo, hi) in ranges.items()

@@ -418,17 +418,17 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
-@pytest.mark.parametrize("xs,ws,pads,tiles,b", [
-    ((3, 16, 9, 9), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows"),
-    ((3, 72, 5, 5), (256, 72, 1, 1), [0] * 4, (("kc", 24), ("mc", 64)), "packed"),
-], ids=["3x3-b-rows", "1x1-packed-b"])
-@pytest.mark.parametrize("threads,par", [(1, "none"), (2, "inner")])
+@pytest.mark.parametrize("xs,ws,pads,tiles,b,threads,par", [
+    ((3, 16, 9, 9), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows", 1, "none"),
+    ((3, 16, 9, 9), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows", 2, "inner"),
+    ((3, 72, 9, 9), (256, 72, 1, 1), [0] * 4, (("kc", 24), ("mc", 128)), "packed", 2, "inner"),
+], ids=["3x3-b-rows-1", "3x3-b-rows-2", "1x1-packed-b-2"])
 def test_batched_conv2d_packs_the_weights_once_for_all_images(xs, ws, pads, tiles, b,
                                                               threads, par):
     """The weights (A) have no batch dim: the batch loop runs inside the A block, so each
     block is packed once and serves the 3 images (par=inner: the team packs it, then
-    shares each image's tiles); a packed B (a 1x1 conv over small planes) is packed per
-    image below it."""
+    shares each image's tiles); a packed B (a 1x1 conv over planes too large to fold for
+    a team, `plan.FOLD_TEAM_COLUMNS`) is packed per image below it."""
     graph, inputs = _conv(xs, ws, bias_relu=True, pads=pads)
     compiled = _check(graph, inputs, Options(threads=threads, microkernel_tiles=tiles),
                       atol=3e-4)
@@ -437,6 +437,47 @@ def test_batched_conv2d_packs_the_weights_once_for_all_images(xs, ws, pads, tile
     assert plan.loops[:3] == ("pc", "ic", "b0")
     tree = compiled.kernels[0].to_json()["schedule_text"]
     assert (tree.index("pack_a") < tree.index("pack_b")) if b == "packed" else "pack_b" not in tree
+
+
+@pytest.mark.parametrize("xs,ws,attrs,tiles,threads,folded", [
+    # conv5's 7x7 images: 8 x 49 columns in one matrix
+    ((8, 64, 7, 7), (40, 64, 1, 1), {}, (), 1, True),
+    # a strided 1x1, K blocks (partial sums of C in scratch), edge tiles both ways, and
+    # C a graph output with no epilogue
+    ((3, 40, 9, 9), (30, 40, 1, 1), {"strides": [2, 2]}, (("kc", 16), ("mc", 12)), 1, True),
+    ((3, 40, 9, 9), (30, 40, 1, 1), {"strides": [2, 2]}, (("kc", 16), ("mc", 12)), 2, True),
+    # a team keeps the batch loop for images of 64 columns or more
+    ((3, 72, 9, 9), (256, 72, 1, 1), {}, (), 2, False),
+    ((3, 72, 9, 9), (256, 72, 1, 1), {}, (), 1, True),
+], ids=["7x7", "strided-kblocks-1", "strided-kblocks-2", "team-keeps-images", "9x9"])
+@pytest.mark.parametrize("bias_relu", [True, False])
+def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, threads, folded,
+                                                      bias_relu):
+    """A 1x1 conv2d over small planes packs B: its images become columns of one C
+    (`gemm_view(fold=True)`), so the weights are packed once and no batch loop remains;
+    the write-back scatters each column to its image."""
+    graph, inputs = _conv(xs, ws, bias_relu=bias_relu, **attrs)
+    compiled = _check(graph, inputs, Options(threads=threads, microkernel_tiles=tiles),
+                      atol=3e-4)
+    plan = marks.parse(_gemm_marks(compiled)[0])
+    assert (plan.b == "folded") == folded
+    out = graph.types[graph.outputs[0]].shape
+    columns = out[2] * out[3] * (out[0] if folded else 1)
+    assert plan.n == columns and not any(loop.startswith("b") for loop in plan.loops) == folded
+    if folded:
+        assert any("folded into its" in line for line in compiled.kernels[0].fusion_report)
+
+
+def test_a_shared_a_folds_a_batched_b():
+    """C[b] = A @ B[b] with A shared: the batch is folded into the columns too."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("shared_a")
+    y = b.matmul(b.input("a", (37, 50)), b.input("w", (5, 50, 29)))
+    graph = b.build([b.tanh(y)])
+    inputs = {"a": _rand(rng, (37, 50)), "w": _rand(rng, (5, 50, 29))}
+    compiled = _check(graph, inputs, Options(threads=1, microkernel_tiles=(("kc", 16),)))
+    plan = marks.parse(_gemm_marks(compiled)[0])
+    assert plan.b == "folded" and (plan.m, plan.n, plan.k) == (37, 5 * 29, 50)
 
 
 @pytest.mark.parametrize("xs,ws,attrs,layout", [

@@ -144,11 +144,19 @@ class GemmView:
     def flops(self) -> int:
         return 2 * self.batches * self.M * self.N * self.K
 
+    @property
+    def c_matrix(self) -> bool:
+        """Is C, as stored, an M x N row-major matrix per batch point (its columns the
+        output's last dims)? Not when batch dims are folded into the columns (`fold`)."""
+        return min(self.cols) > max(self.rows)
 
-def gemm_view(kernel: Kernel, tail: bool = False) -> GemmView | None:
+
+def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False) -> GemmView | None:
     """The kernel as one contraction with init and epilogue, or None (see the module
     docstring for the form); with `tail`, also one followed by row operations on C
-    (`_row_tail`), which only the cpu target's nest places."""
+    (`_row_tail`), which only the cpu target's nest places. With `fold`, the batch dims
+    only B reads are columns too (conv2d's images: C[n, o, p] has the columns (n, p),
+    so W is one A for all of them); C is then no M x N matrix (`c_matrix`)."""
     s = first_sum(kernel.statements)
     if s is None:
         return None
@@ -183,6 +191,11 @@ def gemm_view(kernel: Kernel, tail: bool = False) -> GemmView | None:
     rows = tuple(range(r, d))
     if not rows:
         return None
+    batch = tuple(range(r))
+    if fold:
+        moved = tuple(b for b in batch if out_iter[b] in g_it and out_iter[b] not in f_it
+                      and shape[b] > 1)
+        batch, cols = tuple(b for b in batch if b not in moved), moved + cols
     # the rest of the kernel: exactly one init before, elementwise epilogue after
     pos = kernel.statements.index(s)
     before, after = kernel.statements[:pos], kernel.statements[pos + 1:]
@@ -208,7 +221,7 @@ def gemm_view(kernel: Kernel, tail: bool = False) -> GemmView | None:
     rest = after[epilogue:]
     if rest and not (tail and _row_tail(rest, shape, cols, produced)):
         return None
-    return GemmView(s, init, tuple(after[:epilogue]), out_iter, tuple(range(r)), rows, cols,
+    return GemmView(s, init, tuple(after[:epilogue]), out_iter, batch, rows, cols,
                     red, a_arg, shape, tuple(rest))
 
 
@@ -382,6 +395,8 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns waste over
     a quarter is left to packing."""
+    if not view.c_matrix:
+        return None
     e = view.b_expr
     bounds, load, pad = (e.bounds, e.then, e.otherwise) if isinstance(e, Guarded) else ((), e, None)
     if pad is not None and not isinstance(pad, Const):

@@ -166,7 +166,9 @@ class Gemm(Mark):
     par: str = "none"  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
     threads: int = 0  # 0: the runtime's team
     loops: tuple[str, ...] = ()  # tile loops present, outermost first
-    b: str = "packed"  # 'packed' | 'rows': B read in place, no pack_b
+    # 'packed' | 'rows': B read in place, no pack_b | 'folded': packed, with the batch
+    # dims only B reads as columns (`analysis.gemm_view(fold=True)`)
+    b: str = "packed"
 
     @property
     def tiles(self) -> Tiles:

@@ -123,7 +123,7 @@ def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat:
             todo.append((index, kr.kernel, [
                 Measurement(index, name, tuple(sorted(tiles.items())))
                 for name, tiles in kernel_candidates(plan, usable, machine, budget,
-                                                     vary_nc=plan.b == "packed")]))
+                                                     vary_nc=plan.b != "rows")]))
     if not todo:
         return ["no microkernel contraction in this graph: nothing to tune"]
     everything = [m for *_, cands in todo for m in cands]

@@ -23,6 +23,10 @@ class CpuOptions(Options):
     # extent); False: the memory model's sizes alone, the same at every size, as a
     # symbolic compile needs (a remainder tile where they do not divide the extent)
     balance_tiles: bool = True
+    # batch dims only a contraction's B reads become columns of its C (conv2d's images:
+    # `plan.cpu_gemm_view`); False keeps a batch loop, as a symbolic batch needs (its
+    # columns would be a block that grows with it)
+    fold_batch: bool = True
 
     def checks(self) -> list[tuple[str, bool, str]]:
         tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE

@@ -29,6 +29,10 @@ MIN_PARALLEL_FLOPS = 1 << 21
 # (attention, 1 thread, Zen 3, two kernels against three: 768 and 1024 long, blocks of
 # 84 and 60 rows, 16% and 12% faster; 2048 long, blocks of 30 rows, 42% slower)
 MIN_TAIL_PANELS = 8
+# an image of this many columns keeps its batch loop for a team (`cpu_gemm_view`): 2
+# threads, Zen 3, folded against par=batch: 8x512x28x28 to 128 1x1 97 against 108
+# GFLOP/s, 8x1024x14x14 to 256 97 against 105; 7x7 images (49 columns) 116 against 79
+FOLD_TEAM_COLUMNS = 64
 
 
 def measured(machine: Machine) -> dict[str, float]:
@@ -44,14 +48,30 @@ def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> st
     return mk.name if mk else None
 
 
-def cpu_gemm_view(kernel: Kernel) -> GemmView | None:
+def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView | None:
     """`gemm_view` with the row tail the cpu nest places (`trees._tail_tree`), except
     after a contraction whose B is read in place (conv2d, `analysis.b_rows`): packing it
-    for the tail's single column block would cost more than the tail's kernel saves."""
+    for the tail's single column block would cost more than the tail's kernel saves.
+    Where B is packed and has no tail, its batch dims A does not read are folded into
+    the columns (`gemm_view(fold=True)`): one A block then serves every image's columns,
+    packed once, and a small image (conv5's 7x7) does not leave most of a column panel
+    empty (49 columns in 64). Not for a `team` of several threads when an image has
+    FOLD_TEAM_COLUMNS columns or more: each thread's own images (par=batch) beat a team
+    sharing every block. `fold` False: never folded (`CpuOptions.fold_batch`)."""
     view = gemm_view(kernel, tail=True)
-    if view is not None and view.tail and b_rows(view, kernel) is not None:
-        return None
-    return view
+    if view is None or (not view.tail and not fold):
+        return view
+    in_place = b_rows(view, kernel) is not None
+    if view.tail:
+        return None if in_place else view
+    if in_place or (team > 1 and view.N >= FOLD_TEAM_COLUMNS):
+        return view
+    return gemm_view(kernel, fold=True)
+
+
+def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
+    """The view `plan` was made for: folded as its B is (`b=folded`) or not."""
+    return cpu_gemm_view(kernel, fold=plan.b == "folded")
 
 
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
@@ -134,8 +154,9 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
     if par == "inner" and not {"jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
+    b = "rows" if rows else "packed" if view.c_matrix else "folded"
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
-                options.threads, tuple(loops), "rows" if rows else "packed")
+                options.threads, tuple(loops), b)
 
 
 def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str],

@@ -64,7 +64,8 @@ from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
-from .plan import choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm
+from . import tuning
+from .plan import choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_view
 
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
@@ -79,18 +80,22 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     Before: band(i, j) -> sequence[S0_init, S0 -> band(k), S1 (bias), S2 (gelu) ...].
     After: the tree in the module docstring; a kernel with no match is returned as is.
     Options read: `microkernels` (off: no change), `microkernel_isa`, `gemm_kernel`,
-    `microkernel_tiles`, `parallel`, `threads`. Why a gemm kernel was chosen is appended
+    `microkernel_tiles`, `parallel`, `threads`, `fold_batch`. Why a gemm kernel was chosen is appended
     to `report`.
     """
     if not options.microkernels:
         return model
-    view = cpu_gemm_view(kernel)
+    view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch)
     if gemm_microkernel(view, machine, options.microkernel_isa) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = b_rows(view, kernel) if mk.b_rows_variant else None
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
+        if not view.c_matrix and report is not None:
+            dims = ", ".join(f"dim {d} ({view.shape[d]})" for d in view.cols if d < view.rows[0])
+            report.append(f"{view.stmt.name} columns: batch {dims} of C folded into its "
+                          f"{view.N} columns, B packed across them: one A block serves all")
         if view.tail and report is not None:
             tensors = ", ".join(dict.fromkeys(s.target for s in view.tail))
             report.append(f"{view.stmt.name} row tail ({tensors}): on each block of {plan.mc} "
@@ -335,7 +340,7 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
     ctx = schedule.get_ctx()
     out = []
     sides = [("a", marks.PackA, mk.mr, machine.fusion_level.name, "mk_pa")]
-    if plan.b == "packed":
+    if plan.b != "rows":
         sides.append(("b", marks.PackB, mk.nr, machine.role("block").name, "mk_pb"))
     for side, kind, width, level, buffer in sides:
         node = find(schedule, str(kind(view.stmt.name)))
@@ -354,8 +359,8 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
     plans = state.marks(marks.Gemm)
     if not plans:
         return state
-    promotions = panel_promotions(state.schedule, cpu_gemm_view(state.kernel), plans[0],
-                                  machine)
+    promotions = panel_promotions(state.schedule, plan_view(state.kernel, plans[0]),
+                                  plans[0], machine)
     return replace(state, promotions=promotions).note(*map(str, promotions))
 
 

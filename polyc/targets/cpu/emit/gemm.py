@@ -35,7 +35,7 @@ from ....errors import InternalError
 from ....microkernels import registry
 from ....microkernels.analysis import BRows, GemmView, b_rows
 from ....schedule_tree import marks
-from ..plan import cpu_gemm_view
+from ..plan import plan_view
 from .brows import BRowsMixin
 from .pack import PackMixin
 from .writeback import WriteBackMixin
@@ -90,7 +90,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
 
     # -- gemm ----------------------------------------------------------------------------
     def gemm(self, plan: marks.Gemm, child, outer) -> cgen.Generable:
-        view = cpu_gemm_view(self.b.kernel)
+        view = plan_view(self.b.kernel, plan)
         if view is None or view.stmt.name != plan.stmt:
             raise InternalError("codegen", f"mark {str(plan)!r} does not fit kernel "
                                            f"{self.b.kernel.name}")
@@ -126,8 +126,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         return cgen.Block(body)
 
     def _acc_local(self) -> bool:
-        """Partial sums of a result no one outside reads go to a scratch buffer."""
-        return not self._c_in_place() and "pc" in self.plan.loops
+        """Partial sums of a result no one outside reads go to a scratch buffer, and so
+        do those of a C that is no M x N matrix (`GemmView.c_matrix`)."""
+        return "pc" in self.plan.loops and (not self._c_in_place() or not self.view.c_matrix)
 
     def _c_in_place(self) -> bool:
         """Is the contraction's result stored whole in its own array: an output, or what

@@ -53,7 +53,8 @@ class WriteBackMixin:
             out.append(cgen.Statement(f"const long mk_o{d} = {v}"))
         call = mk.c_function
         first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")
-        # the direct path: a full tile accumulated in memory (C += A B), nothing to apply;
+        # the direct path: a full tile accumulated in memory (C += A B), nothing to apply
+        # (C an M x N matrix, `c_matrix`);
         # it needs a pc loop (else the only block is first and last) unless the result
         # is a plain zero-initialised output
         zero_init = isinstance(view.init.expr, Const) and view.init.expr.value == 0
@@ -79,7 +80,7 @@ class WriteBackMixin:
                                 self._final(first, acc_name)))
         else:
             slow.append(self._final("1", acc_name))
-        if has_pc or (zero_init and not applies):
+        if view.c_matrix and (has_pc or (zero_init and not applies)):
             otherwise: cgen.Generable = cgen.Block(slow)
             if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
                 edge = cgen.Statement(

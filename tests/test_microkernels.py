@@ -28,6 +28,7 @@ from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
 from polyc.microkernels.analysis import PLANE_IN_PLACE
+from polyc.targets.cpu.plan import FOLD_TEAM_COLUMNS
 from polyc.schedule_tree import marks
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.machine import cpu_toolchain
@@ -556,12 +557,14 @@ def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
        co=st.sampled_from([4, 6, 8, 12, 20]), kh=st.integers(1, 3), kw=st.integers(1, 3),
        dil=st.integers(1, 2), pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
        kc=st.sampled_from([0, 5, 8, 20]), mc=st.sampled_from([0, 4, 12, 28]),
-       parallel=st.booleans(), bias_relu=st.booleans(), isa=st.sampled_from(_target_isas()))
+       parallel=st.booleans(), bias_relu=st.booleans(), isa=st.sampled_from(_target_isas()),
+       fold=st.booleans())
 def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, parallel, bias_relu,
-                              isa):
+                              isa, fold):
     """B read by rows for random shapes: virtual columns that wrap inside a tile (or
     several times, on narrow images), tiles at the edge of the virtual columns, K blocks,
-    row blocks, the epilogue at the last block, threads sharing the tiles."""
+    row blocks, the epilogue at the last block, threads sharing the tiles. With `fold`,
+    two images under 64 columns each are folded into the columns of a packed B instead."""
     xs, ws = (n, c, h, w), (co, c, kh, kw)
     wp = w + pads[1] + pads[3]
     oh, ow = h + pads[0] + pads[2] - dil * (kh - 1), wp - dil * (kw - 1)
@@ -570,13 +573,16 @@ def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, paralle
     graph, inputs = _conv(xs, ws, bias_relu, seed=h * 100 + w, pads=pads,
                           dilations=[dil, dil])
     tiles = tuple((name, v) for name, v in (("kc", kc), ("mc", mc)) if v)
-    options = replace(_isa(isa), microkernel_tiles=tiles, parallel=parallel)
+    options = replace(_isa(isa), microkernel_tiles=tiles, parallel=parallel, fold_batch=fold)
     compiled = _check(graph, inputs, options, atol=3e-4)
     marks = _gemm_marks(compiled)
     virtual = wp * (oh - 1) + ow
     # unpadded, with no wasted virtual column, a plane under PLANE_IN_PLACE floats is packed
     small_plane = not any(pads) and virtual == oh * ow < PLANE_IN_PLACE
-    if marks and (oh == 1 or virtual <= 1.25 * oh * ow) and not small_plane:
+    folded = fold and n > 1 and oh * ow < FOLD_TEAM_COLUMNS
+    if marks and folded:
+        assert "b=folded" in marks[0], marks
+    elif marks and (oh == 1 or virtual <= 1.25 * oh * ow) and not small_plane:
         assert "b=rows" in marks[0], marks
 
 

@@ -29,9 +29,12 @@ MIN_PARALLEL_FLOPS = 1 << 21
 # (attention, 1 thread, Zen 3, two kernels against three: 768 and 1024 long, blocks of
 # 84 and 60 rows, 16% and 12% faster; 2048 long, blocks of 30 rows, 42% slower)
 MIN_TAIL_PANELS = 8
-# an image of this many columns keeps its batch loop for a team (`cpu_gemm_view`): 2
-# threads, Zen 3, folded against par=batch: 8x512x28x28 to 128 1x1 97 against 108
-# GFLOP/s, 8x1024x14x14 to 256 97 against 105; 7x7 images (49 columns) 116 against 79
+# an image of this many columns keeps its batch loop for a team, and B read in place
+# (`cpu_gemm_view`); smaller ones are folded into the columns. Zen 3, folded against
+# not: 2 threads, 8x512x28x28 to 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256
+# 97 against 105, 8x2048x7x7 to 512 116 against 79; 1 thread, 3x3 read in place
+# against folded: 8x512x7x7 66 against 80, 8x512x14x14 /2 57 against 72, 8x256x14x14
+# 76 against 78
 FOLD_TEAM_COLUMNS = 64
 
 
@@ -55,7 +58,8 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView 
     Where B is packed and has no tail, its batch dims A does not read are folded into
     the columns (`gemm_view(fold=True)`): one A block then serves every image's columns,
     packed once, and a small image (conv5's 7x7) does not leave most of a column panel
-    empty (49 columns in 64). Not for a `team` of several threads when an image has
+    empty (49 columns in 64); images that small are folded and packed even where B
+    could be read in place. Not for a `team` of several threads when an image has
     FOLD_TEAM_COLUMNS columns or more: each thread's own images (par=batch) beat a team
     sharing every block. `fold` False: never folded (`CpuOptions.fold_batch`)."""
     view = gemm_view(kernel, tail=True)
@@ -64,9 +68,10 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView 
     in_place = b_rows(view, kernel) is not None
     if view.tail:
         return None if in_place else view
-    if in_place or (team > 1 and view.N >= FOLD_TEAM_COLUMNS):
+    if view.N >= FOLD_TEAM_COLUMNS and (in_place or team > 1):
         return view
-    return gemm_view(kernel, fold=True)
+    folded = gemm_view(kernel, fold=True)
+    return view if in_place and folded.c_matrix else folded
 
 
 def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:

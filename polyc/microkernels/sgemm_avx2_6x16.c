@@ -134,6 +134,9 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(
     long kc, const float *restrict A, const float *restrict B, const long *restrict off,
     float *restrict C, long ldc, int accumulate)
 {
+  if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
+                test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
+    __builtin_unreachable();
   polyc_sgemm_avx2_rows_impl(kc, A, B, off, C, ldc, accumulate, 6, 16);
 }
 #endif

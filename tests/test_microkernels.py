@@ -499,6 +499,19 @@ def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
     assert "pack_b" not in compiled.kernels[0].to_json()["schedule_text"]
 
 
+@pytest.mark.parametrize("xs,ws,pads,layout", [
+    ((1, 24, 32, 32), (12, 24, 1, 1), [0] * 4, "1,24,32,33"),  # 4 KiB planes, no guard
+    ((1, 16, 30, 30), (8, 16, 3, 3), [1] * 4, "1,16,32,33"),  # padded to 32x32
+], ids=["1x1-32x32", "3x3-30x30-pad1"])
+def test_rows_a_multiple_of_1_kib_apart_are_copied_wider(xs, ws, pads, layout):
+    """K rows 4 KiB apart would share a few L1 sets (`analysis._crowded`): B's copy gets
+    rows one float longer, the extra column virtual and dropped."""
+    graph, inputs = _conv(xs, ws, bias_relu=True, pads=pads)
+    compiled = _check(graph, inputs, Options(threads=1), atol=3e-4)
+    assert "b=rows" in _gemm_marks(compiled)[0]
+    assert f"padded to [{layout}]" in compiled.c_source
+
+
 def test_a_large_copy_is_made_per_image():
     """Over analysis.SLICED_COPY bytes, the padded copy holds one image at a time, made
     inside the batch loop (BRows.slices)."""

@@ -384,6 +384,34 @@ def _slices(view: GemmView, load: Load, copy: bool) -> tuple[tuple[int, int], ..
 
 
 def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
+    """B as rows of a (padded, phase-split) tensor (`_b_rows`). Where its K rows would
+    lie a multiple of 1 KiB apart (`_crowded`: power-of-two planes, 32x32 or 64x64),
+    they fall into a few of L1's sets and evict each other before the next tile reads
+    them again (1x256x64x64 to 64 1x1: 28 GFLOP/s, 1x256x64x65: 69): the copy is then
+    made with its rows a float or more longer, the extra columns virtual."""
+    rows = _b_rows(view, kernel)
+    if rows is None or max(rows.phases) > 1 or not _crowded(rows, view):
+        return rows
+    for extra in range(1, 9):
+        wider = _b_rows(view, kernel, extra)
+        if wider is None or not _crowded(wider, view):
+            return wider
+    return rows
+
+
+# K rows this many bytes apart (or a multiple) share a few of an L1's sets: 4 KiB a
+# way, 64-byte lines, so at most 4 of its 64 sets
+CROWDED_STRIDE = 1024
+
+
+def _crowded(rows: BRows, view: GemmView) -> bool:
+    """Does a K iterator of more than 8 steps move B's rows a multiple of
+    CROWDED_STRIDE bytes?"""
+    ext = view.stmt.extents
+    return any(w and ext[p] > 8 and (4 * w) % CROWDED_STRIDE == 0 for p, w in rows.red_weights)
+
+
+def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     """B as rows of a (padded, phase-split) tensor, or None when B is anything but one
     load (guarded by bounds on its index dims) whose column dims, once strided dims are
     split into phases, walk memory with unit stride innermost, or when that gains
@@ -394,7 +422,8 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns waste over
-    a quarter is left to packing."""
+    a quarter is left to packing. `extra`: P is a copy whose rows are that many floats
+    longer (zeros past the tensor's), whatever the guard."""
     if not view.c_matrix:
         return None
     e = view.b_expr
@@ -426,6 +455,8 @@ def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
         return None
     box = tuple(h - l + 1 for l, h in zip(lo, hi)) if copy else S
     lo = tuple(lo) if copy else (0,) * len(S)
+    if extra:
+        copy, box = True, box[:-1] + (box[-1] + extra,)
     rows = BRows(load.tensor, (), lo, tuple(map(tuple, valid)),
                  float(pad.value) if pad is not None else 0.0, copy, (), (), (), (), 0,
                  tuple(phases), ())

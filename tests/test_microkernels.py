@@ -28,10 +28,10 @@ from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
 from polyc.microkernels.analysis import PLANE_IN_PLACE
-from polyc.targets.cpu.plan import FOLD_TEAM_COLUMNS
 from polyc.schedule_tree import marks
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.machine import cpu_toolchain
+from polyc.targets.cpu.plan import FOLD_TEAM_COLUMNS
 
 ISAS = ["avx512", "avx2", "portable"]
 PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of structure
@@ -464,7 +464,8 @@ def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, thre
     assert (plan.b == "folded") == folded
     out = graph.types[graph.outputs[0]].shape
     columns = out[2] * out[3] * (out[0] if folded else 1)
-    assert plan.n == columns and not any(loop.startswith("b") for loop in plan.loops) == folded
+    batch_loop = any(loop.startswith("b") for loop in plan.loops)
+    assert plan.n == columns and batch_loop != folded
     if folded:
         assert any("folded into its" in line for line in compiled.kernels[0].fusion_report)
 

@@ -75,8 +75,9 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView 
 
 
 def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
-    """The view `plan` was made for: folded as its B is (`b=folded`) or not."""
-    return cpu_gemm_view(kernel, fold=plan.b == "folded")
+    """The view `plan` was made for: the plan records whether it folded (`b=folded`),
+    so the decision is not taken again."""
+    return gemm_view(kernel, fold=True) if plan.b == "folded" else cpu_gemm_view(kernel, fold=False)
 
 
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",

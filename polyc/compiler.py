@@ -229,11 +229,16 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
 
 
 def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, machine: Machine,
-                   options: CommonOptions, trace: Trace, codegen: bool = True
-                   ) -> tuple[KernelResult, str]:
+                   options: CommonOptions, trace: Trace, codegen: bool = True,
+                   models: GroupModels | None = None) -> tuple[KernelResult, str]:
     """The per-kernel half of the pipeline: the passes, then the target's C (none without
-    `codegen`: a symbolic compile's probes only decide)."""
-    state = KernelState(kernel, isl.Context(), fusion, ledger=trace.ledger)
+    `codegen`: a symbolic compile's probes only decide). The model and dependences the
+    fusion oracle built for the kernel's group (`models`) are taken as they are."""
+    known = models.known(kernel) if models is not None else None
+    if known is not None:
+        state = KernelState(kernel, models.ctx, fusion, model=known, ledger=trace.ledger)
+    else:
+        state = KernelState(kernel, isl.Context(), fusion, ledger=trace.ledger)
     state = run_passes(state, NEUTRAL + backend.passes(), machine, options, trace)
     code, lines = (trace.run(f"codegen {kernel.name}", backend.codegen, state, machine, options,
                              show=lambda result: result[0]) if codegen else ("", ()))
@@ -243,13 +248,12 @@ def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, ma
 
 
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
-                options: CommonOptions, ledger: Ledger) -> FusionPlan:
+                options: CommonOptions, ledger: Ledger, models: GroupModels) -> FusionPlan:
     """The graph layer's partition, every proposal answered by the oracle within the
-    fusion budgets."""
+    fusion budgets; each proposal builds on the groups' `models`."""
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
     ops = options.max_operations
-    models = GroupModels(graph)  # each proposal builds on the groups' models
     # a forced pair needs only legality: losing a microkernel is a cost the person chose
     return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels,
                                                         max_operations=ops, models=models),
@@ -306,15 +310,16 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
     if options.verify:
         verify_graph(g, "decompose/simplify")
     # fusion needs the primitive graph: only opened composites can share loops
+    models = GroupModels(g)
     plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
-                     options, trace.ledger)
+                     options, trace.ledger, models)
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     _check_kernel_edits(options, kernels, backend)
     results, functions = [], []
     for kernel in kernels:
         result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend, machine,
-                                      options, trace, codegen)
+                                      options, trace, codegen, models)
         results.append(result)
         functions.append(code)
     return g, plan, results, functions

@@ -77,6 +77,17 @@ class GroupModels:
         self._keep(kernel.nodes, kernel, model)
         return model
 
+    def known(self, kernel: Kernel) -> PolyModel | None:
+        """The model with dependences of `kernel` if a proposal built it (in `ctx`): the
+        kernel of a final group is most often the last merge accepted, whose dataflow
+        need not run again (the model and dependences passes: 11% of the compile
+        time over the examples and the tests' graphs)."""
+        kept = self._models.get(kernel.nodes)
+        if kept is None or kept[0].statements != kernel.statements \
+                or _arrays(kept[0]) != _arrays(kernel):
+            return None
+        return kept[1]
+
     def _group(self, group: tuple[str, ...]) -> tuple[Kernel, PolyModel]:
         if group in self._models:
             self._models.move_to_end(group)

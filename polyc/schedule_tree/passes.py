@@ -34,11 +34,15 @@ def element_bytes(kernel) -> dict[str, int]:
 
 
 def model_pass(state: KernelState, machine, options) -> KernelState:
+    if state.model is not None:  # the fusion oracle's, with its dependences
+        return state
     arrays = {a.tensor: a.c_name for a in state.kernel.arrays}
     return replace(state, model=build_model(state.kernel.statements, arrays, state.ctx))
 
 
 def dependences_pass(state: KernelState, machine, options) -> KernelState:
+    if state.model.flow is not None:
+        return state
     return replace(state, model=compute_dependences(state.model))
 
 

@@ -45,3 +45,48 @@ def test_a_group_grown_node_by_node_has_the_dependences_of_the_whole(make):
         for field in FIELDS:
             assert getattr(got, field).is_equal(getattr(want, field)), (merged, field)
         group = merged
+
+
+def test_a_final_kernel_takes_its_groups_model_only_when_its_statements_match():
+    graph = simplify_graph(decompose_graph(_matmul_chain()))
+    models = GroupModels(graph)
+    a, b, c = (n.name for n in graph.nodes[:3])
+    (ab,) = build_kernels(graph, ((a, b),))
+    models.merged(ab, (a,), (b,))
+    known = models.known(ab)
+    assert known is not None
+    want = compute_dependences(build_model(
+        ab.statements, {x.tensor: x.c_name for x in ab.arrays}, models.ctx))
+    for field in FIELDS:
+        assert getattr(known, field).is_equal(getattr(want, field)), field
+    (abc,) = build_kernels(graph, ((a, b, c),))
+    assert models.known(abc) is None  # never modelled
+    (other,) = build_kernels(graph, ((b, c),))
+    assert models.known(other) is None
+
+
+def test_compiled_kernels_run_the_dataflow_only_where_no_proposal_modelled_them(monkeypatch):
+    """linear+gelu is one group grown by proposals: its kernel's passes take the
+    oracle's model; its output still matches the reference executor."""
+    import numpy as np
+
+    from polyc.compiler import compile
+    from polyc.graph.reference import run_reference
+    from polyc.schedule_tree import passes
+
+    b = GraphBuilder("lg")
+    x, w, bias = b.input("x", [16, 24]), b.input("w", [24, 40]), b.input("b", [40])
+    graph = b.build([b.gelu(b.linear(x, w, bias), approximate="tanh")])
+    calls = []
+    real = passes.compute_dependences
+    monkeypatch.setattr(passes, "compute_dependences", lambda m: calls.append(m) or real(m))
+    result = compile(graph, "cpu")
+    assert len(result.kernels) == 1 and calls == []
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((16, 24), dtype=np.float32),
+              "w": rng.standard_normal((24, 40), dtype=np.float32),
+              "b": rng.standard_normal(40, dtype=np.float32)}
+    want = run_reference(graph, inputs)
+    got = result(**inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)

@@ -1024,3 +1024,31 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path):
     assert _gemm_marks(compiled)
     proc = _run_under_asan(compiled, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
+    """The init and epilogue statements of a gemm mark are applied by the tile's
+    write-back: isl's AST is built without them, the contraction and a row tail (the
+    softmax of attention's scores) stay."""
+    from polyc.schedule_tree.tree import schedule_to_text
+    from polyc.targets.cpu import without_tile_statements
+    from polyc.targets.cpu.plan import plan_view
+
+    b = GraphBuilder("att")
+    q, k, v = (b.input(n, [2, 96, 32]) for n in "qkv")
+    graph = b.build([b.op("attention", q, k, v)])
+    result = compile(graph, "cpu", options=Options(threads=1), build=False)
+    tails = gemms = 0
+    for r in result.kernels:
+        found = re.search(r'mark: "(gemm [^"]*)"', schedule_to_text(r.schedule))
+        if found is None:
+            continue
+        view = plan_view(r.kernel, marks.parse(found.group(1)))
+        names: list[str] = []
+        without_tile_statements(r.schedule, r.kernel).get_domain().foreach_set(
+            lambda s: names.append(s.get_tuple_name()))
+        assert set(names) == {view.stmt.name} | {t.name for t in view.tail}
+        assert view.init.name not in names
+        gemms += 1
+        tails += bool(view.tail)
+    assert gemms == 2 and tails == 1  # the scores kernel kept its softmax

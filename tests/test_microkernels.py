@@ -734,6 +734,53 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         assert "y.probs" in compiled.kernels[0].kernel.nodes
         assert any("row tail (y.max, " in line and "y.probs)" in line
                    for line in compiled.kernels[0].fusion_report)
+        # the causal mask's tiles of scores are not computed
+        assert ("masked=0" in _gemm_marks(compiled)[0]) == causal
+
+
+def _masked_scores(select_args, *, d: int = 0, fold: bool = False, out_scores: bool = False):
+    """softmax over select(col > row + d, ...) of q k^T, the mask from iota constants or
+    (`fold`) a constant; `select_args(mask, neg_inf, scores)` orders the select."""
+    b = GraphBuilder("ms")
+    q, k = b.input("q", (2, 90, 64)), b.input("k", (2, 110, 64))
+    scores = b.matmul(q, k, transpose_b=True)
+    if fold:
+        rows, cols = np.indices((90, 110))
+        mask = b.constant("mask", (90, 110), (cols > rows + d).astype(np.int32).ravel().tolist(),
+                          "int32")
+    else:
+        row = b.constant("row", (90, 1), [i + d for i in range(90)], "int32")
+        col = b.constant("col", (1, 110), list(range(110)), "int32")
+        mask = b.greater(col, row)
+    masked = b.select(*select_args(mask, b.constant("ninf", (), [-1e30]), scores))
+    outs = [b.op("softmax", masked, axis=-1)] + ([scores] if out_scores else [])
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("d", [0, 3])
+def test_masked_tiles_of_scores_are_skipped_and_the_softmax_unchanged(fold, d):
+    graph = _masked_scores(lambda m, ninf, s: (m, ninf, s), d=d, fold=fold)
+    rng = np.random.default_rng(9)
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    for options in (Options(threads=1), Options(threads=2)):
+        compiled = _check(graph, inputs, options)
+        # iota constants shifted by d are no iota: only the folded mask states d = 3
+        want = f"masked={d}" if fold or d == 0 else None
+        plan = _gemm_marks(compiled)[0]
+        assert (want in plan) if want else ("masked" not in plan), plan
+
+
+@pytest.mark.parametrize("case", ["mask selects the scores", "scores are an output"])
+def test_scores_read_where_masked_are_computed(case):
+    if case == "mask selects the scores":  # select(mask, scores, -inf): the other half
+        graph = _masked_scores(lambda m, ninf, s: (m, s, ninf))
+    else:
+        graph = _masked_scores(lambda m, ninf, s: (m, ninf, s), out_scores=True)
+    rng = np.random.default_rng(10)
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    compiled = _check(graph, inputs)
+    assert all("masked" not in plan for plan in _gemm_marks(compiled))
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..graph.ir import Graph, TensorType
-from ..graph.ranges import nonpositive_tensors
+from ..graph.ranges import iota_constants, nonpositive_tensors, triangle_constants
 from .comprehension import Statement, loads, lower_node
 from .prologue import fold_epilogues, fold_prologues, recompute, widening_loads
 
@@ -41,6 +41,9 @@ class Array:
     role: str  # 'in' | 'out' | 'local'
     kept: tuple[int, ...] | None = None  # a contracted local: the dims its buffer keeps
     nonpositive: bool = False  # every element <= 0 or NaN (graph/ranges.py)
+    iota: int | None = None  # a constant whose elements are their index along this dim
+    # a constant nonzero exactly where index[col] > index[row] + d: (row, col, d)
+    triangle: tuple[int, int, int] | None = None
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
@@ -77,6 +80,7 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
     """One `Kernel` per group of node names (groups in a valid execution order)."""
     c_names = _tensor_c_names(graph)
     nonpositive = nonpositive_tensors(graph)
+    iotas, triangles = iota_constants(graph), triangle_constants(graph)
     by_name = {n.name: n for n in graph.nodes}
     constants = graph.constant_map
     kernels = []
@@ -101,8 +105,8 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
             for t in n.inputs:
                 if t not in produced and t in loaded and t not in read:
                     read.append(t)
-        arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive)
-                  for t in read]
+        arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive,
+                        iota=iotas.get(t), triangle=triangles.get(t)) for t in read]
         arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
                          nonpositive=t in nonpositive) for t in produced]
         # named after its first node that left a statement (not a folded cast or prologue)

@@ -255,6 +255,70 @@ def _row_tail(tail: list[Statement], shape: tuple[int, ...], cols: tuple[int, ..
     return True
 
 
+def masked_columns(view: GemmView, kernel: Kernel) -> int | None:
+    """d such that no value the kernel keeps depends on C's element (row r, column c)
+    where c > r + d: every read of C, or of an epilogue result computed from C there, is
+    in the otherwise branch of a `select` whose condition is `greater` of two iota
+    constants or a triangle constant (`graph.ranges`), an affine condition on C's row and
+    column (causal attention's mask: d = 0). A tile of C whose every element is so
+    masked need not be computed: zeros in its place change nothing. None when that does
+    not hold (several row or column dims, a read of C's values outside such a select,
+    one kept as an output)."""
+    if len(view.rows) != 1 or len(view.cols) != 1:
+        return None
+    iota = {a.tensor: a.iota for a in kernel.arrays if a.iota is not None}
+    triangle = {a.tensor: a.triangle for a in kernel.arrays if a.triangle is not None}
+    r, col = view.rows[0], view.cols[0]
+    offsets: list[int] = []
+    tainted = {view.stmt.target}  # whose values where masked depend on C's there
+
+    def guard_of(cond: Expr) -> Aff | None:
+        """The affine expression of the indices that is > 0 where `cond` holds."""
+        if isinstance(cond, Load) and cond.tensor in triangle:
+            i, j, d = triangle[cond.tensor]
+            x, y = cond.index[j], cond.index[i]
+            return x + y.scale(-1) + -d if isinstance(x, Aff) and isinstance(y, Aff) else None
+        if not (isinstance(cond, Call) and cond.fn == "greater"):
+            return None
+        a, b = cond.args
+        if not (isinstance(a, Load) and isinstance(b, Load) and a.tensor in iota
+                and b.tensor in iota):
+            return None
+        x, y = a.index[iota[a.tensor]], b.index[iota[b.tensor]]
+        return x + y.scale(-1) if isinstance(x, Aff) and isinstance(y, Aff) else None
+
+    def unread(e: Expr, guard: Aff | None) -> bool:
+        """Are the tainted tensors read in `e` only where `guard` > 0 fails?"""
+        if isinstance(e, Load):
+            if e.tensor not in tainted:
+                return True
+            x_r, x_c = e.index[r], e.index[col]
+            if guard is None or not (isinstance(x_r, Aff) and isinstance(x_c, Aff)):
+                return False
+            rest = guard + x_c.scale(-1) + x_r  # guard = (x_c - x_r) + rest
+            if rest.terms:
+                return False
+            offsets.append(-rest.const)  # masked where x_c > x_r - rest
+            return True
+        if isinstance(e, Call) and e.fn == "select" and guard_of(e.args[0]) is not None:
+            cond, then, otherwise = e.args
+            return (unread(cond, guard) and unread(then, guard)
+                    and unread(otherwise, guard_of(cond)))
+        if isinstance(e, Call):
+            return all(unread(a, guard) for a in e.args)
+        if isinstance(e, Guarded):
+            return unread(e.then, guard) and unread(e.otherwise, guard)
+        return True
+
+    for s in view.epilogue:  # elementwise on C: a tainted read taints its result
+        if not unread(s.expr, None):
+            tainted.add(s.target)
+    if (not all(unread(s.expr, None) for s in view.tail) or not offsets
+            or any(kernel.array(t).role == "out" for t in tainted)):
+        return None
+    return max(offsets)
+
+
 # virtual columns may exceed the real ones by this factor (the rest is computed, dropped)
 MAX_ROW_WASTE = 1.25
 PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)

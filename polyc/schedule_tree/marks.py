@@ -169,6 +169,9 @@ class Gemm(Mark):
     # 'packed' | 'rows': B read in place, no pack_b | 'folded': packed, with the batch
     # dims only B reads as columns (`analysis.gemm_view(fold=True)`)
     b: str = "packed"
+    # d: a tile of C whose every element has column > row + d is masked by what reads
+    # it (`analysis.masked_columns`: causal attention's scores) and is not computed
+    masked: str = "-"
 
     @property
     def tiles(self) -> Tiles:
@@ -183,7 +186,8 @@ class Gemm(Mark):
     def __str__(self) -> str:  # every field, always: the plan is read whole
         return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} "
                 f"mc={self.mc} nc={self.nc} kc={self.kc} par={self.par} threads={self.threads} "
-                f"loops={','.join(self.loops) or '-'} b={self.b}")
+                f"loops={','.join(self.loops) or '-'} b={self.b}"
+                + (f" masked={self.masked}" if self.masked != "-" else ""))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from ...errors import GraphError, Problem
 from ...kernel import Kernel
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import BRows, GemmView, b_rows, gemm_view, iterators
+from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators,
+                                     masked_columns)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
 from .tiles import apply_overrides, model_tiles
@@ -161,8 +162,10 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     if par == "inner" and not {"jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
     b = "rows" if rows else "packed" if view.c_matrix else "folded"
+    # masked tiles are skipped where each is computed in one piece (no K blocks)
+    masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
-                options.threads, tuple(loops), b)
+                options.threads, tuple(loops), b, "-" if masked is None else str(masked))
 
 
 def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str],

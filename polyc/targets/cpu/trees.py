@@ -96,6 +96,10 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
             dims = ", ".join(f"dim {d} ({view.shape[d]})" for d in view.cols if d < view.rows[0])
             report.append(f"{view.stmt.name} columns: batch {dims} of C folded into its "
                           f"{view.N} columns, B packed across them: one A block serves all")
+        if plan.masked != "-" and report is not None:
+            report.append(f"{view.stmt.name} masked tiles: C is read only where its column "
+                          f"<= its row + {plan.masked} (a select on the indices, e.g. a "
+                          "causal mask): a tile past that is not computed, zeros stand in")
         if view.tail and report is not None:
             tensors = ", ".join(dict.fromkeys(s.target for s in view.tail))
             report.append(f"{view.stmt.name} row tail ({tensors}): on each block of {plan.mc} "

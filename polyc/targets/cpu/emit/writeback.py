@@ -6,6 +6,7 @@ from __future__ import annotations
 import cgen
 
 from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
+from ....errors import InternalError
 from ....kernel.comprehension import Const
 from ....microkernels.analysis import loads_of
 from .common import Scalars, decompose, stride, virtual
@@ -63,11 +64,16 @@ class WriteBackMixin:
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
         cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
+        # a masked tile (`Gemm.masked`): nothing reads its values, zeros stand in
+        dead = self._masked_tile()
         if rows is None:
             variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
-            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
-                    cgen.Statement(f"{variant}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
-                                   if variant else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")]
+            fill: cgen.Generable = cgen.Statement(
+                f"{variant}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
+                if variant else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")
+            if dead:
+                fill = cgen.If(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"), fill]
             kernel = f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
         else:
             variant = ""
@@ -86,10 +92,24 @@ class WriteBackMixin:
                 edge = cgen.Statement(
                     f"{variant}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
                 otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
-            out.append(cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise))
+            computed = cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise)
+            if dead:  # C itself is what the tail reads: its tile zeroed in place
+                zero = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Statement(
+                    f"memset({cptr} + mk_r * {plan.n}, 0, sizeof(float) * mk_nr)"))
+                computed = cgen.If(dead, zero, computed)
+            out.append(computed)
         else:
             out += slow
         return cgen.Block(out)
+
+    def _masked_tile(self) -> str:
+        """The C condition that the tile is masked, or ''."""
+        if self.plan.masked == "-":
+            return ""
+        if "pc" in self.plan.loops or self.rows is not None or not self.view.c_matrix:
+            raise InternalError("codegen", f"mark {str(self.plan)!r}: masked tiles need "
+                                           "one K block and a packed B")
+        return f"mk_jt > mk_it + mk_mr - 1 + {int(self.plan.masked)}"
 
 
     def _tail_reads(self) -> set[str]:

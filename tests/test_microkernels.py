@@ -734,8 +734,28 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
         assert "y.probs" in compiled.kernels[0].kernel.nodes
         assert any("row tail (y.max, " in line and "y.probs)" in line
                    for line in compiled.kernels[0].fusion_report)
-        # the causal mask's tiles of scores are not computed
-        assert ("masked=0" in _gemm_marks(compiled)[0]) == causal
+        # the causal mask's tiles of scores are not computed, nor the K steps of the
+        # product with v past each tile's diagonal
+        scores, product = _gemm_marks(compiled)
+        assert ("masked=0" in scores) == causal and ("depth=0" in product) == causal
+
+
+@pytest.mark.parametrize("kc", [0, 40])
+def test_causal_attention_with_an_inf_in_v_past_the_diagonal_is_nan_as_the_reference(kc):
+    # the K steps past the diagonal multiply v by 0: skipped only while v is finite
+    rng = np.random.default_rng(11)
+    b = GraphBuilder("att")
+    q, k, v = b.input("q", (2, 150, 64)), b.input("k", (2, 150, 64)), b.input("v", (2, 150, 32))
+    graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    options = Options(microkernel_tiles=(("kc", kc),) if kc else ())
+    compiled = _check(graph, inputs, options)
+    assert "depth=0" in _gemm_marks(compiled)[1]
+    inputs["v"][1, 140, 5] = np.inf  # a key only queries 140.. see
+    got, want = compiled(**inputs)["y"], run_reference(compiled.graph, inputs)["y"]
+    assert np.isnan(got[1, :140, 5]).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def _masked_scores(select_args, *, d: int = 0, fold: bool = False, out_scores: bool = False):

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from polyc import GraphBuilder
 from polyc.graph.decompose import decompose_graph
-from polyc.graph.ranges import iota_constants, nonpositive_tensors, triangle_constants
+from polyc.graph.ranges import (iota_constants, masked_softmax_tensors, nonpositive_tensors,
+                                triangle_constants)
+from polyc.graph.simplify import simplify_graph
 
 
 def test_softmax_shift_is_nonpositive():
@@ -42,3 +45,23 @@ def test_causal_positions_are_iotas_and_a_folded_mask_a_triangle():
                     + [b.cast(consts[3], to="float32"), consts[4]])
     assert triangle_constants(graph) == {"tri": (1, 2, 2)}
     assert iota_constants(graph) == {}
+
+
+@pytest.mark.parametrize("lq", [5, 300])  # the mask folded into a constant, or not
+def test_causal_attention_probabilities_are_zero_past_the_diagonal(lq):
+    b = GraphBuilder("att")
+    q, k, v = b.input("q", [2, lq, 4]), b.input("k", [2, lq, 4]), b.input("v", [2, lq, 4])
+    for causal in (True, False):
+        graph = simplify_graph(decompose_graph(b.build([b.attention(q, k, v, causal=causal,
+                                                                    out=f"y{causal}")])))
+        assert masked_softmax_tensors(graph) == ({f"y{causal}.probs": (1, 2, 0)} if causal else {})
+
+
+def test_a_softmax_over_a_finite_fill_is_not_known_zero():
+    # -1e30 where masked: exp(-1e30 - max) is 0 only if the max is not itself -1e30
+    b = GraphBuilder("m")
+    x = b.input("x", [6, 6])
+    rows, cols = np.indices((6, 6))
+    mask = b.constant("mask", (6, 6), (cols > rows).astype(np.int32).ravel().tolist(), "int32")
+    graph = decompose_graph(b.build([b.softmax(b.select(mask, b.constant("fill", (), [-1e30]), x))]))
+    assert masked_softmax_tensors(graph) == {}

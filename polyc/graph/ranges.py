@@ -11,8 +11,17 @@ axis (causal attention's row and column positions, `decompose.py`): a comparison
 is an affine condition on the indices, which codegen can reason about per tile. And
 `triangle_constants`: such a comparison folded into a constant (`simplify.py` folds a
 small causal mask): nonzero exactly where the column index exceeds the row's plus d.
+
+`masked_softmax_tensors`: a softmax along the last axis of select(mask, -inf, x), the
+mask one of the above (causal attention's probabilities): exactly 0 where the mask
+holds, unless the row's unmasked elements are NaN too. With d >= 0 every row keeps its
+first column, so its max is that of some unmasked element: if finite, the masked
+exp(-inf - max) is 0 and the row's sum at least 1; if not, every unmasked element of the
+row is NaN (x - max is NaN or the sum is) and so is anything computed from the row.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -62,4 +71,62 @@ def triangle_constants(graph: Graph) -> dict[str, tuple[int, int, int]]:
         d = int(first[0]) - 1 if first.size else values.shape[1] - 1
         if np.array_equal(values, cols > rows + d):
             found[t.name] = (r, c, d)
+    return found
+
+
+def masked_softmax_tensors(graph: Graph) -> dict[str, tuple[int, int, int]]:
+    """Tensor -> (row dim, column dim, d): 0 where index[col] > index[row] + d, unless
+    its row is NaN where unmasked (see the module docstring)."""
+    producer = {n.output: n for n in graph.nodes}
+    consts = {t.name: t for t in graph.constants}
+    iotas, triangles = iota_constants(graph), triangle_constants(graph)
+    ndim = {name: t.ndim for name, t in graph.types.items()}
+
+    def node(t: str, op: str):
+        n = producer.get(t)
+        return n if n is not None and n.op == op else None
+
+    def last_axis_reduce(n, op: str, x: str) -> bool:
+        return (n is not None and n.op == op and n.inputs[0] == x and n.attrs.get("keepdims")
+                and tuple(n.attrs.get("axes", ())) in ((ndim[x] - 1,), (-1,)))
+
+    def mask_of(m: str, rank: int) -> int | None:
+        """d when tensor m, right-aligned to `rank` dims, holds exactly where the last
+        dim's index exceeds the one before's plus d."""
+        rows, cols = rank - 2, rank - 1
+        shift = rank - ndim[m]
+        if m in triangles:
+            r, c, d = triangles[m]
+            return d if (r + shift, c + shift) == (rows, cols) else None
+        g = node(m, "greater")
+        if g is None:
+            return None
+        a, b = g.inputs
+        if a in iotas and b in iotas and (iotas[a] + rank - ndim[a], iotas[b] + rank - ndim[b]) \
+                == (cols, rows):
+            return 0
+        return None
+
+    found = {}
+    for n in graph.nodes:
+        if n.op != "mul":
+            continue
+        for ex, inv in (n.inputs, n.inputs[::-1]):
+            e, r = node(ex, "exp"), node(inv, "reciprocal")
+            sh = node(e.inputs[0], "sub") if e is not None else None
+            if r is None or sh is None or not last_axis_reduce(producer.get(r.inputs[0]),
+                                                                 "reduce_sum", ex):
+                continue
+            x, mx = sh.inputs
+            sel = node(x, "select")
+            if sel is None or not last_axis_reduce(producer.get(mx), "reduce_max", x):
+                continue
+            m, neg, _ = sel.inputs
+            value = consts.get(neg)
+            if value is None or value.type.size != 1 or value.data[0] != -math.inf:
+                continue
+            rank = ndim[n.output]
+            d = mask_of(m, rank) if rank >= 2 else None
+            if d is not None and d >= 0:
+                found[n.output] = (rank - 2, rank - 1, d)
     return found

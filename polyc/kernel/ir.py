@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, replace
 
 from ..graph.ir import Graph, TensorType
-from ..graph.ranges import iota_constants, nonpositive_tensors, triangle_constants
+from ..graph.ranges import (iota_constants, masked_softmax_tensors, nonpositive_tensors,
+                            triangle_constants)
 from .comprehension import Statement, loads, lower_node
 from .prologue import fold_epilogues, fold_prologues, recompute, widening_loads
 
@@ -44,6 +45,9 @@ class Array:
     iota: int | None = None  # a constant whose elements are their index along this dim
     # a constant nonzero exactly where index[col] > index[row] + d: (row, col, d)
     triangle: tuple[int, int, int] | None = None
+    # (row, col, d): 0 where index[col] > index[row] + d, unless its row is NaN where
+    # it is not (a softmax of masked scores, graph/ranges.py)
+    masked: tuple[int, int, int] | None = None
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
@@ -81,6 +85,7 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
     c_names = _tensor_c_names(graph)
     nonpositive = nonpositive_tensors(graph)
     iotas, triangles = iota_constants(graph), triangle_constants(graph)
+    masked = masked_softmax_tensors(graph)
     by_name = {n.name: n for n in graph.nodes}
     constants = graph.constant_map
     kernels = []
@@ -106,7 +111,8 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
                 if t not in produced and t in loaded and t not in read:
                     read.append(t)
         arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive,
-                        iota=iotas.get(t), triangle=triangles.get(t)) for t in read]
+                        iota=iotas.get(t), triangle=triangles.get(t), masked=masked.get(t))
+                  for t in read]
         arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
                          nonpositive=t in nonpositive) for t in produced]
         # named after its first node that left a statement (not a folded cast or prologue)

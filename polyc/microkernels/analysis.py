@@ -319,6 +319,26 @@ def masked_columns(view: GemmView, kernel: Kernel) -> int | None:
     return max(offsets)
 
 
+def masked_depth(view: GemmView, kernel: Kernel) -> int | None:
+    """d such that A's element at C's row r and K index p is 0 wherever p > r + d (a
+    softmax of masked scores, `graph.ranges`; its rows NaN where not, which the terms
+    left out cannot change): the K steps past r + d add nothing to row r, as long as B
+    holds no inf or NaN, which codegen checks once per call. A must be that array read at
+    (row, K), B a plain read; None otherwise."""
+    if len(view.rows) != 1 or len(view.red) != 1:
+        return None
+    a, b = view.a_expr, view.b_expr
+    if not (isinstance(a, Load) and isinstance(b, Load)):
+        return None
+    fact = kernel.array(a.tensor).masked
+    if fact is None:
+        return None
+    row, col, d = fact
+    if _one(a.index[row]) != view.out_iter[view.rows[0]] or _one(a.index[col]) != view.red[0]:
+        return None
+    return d
+
+
 # virtual columns may exceed the real ones by this factor (the rest is computed, dropped)
 MAX_ROW_WASTE = 1.25
 PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)

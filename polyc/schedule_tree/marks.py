@@ -172,6 +172,9 @@ class Gemm(Mark):
     # d: a tile of C whose every element has column > row + d is masked by what reads
     # it (`analysis.masked_columns`: causal attention's scores) and is not computed
     masked: str = "-"
+    # d: A is 0 past K index row + d (`analysis.masked_depth`: causal attention's
+    # probabilities): each tile stops its K steps there when B is finite
+    depth: str = "-"
 
     @property
     def tiles(self) -> Tiles:
@@ -187,7 +190,8 @@ class Gemm(Mark):
         return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} "
                 f"mc={self.mc} nc={self.nc} kc={self.kc} par={self.par} threads={self.threads} "
                 f"loops={','.join(self.loops) or '-'} b={self.b}"
-                + (f" masked={self.masked}" if self.masked != "-" else ""))
+                + (f" masked={self.masked}" if self.masked != "-" else "")
+                + (f" depth={self.depth}" if self.depth != "-" else ""))
 
 
 @dataclass(frozen=True)

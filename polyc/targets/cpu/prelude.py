@@ -47,4 +47,15 @@ static inline void polyc_stream_fence(void) {
   __builtin_ia32_sfence();
 #endif
 }
+/* no inf or NaN among n floats: whether a product may skip the terms whose other factor
+   is 0 (0 * inf is NaN); on the bits, as fast-math flags may not fold it away */
+static inline int polyc_all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t bits;
+    memcpy(&bits, x + i, 4);
+    bad |= (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  return !bad;
+}
 """ + COMMON

@@ -100,6 +100,10 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
             report.append(f"{view.stmt.name} masked tiles: C is read only where its column "
                           f"<= its row + {plan.masked} (a select on the indices, e.g. a "
                           "causal mask): a tile past that is not computed, zeros stand in")
+        if plan.depth != "-" and report is not None:
+            report.append(f"{view.stmt.name} masked K: A is 0 past K index row + {plan.depth} "
+                          "(a softmax of masked scores): each tile stops its K steps "
+                          "there, unless B holds an inf or NaN (checked once per call)")
         if view.tail and report is not None:
             tensors = ", ".join(dict.fromkeys(s.target for s in view.tail))
             report.append(f"{view.stmt.name} row tail ({tensors}): on each block of {plan.mc} "

@@ -105,6 +105,10 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         body: list[cgen.Generable] = [cgen.Comment(
             f"{plan.kernel}: C[{view.batches}x {plan.m}x{plan.n}] += A[{plan.m}x{plan.k}] "
             f"B[{plan.k}x{plan.n}]; tiles mc={t.mc} nc={t.nc} kc={t.kc}, {plan.par} threads")]
+        if plan.depth != "-":  # the K steps a tile may skip, only if B is finite
+            b = self.b.arrays[view.b_expr.tensor]
+            body.append(cgen.Statement(f"const int mk_bfinite = polyc_all_finite("
+                                       f"{b.c_name}, {math.prod(b.type.shape)})"))
         if self._acc_local():
             self.partial_sums.add(view.stmt.target)
             body.append(cgen.Statement(

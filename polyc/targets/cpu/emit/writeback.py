@@ -64,17 +64,24 @@ class WriteBackMixin:
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
         cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
-        # a masked tile (`Gemm.masked`): nothing reads its values, zeros stand in
+        # a masked tile (`Gemm.masked`): nothing reads its values, zeros stand in; with
+        # A 0 past a depth (`Gemm.depth`), the K steps up to it (none: zeros again)
         dead = self._masked_tile()
+        kc = "mk_kc"
+        if plan.depth != "-":
+            kc = "mk_kce"
+            out.append(cgen.Statement(f"const long mk_kce = mk_bfinite ? min(mk_kc, mk_it + "
+                                      f"mk_mr + {int(plan.depth)} - mk_k0) : mk_kc"))
+            dead = " || ".join(filter(None, [dead, "mk_kce <= 0"]))
         if rows is None:
             variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
             fill: cgen.Generable = cgen.Statement(
-                f"{variant}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
-                if variant else f"{call}(mk_kc, mk_ap, mk_bp, mk_tile, {NR}, 0)")
+                f"{variant}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
+                if variant else f"{call}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0)")
             if dead:
                 fill = cgen.If(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"), fill]
-            kernel = f"{call}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
+            kernel = f"{call}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
         else:
             variant = ""
             whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
@@ -90,13 +97,14 @@ class WriteBackMixin:
             otherwise: cgen.Generable = cgen.Block(slow)
             if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
                 edge = cgen.Statement(
-                    f"{variant}(mk_kc, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
+                    f"{variant}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
                 otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
             computed = cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise)
-            if dead:  # C itself is what the tail reads: its tile zeroed in place
+            if dead:  # zeros in C itself, where its first K block would have stored
                 zero = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Statement(
                     f"memset({cptr} + mk_r * {plan.n}, 0, sizeof(float) * mk_nr)"))
-                computed = cgen.If(dead, zero, computed)
+                computed = cgen.If(f"({dead}) && {first}", zero,
+                                   cgen.If(f"!({dead})", computed))
             out.append(computed)
         else:
             out += slow

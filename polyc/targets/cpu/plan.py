@@ -13,7 +13,6 @@ from dataclasses import replace
 
 from ...errors import GraphError, Problem
 from ...kernel import Kernel
-from ...kernel.comprehension import Load
 from ...machine import Machine
 from ...microkernels import registry
 from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators,
@@ -165,9 +164,7 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     b = "rows" if rows else "packed" if view.c_matrix else "folded"
     # masked tiles are skipped where each is computed in one piece (no K blocks)
     masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None
-    static = all(isinstance(n, int) for n in kernel.array(view.b_expr.tensor).type.shape) \
-        if isinstance(view.b_expr, Load) else False
-    depth = masked_depth(view, kernel) if b == "packed" and static else None
+    depth = masked_depth(view, kernel) if b == "packed" else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
                 "-" if depth is None else str(depth))

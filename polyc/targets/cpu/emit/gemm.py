@@ -108,7 +108,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         if plan.depth != "-":  # the K steps a tile may skip, only if B is finite
             b = self.b.arrays[view.b_expr.tensor]
             body.append(cgen.Statement(f"const int mk_bfinite = polyc_all_finite("
-                                       f"{b.c_name}, {math.prod(b.type.shape)})"))
+                                       f"{b.c_name}, {c_size(math.prod(b.type.shape))})"))
         if self._acc_local():
             self.partial_sums.add(view.stmt.target)
             body.append(cgen.Statement(

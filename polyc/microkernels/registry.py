@@ -120,14 +120,20 @@ TIE = 0.03  # relative: rounds of the calibration differ by about this much
 
 def select(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
-           rates: dict[str, float] | None = None) -> Microkernel | None:
+           rates: dict[str, float] | None = None, streaming: bool = False) -> Microkernel | None:
     """The kernel `choose` picks (see there)."""
-    return choose(kind, dtype, target, isa, shape, rates)[0]
+    return choose(kind, dtype, target, isa, shape, rates, streaming)[0]
+
+
+def intensity(m: Microkernel) -> float:
+    """Multiply-adds per float a K step loads (mr of A, nr of B)."""
+    return m.mr * m.nr / (m.mr + m.nr)
 
 
 def choose(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
-           rates: dict[str, float] | None = None) -> tuple[Microkernel | None, str]:
+           rates: dict[str, float] | None = None,
+           streaming: bool = False) -> tuple[Microkernel | None, str]:
     """The fastest kernel of `kind` for `dtype` whose features the target has, and why.
 
     `isa` ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if the target
@@ -136,8 +142,12 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
     that land inside a C of `shape` (rows, cols): 64 rows waste a third of the 6 x 16
     kernel's last row tile and none of the 4 x 24's. Scores within TIE of the best are
     a tie (measurement noise must not flip the choice), won by rank (the kernel with
-    edge variants), then the smaller waste, then the taller tile. A target this host
-    cannot run keeps the registry's rank (widest ISA first)."""
+    edge variants), then the smaller waste, then the taller tile. With `streaming` (the
+    B panels stream from L2 rather than stay in L1, which the in-cache calibration does
+    not see), each score is also weighed by the kernel's `intensity` against the best of
+    its instruction set: 6 x 16 loads 22 floats a K step for 96 multiply-adds, 4 x 24
+    loads 28 (measured on avx2; the avx512 pair is weighed alike by the same count). A
+    target this host cannot run keeps the registry's rank (widest ISA first)."""
     fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
             and set(m.features) <= target_features(target)]
     if isa and kind == "gemm":
@@ -153,16 +163,26 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
         best = max(fits, key=lambda m: (m.rank, efficiency(m), m.mr))
         return best, (f"{best.name}: by rank (the kernels were not measured on this host: "
                       f"it cannot run -march={target.arch} code)")
-    score = {m.name: rates[m.name] * efficiency(m) for m in fits}
+    def weight(m: Microkernel) -> float:
+        peers = [intensity(p) for p in fits if p.features == m.features]
+        return round(intensity(m) / max(peers), 3) if streaming else 1.0
+
+    score = {m.name: rates[m.name] * efficiency(m) * weight(m) for m in fits}
     top = max(score.values())
     scored = sorted(fits, key=lambda m: (score[m.name] >= (1 - TIE) * top, m.rank,
-                                         efficiency(m), m.mr, score[m.name]), reverse=True)
+                                         efficiency(m) * weight(m), m.mr, score[m.name]),
+                    reverse=True)
 
     def text(m: Microkernel) -> str:
-        return f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles used"
+        loads = f" x {weight(m):.0%} for its loads" if streaming else ""
+        return (f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles "
+                f"used{loads}")
 
-    return scored[0], ("measured on this host: " + text(scored[0])
-                       + "".join(f"; vs {text(m)}" for m in scored[1:]))
+    why = "measured on this host: " + text(scored[0]) + "".join(f"; vs {text(m)}" for m in scored[1:])
+    if streaming:
+        why += ("; B's panels stream from L2: each kernel weighed by its multiply-adds per "
+                "float loaded, against the best of its instruction set")
+    return scored[0], why
 
 
 def _files(kernels: list[Microkernel]) -> list[str]:

@@ -48,7 +48,9 @@ def measured(machine: Machine) -> dict[str, float]:
 def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> str | None:
     """The fusion oracle's question: the microkernel that computes `kernel`'s contraction
     (at least `min_flops` of it), or None."""
-    mk = gemm_microkernel(cpu_gemm_view(kernel), machine, min_flops=min_flops)
+    view = cpu_gemm_view(kernel)
+    mk = gemm_microkernel(view, machine, min_flops=min_flops,
+                          streaming=view is not None and streams_b(view, kernel, machine))
     return mk.name if mk else None
 
 
@@ -82,14 +84,16 @@ def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
 
 
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
-                     min_flops: int = MIN_GEMM_FLOPS) -> registry.Microkernel | None:
+                     min_flops: int = MIN_GEMM_FLOPS, streaming: bool = False
+                     ) -> registry.Microkernel | None:
     """The gemm microkernel for a contraction (`gemm_view`), if any and if it has at
     least `min_flops`: what the microkernels pass maps, and the fusion oracle keeps. With
-    a row tail, only where blocks of whole rows fit (`tail_rows`)."""
+    a row tail, only where blocks of whole rows fit (`tail_rows`); `streaming` as in
+    `streams_b`."""
     if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
         return None
     mk = registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
-                         rates=measured(machine))
+                         rates=measured(machine), streaming=streaming)
     return None if mk is None or (view.tail and not tail_rows(view, mk, machine)) else mk
 
 
@@ -129,7 +133,19 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
     return registry.choose("gemm", "float32", machine, isa, shape=(view.M, view.N),
-                           rates=measured(machine))
+                           rates=measured(machine), streaming=streams_b(view, kernel, machine))
+
+
+def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:
+    """Do B's micro-panels stream from L2 (`registry.choose`)? Where B is packed and C
+    cannot stay in cache, `model_tiles` makes them an eighth of L2, not L1 (`deep`); the
+    in-cache calibration does not see what loading them then costs (Zen 3, 6x16 against
+    4x24, 8-image 1x1 convolutions folded into one C: 8x256x56x56 to 512 /2, 71 against
+    52 GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C
+    stays in cache, 52 against 70). B read in place keeps the calibration's tie-break
+    (3x3 convolutions: 4x24 5% faster)."""
+    return (view.M * view.N * 4 > 4 * machine.fusion_level.capacity
+            and b_rows(view, kernel) is None)
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine: Machine,

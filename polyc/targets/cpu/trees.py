@@ -65,7 +65,8 @@ from ...schedule_tree.model import PolyModel
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
 from . import tuning
-from .plan import choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_view
+from .plan import (choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_view,
+                   streams_b)
 
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
@@ -86,7 +87,8 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     if not options.microkernels:
         return model
     view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch)
-    if gemm_microkernel(view, machine, options.microkernel_isa) is not None:
+    streaming = view is not None and streams_b(view, kernel, machine)
+    if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")

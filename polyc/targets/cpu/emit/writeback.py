@@ -7,8 +7,8 @@ import cgen
 
 from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
 from ....errors import InternalError
-from ....kernel.comprehension import Const
-from ....microkernels.analysis import loads_of
+from ....kernel.comprehension import Aff, Const
+from ....microkernels.analysis import iterators, loads_of
 from .common import Scalars, decompose, stride, virtual
 
 
@@ -45,6 +45,8 @@ class WriteBackMixin:
                 f"{n} * {c_size(real[d])}" for n, d in zip(names, view.cols))))
             q = rows.inner
             straight = f"{names[q]} + {NR} <= {rows.col_extents[q]}" if q is not None else "0"
+            if self._flat_columns():  # a full tile is consecutive across row wraps too
+                straight = f"mk_nr == {NR}"
             out.append(cgen.Statement(f"const int mk_straight = {straight}"))
         # a batch's stride is a product of symbols where its rows and columns both are
         boff = " + ".join(f"{v} * ({c_size(stride(view.shape, d))})" for d, v in batch_vals.items()
@@ -109,6 +111,31 @@ class WriteBackMixin:
         else:
             out += slow
         return cgen.Block(out)
+
+    def _flat_columns(self) -> bool:
+        """Are the virtual columns the output's own, and is every column dim a row-major
+        part of one run in every tensor the write-back touches (a 1x1 convolution's
+        planes: (y, x) is y * W + x in B, in C and in a residual)? Then the straight
+        write-back of a full tile holds across a wrap of the inner dim: its columns are
+        consecutive in all of them (56-wide planes: a third of the 24-wide tiles wrap)."""
+        view, cols = self.view, self.view.cols
+        real = view.strides(cols)
+        if self.rows.col_weights != tuple(real[d] for d in cols) or \
+                self.rows.col_extents != tuple(view.shape[d] for d in cols):
+            return False
+        for s in (view.init, *view.epilogue):
+            for load in loads_of(s.expr):
+                shape = self.b.arrays[load.tensor].type.shape
+                weight = {d: 0 for d in cols}
+                for t, x in enumerate(load.index):
+                    terms = dict(x.terms) if isinstance(x, Aff) else None
+                    if terms is None and iterators(x) & set(cols):
+                        return False
+                    for d in cols:
+                        weight[d] += (terms or {}).get(d, 0) * stride(shape, t)
+                if any(weight[a] != weight[b] * view.shape[b] for a, b in zip(cols, cols[1:])):
+                    return False
+        return True
 
     def _masked_tile(self) -> str:
         """The C condition that the tile is masked, or ''."""

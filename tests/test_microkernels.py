@@ -1022,18 +1022,26 @@ def test_streaming_b_weighs_each_kernel_by_its_loads(shape, name):
     assert chosen.name == name and "for its loads" in why
 
 
-def test_a_folded_convolution_whose_c_spills_l2_streams_b():
-    from polyc.kernel import build_kernels
+@pytest.mark.parametrize("x,w,packed", [((8, 512, 28, 28), (128, 512, 1, 1), True),
+                                         ((1, 512, 28, 28), (128, 512, 1, 1), True),
+                                         ((1, 64, 56, 56), (256, 64, 1, 1), False),
+                                         ((1, 64, 56, 56), (64, 64, 3, 3), False)])
+def test_b_streams_when_packed_beside_a_large_c_or_read_in_place_without_a_window(x, w, packed):
     from polyc.graph.decompose import decompose_graph
+    from polyc.kernel import build_kernels
+    from polyc.microkernels.analysis import b_rows
     from polyc.targets.cpu.plan import cpu_gemm_view, streams_b
 
     machine = cpu_machine()
-    for batch, want in ((8, True), (1, False)):
-        graph, _ = _conv((batch, 512, 28, 28), (128, 512, 1, 1))
-        (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
-        view = cpu_gemm_view(kernel)
-        big = view.M * view.N * 4 > 4 * machine.fusion_level.capacity
-        assert streams_b(view, kernel, machine) == (want and big)
+    graph, _ = _conv(x, w, pads=[w[2] // 2] * 4)
+    (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
+    view = cpu_gemm_view(kernel)
+    assert (b_rows(view, kernel) is None) == packed
+    if packed:  # deep K blocks: C over four times L2 (the 8 images folded, on this host)
+        want = view.M * view.N * 4 > 4 * machine.fusion_level.capacity
+    else:  # K rows whole planes apart (1x1), or a window's overlapping rows (3x3)
+        want = w[2] == 1
+    assert streams_b(view, kernel, machine) == want
 
 
 @pytest.mark.parametrize("sa,sb,epilogue", [((28, 50), (50, 70), _bias_gelu),

@@ -439,6 +439,15 @@ class BRows:
         return max((k for k, w in enumerate(self.col_weights) if w), default=None)
 
 
+def windowed(view: GemmView) -> bool:
+    """Does a dim of B's operand move with both a column and a K iterator (conv2d's
+    window: x[.., y + ky, x + kx]), so that neighbouring K rows of a tile overlap?"""
+    cols = {view.out_iter[d] for d in view.cols}
+    red = {p for p in view.red if view.stmt.extents[p] > 1}
+    return any(iterators(x) & cols and iterators(x) & red
+               for load in loads_of(view.b_expr) for x in load.index)
+
+
 def _phases(view: GemmView, load: Load) -> list[int]:
     """Per dim of B's load, the phases a copy splits it into: the stride its column
     iterators walk it with, where a K iterator walks it too (a strided window); else 1

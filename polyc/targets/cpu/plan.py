@@ -16,7 +16,7 @@ from ...kernel import Kernel
 from ...machine import Machine
 from ...microkernels import registry
 from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators,
-                                     masked_columns, masked_depth)
+                                     masked_columns, masked_depth, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
 from .tiles import apply_overrides, model_tiles
@@ -142,10 +142,13 @@ def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:
     in-cache calibration does not see what loading them then costs (Zen 3, 6x16 against
     4x24, 8-image 1x1 convolutions folded into one C: 8x256x56x56 to 512 /2, 71 against
     52 GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C
-    stays in cache, 52 against 70). B read in place keeps the calibration's tie-break
-    (3x3 convolutions: 4x24 5% faster)."""
-    return (view.M * view.N * 4 > 4 * machine.fusion_level.capacity
-            and b_rows(view, kernel) is None)
+    stays in cache, 52 against 70). B read in place streams too where its K rows are
+    whole planes apart (a 1x1 convolution: 6x16 6-9% faster on 64 and 256 output
+    channels, 1 and 8 images), not where a window's neighbouring rows overlap (3x3:
+    4x24 5% faster)."""
+    if b_rows(view, kernel) is not None:
+        return not windowed(view)
+    return view.M * view.N * 4 > 4 * machine.fusion_level.capacity
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine: Machine,

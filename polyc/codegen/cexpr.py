@@ -148,6 +148,8 @@ _FLOAT_FNS = {
 # float32 ops whose prelude version vectorises
 _FLOAT32_FNS = {"exp": "polyc_expf({a})", "log": "polyc_logf({a})", "tanh": "polyc_tanhf({a})",
                 "erf": "polyc_erff({a})", "sigmoid": "polyc_sigmoidf({a})"}
+# ...each a polynomial inlined where it is called: a loop of them is much code for gcc
+INLINED_FNS = frozenset(_FLOAT32_FNS)
 # integer ops over {i} (int32_t / int64_t) wrap like the reference: signed overflow is
 # undefined in C, so they compute in the unsigned type {u}
 _INT_FNS = {

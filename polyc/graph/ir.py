@@ -196,6 +196,12 @@ class Graph:
                 out.setdefault(t, []).append(n)
         return {t: tuple(ns) for t, ns in out.items()}
 
+    @cached_property
+    def derived(self) -> dict[str, Any]:
+        """What other modules compute from the graph, kept with it (it never changes):
+        the fusion oracle builds kernels of it once a proposal (`graph/ranges.py`)."""
+        return {}
+
     @property
     def constant_map(self) -> dict[str, Tensor]:
         return {c.name: c for c in self.constants}

@@ -21,6 +21,7 @@ row is NaN (x - max is NaN or the sum is) and so is anything computed from the r
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -28,6 +29,17 @@ import numpy as np
 from .ir import Graph
 
 
+def _kept(compute):
+    """`compute(graph)` once per graph (`Graph.derived`)."""
+    @functools.wraps(compute)
+    def kept(graph: Graph):
+        if compute.__name__ not in graph.derived:
+            graph.derived[compute.__name__] = compute(graph)
+        return graph.derived[compute.__name__]
+    return kept
+
+
+@_kept
 def nonpositive_tensors(graph: Graph) -> frozenset[str]:
     producer = {n.output: n for n in graph.nodes}
     found = set()
@@ -42,6 +54,7 @@ def nonpositive_tensors(graph: Graph) -> frozenset[str]:
     return frozenset(found)
 
 
+@_kept
 def iota_constants(graph: Graph) -> dict[str, int]:
     """Constant -> the axis along which each element equals its index (every other
     axis of extent 1)."""
@@ -55,6 +68,7 @@ def iota_constants(graph: Graph) -> dict[str, int]:
     return found
 
 
+@_kept
 def triangle_constants(graph: Graph) -> dict[str, tuple[int, int, int]]:
     """Constant -> (row dim, column dim, d): its element is nonzero exactly where the
     index along the column dim exceeds the one along the row dim plus d (every other
@@ -74,6 +88,7 @@ def triangle_constants(graph: Graph) -> dict[str, tuple[int, int, int]]:
     return found
 
 
+@_kept
 def masked_softmax_tensors(graph: Graph) -> dict[str, tuple[int, int, int]]:
     """Tensor -> (row dim, column dim, d): 0 where index[col] > index[row] + d, unless
     its row is NaN where unmasked (see the module docstring)."""

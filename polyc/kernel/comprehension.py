@@ -158,6 +158,17 @@ def loads(e: Expr, guards: tuple[Guard, ...] = ()):
         yield from loads(e.otherwise, guards + (Outside(e.bounds),))
 
 
+def calls(e: Expr):
+    """Every call of an expression, outermost first."""
+    if isinstance(e, Call):
+        yield e
+        for a in e.args:
+            yield from calls(a)
+    elif isinstance(e, Guarded):
+        yield from calls(e.then)
+        yield from calls(e.otherwise)
+
+
 # --- statements ------------------------------------------------------------------
 
 REDUCE_KIND = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",

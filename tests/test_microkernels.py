@@ -1155,3 +1155,16 @@ def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
         gemms += 1
         tails += bool(view.tail)
     assert gemms == 2 and tails == 1  # the scores kernel kept its softmax
+
+
+@pytest.mark.parametrize("size,chunk", [(7, 1), (56, 4)])
+def test_a_team_gets_column_tiles_in_chunks_that_leave_no_thread_idle(size, chunk):
+    # conv5's 7x7 image has 4 column tiles: chunks of 4 gave them all to one thread
+    channels = 256 if size == 7 else 32  # enough work for a team
+    graph, inputs = _conv((1, channels, size, size), (64, channels, 3, 3), pads=[1, 1, 1, 1])
+    compiled = _check(graph, inputs, Options(threads=2, microkernel_isa="avx2")
+                      if host_can_run("x86-64-v3") else Options(threads=2), atol=3e-4)
+    (plan,) = _gemm_marks(compiled)
+    if "par=inner" not in plan or "b=rows" not in plan:
+        pytest.skip(f"this host's plan shares no virtual column tiles: {plan}")
+    assert f"omp for schedule(dynamic, {chunk})" in compiled.c_source

@@ -68,8 +68,13 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             return self.b.node(child, outer)
         if isinstance(mark, marks.TeamFor):
             # tiles over virtual columns cost unevenly (those across a row wrap take the
-            # write-back by runs): handed out a few at a time
-            share = "schedule(static)" if self.rows is None else "schedule(dynamic, 4)"
+            # write-back by runs): handed out a few at a time, never so many that a
+            # thread is left none (conv5's 7x7 image: 4 column tiles, which chunks of 4
+            # gave one thread, 2 threads no faster than 1)
+            share = "schedule(static)"
+            if self.rows is not None:
+                tiles = -(-min(self.plan.nc, self.rows.width) // self.mk.nr)
+                share = f"schedule(dynamic, {max(1, min(4, tiles // 8))})"
             return self.b.node(child, outer + (f"omp for {share}",))
         if isinstance(mark, marks.BRows):
             return self.prepare_rows(child, outer)

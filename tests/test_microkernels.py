@@ -1157,10 +1157,11 @@ def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
     assert gemms == 2 and tails == 1  # the scores kernel kept its softmax
 
 
-@pytest.mark.parametrize("size,chunk", [(7, 1), (56, 4)])
+@pytest.mark.parametrize("size,chunk", [(14, 1), (56, 4)])
 def test_a_team_gets_column_tiles_in_chunks_that_leave_no_thread_idle(size, chunk):
-    # conv5's 7x7 image has 4 column tiles: chunks of 4 gave them all to one thread
-    channels = 256 if size == 7 else 32  # enough work for a team
+    # a 14x14 image has 14 column tiles of 16 (of 24: 10): chunks of 4 left a thread of
+    # two idle a third of the time
+    channels = 256 if size == 14 else 32  # enough work for a team
     graph, inputs = _conv((1, channels, size, size), (64, channels, 3, 3), pads=[1, 1, 1, 1])
     compiled = _check(graph, inputs, Options(threads=2, microkernel_isa="avx2")
                       if host_can_run("x86-64-v3") else Options(threads=2), atol=3e-4)
@@ -1168,3 +1169,18 @@ def test_a_team_gets_column_tiles_in_chunks_that_leave_no_thread_idle(size, chun
     if "par=inner" not in plan or "b=rows" not in plan:
         pytest.skip(f"this host's plan shares no virtual column tiles: {plan}")
     assert f"omp for schedule(dynamic, {chunk})" in compiled.c_source
+
+
+@pytest.mark.parametrize("xs,ws,kc", [((1, 256, 7, 7), (96, 256, 3, 3), 0),  # B in place
+                                      ((1, 256, 7, 7), (90, 256, 3, 3), 200),  # K blocks
+                                      ((1, 512, 7, 7), (100, 512, 1, 1), 0)])  # B packed
+def test_a_team_splits_the_row_blocks_when_few_column_tiles(xs, ws, kc):
+    graph, inputs = _conv(xs, ws, bias_relu=True, pads=[ws[2] // 2] * 4)
+    options = Options(threads=2, microkernel_tiles=(("kc", kc),) if kc else ())
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (plan,) = _gemm_marks(compiled)
+    mark = marks.parse(plan)
+    assert mark.par == "rows", plan
+    assert "ic" in mark.loops and -(-mark.m // mark.mc) >= 4  # about four blocks a thread
+    src = compiled.c_source
+    assert "omp for schedule(dynamic, 1)" in src

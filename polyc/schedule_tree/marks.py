@@ -163,7 +163,9 @@ class Gemm(Mark):
     mc: int = 0
     nc: int = 0
     kc: int = 0
-    par: str = "none"  # 'inner' (the team shares each tile loop) | 'batch' | 'none'
+    # 'inner' (the team shares each tile loop) | 'rows' (each thread takes whole row
+    # blocks, the ic loop) | 'batch' | 'none'
+    par: str = "none"
     threads: int = 0  # 0: the runtime's team
     loops: tuple[str, ...] = ()  # tile loops present, outermost first
     # 'packed' | 'rows': B read in place, no pack_b | 'folded': packed, with the batch

@@ -170,6 +170,16 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
         par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
+    if par == "inner" and not view.tail and view.batches == 1 \
+            and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < 4 * team:
+        # too few column tiles to share (a 7x7 image has 4; Zen 3, conv5 512x7x7 3x3 at
+        # 2 threads: 93 GFLOP/s shared, 106 by row blocks; 14 tiles of a 14x14 image
+        # shared: 124, by row blocks 100): each thread takes whole row blocks instead,
+        # about four of them (mc rounded up to the kernel's rows; a packed B, that
+        # narrow, packed by each thread). One image only: no batch loop, which the
+        # per-image copies of B (`BRows.slices`) would share inside the blocks
+        par = "rows"
+        tiles = replace(tiles, mc=min(tiles.mc, -(-M // (4 * team * mk.mr)) * mk.mr))
     batch = [f"b{d}" for d in view.batch if view.shape[d] > 1]
     loops = ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
@@ -180,6 +190,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
     if par == "inner" and not {"jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
+    if par == "rows" and "ic" not in loops:
+        par = "none"  # one row block
     b = "rows" if rows else "packed" if view.c_matrix else "folded"
     # masked tiles are skipped where each is computed in one piece (no K blocks)
     masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None

@@ -180,6 +180,8 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
         tree = text.sequence([((s0,) + others, tree), (view.tail, _tail_tree(view, plan))])
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
+        if plan.par == "rows":
+            tree = mark(marks.TeamFor(s0.name), tree)
     if not rows and not plan.batch_inside:
         tree = mark(marks.PackB(s0.name), tree)
     for name in ("pc", "jc"):

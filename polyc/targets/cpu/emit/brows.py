@@ -15,7 +15,7 @@ class BRowsMixin:
     def prepare_rows(self, child, outer) -> cgen.Generable:
         """B read in place (`analysis.BRows`): its padded copy, once per call or per
         batch point (`slices`: the mark is then inside the batch loop), and the offset of
-        each K row in it. The team shares both loops (par=inner; each `omp for` ends in a
+        each K row in it. The team shares both loops (par=inner or rows; each `omp for` ends in a
         barrier, so both are complete before any tile reads them); par=batch with slices:
         each thread copies its own batch points into its own buffer."""
         rows, plan, view = self.rows, self.plan, self.view
@@ -24,9 +24,10 @@ class BRowsMixin:
             f"B read in place, K row by K row, from {arr.c_name}"
             + (f" padded to [{','.join(map(str, rows.shape))}]" if rows.copy else "")
             + f"; {rows.width} virtual columns for {plan.n}")]
-        if plan.par != "inner":
+        team = plan.par in ("inner", "rows")  # one copy for the team
+        if not team:
             code += self._buffers("b")
-        share = {"inner": "omp for schedule(static)",
+        share = {"inner": "omp for schedule(static)", "rows": "omp for schedule(static)",
                  "batch": "omp parallel for schedule(static)"
                           + (f" num_threads({plan.threads})" if plan.threads else "")
                  if not rows.slices else None}.get(plan.par)
@@ -40,7 +41,7 @@ class BRowsMixin:
         loop = cgen.For("long mk_k = 0", f"mk_k < {plan.k}", "mk_k++", cgen.Block(
             decompose(k_names, [view.stmt.extents[p] for p in view.red], "mk_k")
             + [cgen.Assign("mk_off[mk_k]", off)]))
-        code += ([cgen.Pragma(share)] if plan.par == "inner" else []) + [loop]
+        code += ([cgen.Pragma(share)] if team else []) + [loop]
         code.append(self.b.node(child, outer))
         return cgen.Block(code)
 

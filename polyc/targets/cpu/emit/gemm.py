@@ -72,7 +72,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             # thread is left none (conv5's 7x7 image: 4 column tiles, which chunks of 4
             # gave one thread, 2 threads no faster than 1)
             share = "schedule(static)"
-            if self.rows is not None:
+            if self.plan.par == "rows":  # a few row blocks, the last maybe short
+                share = "schedule(dynamic, 1)"
+            elif self.rows is not None:
                 tiles = -(-min(self.plan.nc, self.rows.width) // self.mk.nr)
                 share = f"schedule(dynamic, {max(1, min(4, tiles // 8))})"
             return self.b.node(child, outer + (f"omp for {share}",))
@@ -119,8 +121,10 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             body.append(cgen.Statement(
                 f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
         inner = self.b.node(child, outer)
-        if plan.par == "inner":
-            body += self._buffers()
+        if plan.par in ("inner", "rows"):
+            # the team's buffers; with par=rows each thread packs its own A blocks (and
+            # its own copy of a packed B, a few column tiles wide)
+            body += self._buffers("ab" if plan.par == "inner" else "b" if self.rows else "")
             threads = [f"num_threads({plan.threads})"] if plan.threads else []
             # the row tail's contracted buffers (a row of exp) are each thread's own; a
             # block of C (and of its epilogue) is filled by the team for the tail to read

@@ -236,10 +236,6 @@ def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, ma
     fusion oracle built for the kernel's group (`models`) are taken as they are."""
     known = models.known(kernel) if models is not None else None
     if known is not None:
-        # the context is the compile's, not the kernel's own: back to isl's default what
-        # the cpu's gemm mapping turns off for its kernel (so no kernel's code depends on
-        # the kernels compiled before it)
-        models.ctx.set_ast_build_scale_strides(1)
         state = KernelState(kernel, models.ctx, fusion, model=known, ledger=trace.ledger)
     else:
         state = KernelState(kernel, isl.Context(), fusion, ledger=trace.ledger)

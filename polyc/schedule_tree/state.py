@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class KernelState:
     kernel: Kernel
-    ctx: isl.Context  # one per kernel: isl's operation budget is per context
+    ctx: isl.Context  # the kernel's own, or the compile's whose fusion oracle modelled it
     fusion: tuple[str, ...] = ()  # the fusion proposals that concern its nodes
     decisions: tuple[str, ...] = ()  # each pass's, in order
     model: PolyModel | None = None

@@ -47,6 +47,10 @@ class CpuBackend(Backend):
         return (MICROKERNELS, TILE, CONTRACT, RECOMPUTE, LOWER)
 
     def codegen(self, state, machine, options):
+        # a gemm nest's tile origins are read off the loop iterators: isl must not scale
+        # a strided loop (16*i2) down to its quotient (i2) there; elsewhere isl's default
+        # (set either way: the context may be the compile's, shared by its kernels)
+        state.schedule.get_ctx().set_ast_build_scale_strides(0 if state.marks(marks.Gemm) else 1)
         # a symbolic kernel's symbols are isl parameters: the AST knows their ranges
         build = isl.AstBuild.from_context(state.model.domain.params())
         builder = CpuBuilder(state.kernel, state.promotions)

@@ -107,12 +107,12 @@ def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int
     return rows if rows >= MIN_TAIL_PANELS * mk.mr else 0
 
 
-def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
-                       ) -> tuple[registry.Microkernel, str]:
+def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options,
+                       streaming: bool = False) -> tuple[registry.Microkernel, str]:
     """The gemm kernel for this contraction and why: the one `options.gemm_kernel`
     names, else the one `polyc tune` measured fastest for this kernel, else the fastest
-    the calibration measured for the shape (`registry.choose`); within
-    `options.microkernel_isa` when it names one."""
+    the calibration measured for the shape (`registry.choose`, `streaming` as in
+    `streams_b`); within `options.microkernel_isa` when it names one."""
     isa = options.microkernel_isa
     allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
                and set(m.features) <= machine.features
@@ -133,7 +133,7 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
     return registry.choose("gemm", "float32", machine, isa, shape=(view.M, view.N),
-                           rates=measured(machine), streaming=streams_b(view, kernel, machine))
+                           rates=measured(machine), streaming=streaming)
 
 
 def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:

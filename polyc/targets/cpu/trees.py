@@ -89,7 +89,7 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch)
     streaming = view is not None and streams_b(view, kernel, machine)
     if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
-        mk, why = choose_gemm_kernel(view, kernel, machine, options)
+        mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = b_rows(view, kernel) if mk.b_rows_variant else None
@@ -112,9 +112,6 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
                           f"rows of C once its {view.N} columns are final, while the block is "
                           f"in cache (one column block; rows filling at most half of "
                           f"{machine.fusion_level.name})")
-        # codegen reads tile origins off the loop iterators: isl must not scale a
-        # strided loop (16*i2) down to its quotient (i2)
-        model.domain.get_ctx().set_ast_build_scale_strides(0)
         return model.with_schedule(gemm_schedule(model, view, plan, rows))
     rows = [r for r in row_views(kernel) if r.length >= MIN_ROW]
     if len(rows) == 1 and len(kernel.statements) == 2:

@@ -50,11 +50,13 @@ class CpuBackend(Backend):
         # a gemm nest's tile origins are read off the loop iterators: isl must not scale
         # a strided loop (16*i2) down to its quotient (i2) there; elsewhere isl's default
         # (set either way: the context may be the compile's, shared by its kernels)
-        state.schedule.get_ctx().set_ast_build_scale_strides(0 if state.marks(marks.Gemm) else 1)
+        gemms = state.marks(marks.Gemm)
+        state.schedule.get_ctx().set_ast_build_scale_strides(0 if gemms else 1)
         # a symbolic kernel's symbols are isl parameters: the AST knows their ranges
         build = isl.AstBuild.from_context(state.model.domain.params())
         builder = CpuBuilder(state.kernel, state.promotions)
-        ast = build.node_from_schedule(without_tile_statements(state.schedule, state.kernel))
+        ast = build.node_from_schedule(without_tile_statements(state.schedule, state.kernel,
+                                                               gemms))
         return str(builder.function(ast)), buffer_report(builder)
 
     def prelude(self, machine):
@@ -75,23 +77,15 @@ class CpuBackend(Backend):
         return {"calibration": json.dumps(measured(machine), sort_keys=True)}
 
 
-def without_tile_statements(schedule: isl.Schedule, kernel) -> isl.Schedule:
-    """The schedule without the init and epilogue statements of its gemm marks: the
+def without_tile_statements(schedule: isl.Schedule, kernel, gemms: list[marks.Gemm]
+                            ) -> isl.Schedule:
+    """The schedule without the init and epilogue statements of its `gemms` marks: the
     microkernel's write-back applies them on each tile (`emit/`), no loop of the AST
     runs them, and isl's AST generation costs about as much per statement (linear+gelu:
     10 statements, 65 ms; the contraction alone, 14 ms). They are elementwise on C's
     box (`gemm_view`), so the contraction's own instances span the same tile loops."""
-    dropped: list[str] = []
-
-    def visit(node: isl.ScheduleNode) -> bool:
-        if node.get_type() == isl.schedule_node_type.mark:
-            mark = marks.parse(node.mark_get_id().get_name())
-            if isinstance(mark, marks.Gemm):
-                view = plan_view(kernel, mark)
-                dropped.extend(s.name for s in (view.init, *view.epilogue))
-        return True
-
-    schedule.get_root().foreach_descendant_top_down(visit)
+    dropped = [s.name for mark in gemms for view in [plan_view(kernel, mark)]
+               for s in (view.init, *view.epilogue)]
     if not dropped:
         return schedule
     sets: list[isl.Set] = []

@@ -339,8 +339,14 @@ def masked_depth(view: GemmView, kernel: Kernel) -> int | None:
     return d
 
 
-# virtual columns may exceed the real ones by this factor (the rest is computed, dropped)
-MAX_ROW_WASTE = 1.25
+# virtual columns are computed and dropped: B read in place may take at most this many
+# times the column tiles of COLUMN_TILE floats (the narrowest gemm kernel's) a packed B
+# takes; else it is packed. Zen 3, 3x3 convolutions, 1 thread: 14x14 images (rows of 17
+# floats, 235 virtual columns) take 15 tiles for 13: 67 GFLOP/s in place against 75 packed
+# (8 images at 2 threads: 84 against 118); 28x28 images, 35 tiles for 33 (24 wide): 80
+# against 69; 7x7, 4 for 4: alike
+MAX_TILE_WASTE = 1.1
+COLUMN_TILE = 16
 PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)
 # bytes: a B copy over this is made one batch point at a time (`BRows.slices`); under
 # it, the whole copy stays in cache and slicing only repeats the offsets (8x512x7x7 to
@@ -514,8 +520,8 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     dense columns, under PLANE_IN_PLACE floats: its K rows are whole planes apart, each
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
-    1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns waste over
-    a quarter is left to packing. `extra`: P is a copy whose rows are that many floats
+    1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns take over
+    MAX_TILE_WASTE times the column tiles is left to packing. `extra`: P is a copy whose rows are that many floats
     longer (zeros past the tensor's), whatever the guard."""
     if not view.c_matrix:
         return None
@@ -595,7 +601,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
                    const=const, split=tuple(split))
     if 4 * math.prod(shape) > SLICED_COPY:
         rows = replace(rows, slices=_slices(view, load, copy))
-    if rows.width > MAX_ROW_WASTE * view.N or (
+    if -(-rows.width // COLUMN_TILE) > MAX_TILE_WASTE * -(-view.N // COLUMN_TILE) or (
             not copy and rows.width == view.N < PLANE_IN_PLACE):
         return None
     return rows

@@ -81,7 +81,7 @@ class CBuilder:
         return cgen.For(f"int {it} = {init}", cond, f"{it} += {inc}", body)
 
     def emit_if(self, cond: str, then: cgen.Generable, other: cgen.Generable | None) -> cgen.Generable:
-        return cgen.If(cond, then, other)
+        return if_(cond, then, other)
 
     def emit_mark(self, mark: mk.Mark, child: isl.AstNode, marks: tuple) -> cgen.Generable:
         return self.node(child, marks + (mark,))
@@ -121,15 +121,17 @@ class CBuilder:
                 for a in self.kernel.arrays]
         body += [cgen.Comment(c_comment(f"{s.name}: from {s.origin}"))
                  for s in self.kernel.statements]
-        buffers = [self.declare_buffer(a) for a in self.buffers]
-        body += [take for take, release in buffers if release is None]
         code = self.node(ast)
-        # locals that could not be contracted live whole for the call, unless no code
-        # touches them (a contraction's result a microkernel keeps in registers)
+        # locals no code touches are not declared: a contraction's result a microkernel
+        # keeps in registers, the epilogue values its write-back holds in its own names
         text = str(code)
+        untouched = {a.c_name for a in self.kernel.arrays
+                     if not re.search(rf"\b{re.escape(a.c_name)}\b", text)}
+        buffers = [self.declare_buffer(a) for a in self.buffers if a.c_name not in untouched]
+        body += [take for take, release in buffers if release is None]
+        # locals that could not be contracted live whole for the call
         locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
-        self.unstored = [a for a in locals_
-                         if not re.search(rf"\b{re.escape(a.c_name)}\b", text)]
+        self.unstored = [a for a in locals_ if a.c_name in untouched]
         held = [self.declare_local(a) for a in locals_ if a not in self.unstored]
         held += [(take, release) for take, release in buffers if release is not None]
         body += [take for take, _ in held] + [code] + [release for _, release in held]
@@ -152,7 +154,7 @@ def dispatcher(kernel: Kernel, versions: list[tuple[str, str]]) -> cgen.Function
     args = ", ".join([a.c_name for a in kernel.params] + list(kernel.symbols))
     body: cgen.Generable = cgen.Statement(f"{versions[-1][1]}({args})")
     for cond, name in reversed(versions[:-1]):
-        body = cgen.If(cond, cgen.Statement(f"{name}({args})"), body)
+        body = if_(cond, cgen.Statement(f"{name}({args})"), body)
     return cgen.FunctionBody(declaration(kernel), cgen.Block([body]))
 
 
@@ -167,6 +169,20 @@ def user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
     if any(k.get_type() != _T.user for k in kids):
         return None
     return [k.user_get_expr() for k in kids]
+
+
+def if_(cond: str, then: cgen.Generable, other: cgen.Generable | None = None) -> cgen.If:
+    """cgen's If, its branches braced where C would read them otherwise: cgen prints
+    them bare, and C gives an else to the innermost if before it (one ending `then`: a
+    nested if, or a loop around one), and a pragma'd loop (a Module) is two lines."""
+    if isinstance(then, cgen.Module):  # a Block to cgen, but printed without braces
+        then = cgen.Block(then.contents)
+    elif (other is not None or isinstance(then, cgen.If)) \
+            and not isinstance(then, (cgen.Block, cgen.Statement)):
+        then = cgen.Block([then])
+    if isinstance(other, cgen.Module):
+        other = cgen.Block(other.contents)
+    return cgen.If(cond, then, other)
 
 
 def statement(g: cgen.Generable) -> cgen.Generable:

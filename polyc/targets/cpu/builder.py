@@ -148,7 +148,7 @@ class CpuBuilder(CBuilder):
         if par and type(par.work) is not int:  # decided at a size: checked per call
             team.append(f"if({par.work} >= {MIN_PARALLEL_INSTANCES})")
         if par and self.buffers:  # each thread its own contracted buffers
-            private = self.private_buffers()
+            private = self.private_buffers(within=str(body))
         elif par or simd:
             private = [m for m in marks if isinstance(m, str) and m.startswith("private(")]
         else:
@@ -176,11 +176,15 @@ class CpuBuilder(CBuilder):
         return [a for a in self.buffers
                 if self.declare_buffer(a)[1] is not None and a.tensor not in shared]
 
-    def private_buffers(self, shared: frozenset[str] = frozenset()) -> list[str]:
+    def private_buffers(self, shared: frozenset[str] = frozenset(),
+                        within: str | None = None) -> list[str]:
         """The clause that gives each thread its own fixed-size buffers (none or one),
-        but those of the tensors `shared` (a gemm's C block, which its team fills)."""
+        but those of the tensors `shared` (a gemm's C block, which its team fills) and,
+        given the loop's C (`within`), those it does not touch (a microkernel's
+        write-back keeps its epilogue's values in names of its own)."""
         heap = self.heap_buffers()
-        names = [a.c_name for a in self.buffers if a not in heap and a.tensor not in shared]
+        names = [a.c_name for a in self.buffers if a not in heap and a.tensor not in shared
+                 and (within is None or re.search(rf"\b{a.c_name}\b", within))]
         return [f"private({', '.join(names)})"] if names else []
 
     def thread_heap_buffers(self, shared: frozenset[str] = frozenset()) -> tuple[list, list]:

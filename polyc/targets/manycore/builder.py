@@ -14,7 +14,7 @@ import re
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import atom, statement, user_calls
+from ...codegen.ast_to_c import atom, if_, statement, user_calls
 from ...kernel.comprehension import Statement
 from ...microkernels.analysis import gemm_view
 from ...schedule_tree import marks as mk
@@ -95,7 +95,7 @@ class ManycoreBuilder(ScratchpadBuilder):
         code = self.transfer(p, kind, slot, fn, f", &{reply}" if reply else "")
         if kind == "get" and p.pad:  # a kernel's tiles read the padding: zero at an edge
             partial = " || ".join(f"{p.buffer}_n{d} < {e}" for d, e in enumerate(p.box))
-            code = cgen.Block([cgen.If(partial, cgen.Block([
+            code = cgen.Block([if_(partial, cgen.Block([
                 cgen.Statement(f"memset({p.buffer}[{slot}], 0, {p.bytes})"),
                 cgen.Statement(f"polyc_mc_vector(core, {p.elements}, 1)")])), code])
         return [code]
@@ -169,7 +169,7 @@ class ManycoreBuilder(ScratchpadBuilder):
                     for call, p in zip(copies, mine)]
 
         loop_body = cgen.Block([
-            cgen.If(then, cgen.Block([cgen.Statement(f"polyc_dma_wait(core, &{rout}[1 - {slot}])")]
+            if_(then, cgen.Block([cgen.Statement(f"polyc_dma_wait(core, &{rout}[1 - {slot}])")]
                                      + fetch(nxt, f"1 - {slot}"))),
             cgen.Statement(f"polyc_dma_wait(core, &{rin}[{slot}])"),
             cgen.Statement(f"polyc_dma_wait(core, &{rout}[{slot}])"),
@@ -180,7 +180,7 @@ class ManycoreBuilder(ScratchpadBuilder):
             cgen.Statement(f"polyc_reply {rin}[2] = {{{{0, 0}}, {{0, 0}}}}, "
                            f"{rout}[2] = {{{{0, 0}}, {{0, 0}}}}"),
             cgen.Statement(f"long {it} = {init}"),
-            cgen.If(cond, cgen.Block(fetch(it, "0"))),
+            if_(cond, cgen.Block(fetch(it, "0"))),
             cgen.For("", cond, f"{it} += {inc}", loop_body),
             cgen.Statement(f"polyc_dma_wait(core, &{rout}[0])"),
             cgen.Statement(f"polyc_dma_wait(core, &{rout}[1])")])

@@ -27,7 +27,7 @@ import math
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import statement, user_calls
+from ...codegen.ast_to_c import if_, statement, user_calls
 from ...kernel.comprehension import Statement, loads
 from ...microkernels.analysis import gemm_view
 from ...schedule_tree import marks as mk
@@ -166,7 +166,7 @@ class NpuBuilder(ScratchpadBuilder):
                            for v in ("lo", "n"))
         remember = [cgen.Statement(f"last_{b}_{v}{d}{held} = {b}_{v}{d}") for d in dims
                     for v in ("lo", "n")]
-        return cgen.Module(code + [cgen.If(f"!({same})", cgen.Block(flip + remember + moves))])
+        return cgen.Module(code + [if_(f"!({same})", cgen.Block(flip + remember + moves))])
 
     def _to_l1(self, p: Promotion) -> cgen.Generable:
         """GM -> L1, the box's last two dims as a fractal matrix (its leading dims one)."""

@@ -6,6 +6,7 @@ import math
 
 import cgen
 
+from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter
 from ....kernel.comprehension import Aff, Const
 from .common import decompose, stride, virtual
@@ -99,11 +100,11 @@ class BRowsMixin:
         body = decompose(names, list(shape[:-1]), "mk_u") + [
             cgen.Statement(f"float *restrict mk_d = mk_P + mk_u * {W}"),
             cgen.Statement("long mk_lo = 0, mk_hi = 0"),
-            cgen.If(inside, cgen.Block([
+            if_(inside, cgen.Block([
                 cgen.Assign("mk_lo", f"max(0, ({valid[last][0]} - ({first}) + {s - 1}) / {s})"),
                 cgen.Assign("mk_hi", f"max(mk_lo, min({W}, ({valid[last][1]} - ({first}) + {s - 1}) / {s}))")])),
             cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_t]", pad)),
-            cgen.If("mk_hi > mk_lo", copy),
+            if_("mk_hi > mk_lo", copy),
             cgen.For("long mk_t = mk_hi", f"mk_t < {W} + (mk_u == {outer - 1} ? {self.mk.nr} : 0)",
                      "mk_t++", cgen.Assign("mk_d[mk_t]", pad))]
         loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))
@@ -154,6 +155,6 @@ class BRowsMixin:
                     cgen.Assign("mk_run", f"min(mk_nr - mk_c0, {radix} - mk_q)"
                                 if radix else "mk_nr - mk_c0"),
                     cgen.Statement(f"const long mk_end = mk_c0 + min(mk_run, {ext[q]} - mk_q)"),
-                    cgen.If(valid, run)]))]))
-        return cgen.If(f"mk_straight && mk_mr == {MR}", cgen.Block([straight]), cgen.Block([by_runs]))
+                    if_(valid, run)]))]))
+        return if_(f"mk_straight && mk_mr == {MR}", cgen.Block([straight]), cgen.Block([by_runs]))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cgen
 
+from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
 from ....microkernels.analysis import iterators, loads_of
@@ -69,7 +70,7 @@ class PackMixin:
             def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
                 if k == 0:
                     return cgen.Statement(f"++{own_names[0]}")
-                return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+                return if_(f"++{own_names[k]} == {own_ext[k]}",
                                cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
             step = carry(len(own_names) - 1)
             nest = cgen.Block(base + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
@@ -91,7 +92,7 @@ class PackMixin:
                 cgen.Statement("long mk_x = 0"),
                 cgen.For("", f"mk_x < {valid}", "mk_x++", cgen.Block(x_vars + [cgen.Assign(dst, value)])),
                 cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))
-            nest = cgen.If(f"{valid} == {tile}", full, edge)
+            nest = if_(f"{valid} == {tile}", full, edge)
         else:
             if len(red_names) > 1:
                 # K flattens several dims (conv2d's channels x window): decompose the
@@ -99,7 +100,7 @@ class PackMixin:
                 def kcarry(k: int) -> cgen.Generable:
                     if k == 0:
                         return cgen.Statement(f"++{red_names[0]}")
-                    return cgen.If(f"++{red_names[k]} == {red_ext[k]}",
+                    return if_(f"++{red_names[k]} == {red_ext[k]}",
                                    cgen.Block([cgen.Assign(red_names[k], "0"), kcarry(k - 1)]))
                 k_head = decompose([f"mk_b{n}" for n in red_names], red_ext, "mk_k0")
                 k_head += [cgen.Statement(f"long {n} = mk_b{n}") for n in red_names]
@@ -121,7 +122,7 @@ class PackMixin:
                                                          cgen.Block([row, kcarry(len(red_names) - 1)]))])
                 else:
                     full = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [row]))
-                nest = cgen.If(f"{valid} == {tile}", full, nest)
+                nest = if_(f"{valid} == {tile}", full, nest)
                 nest = self._transposed_rows(expr, view.out_iter[own[0]], view.red, red_ext,
                                              tile, start, valid) or nest
         panel = cgen.Block([
@@ -191,19 +192,19 @@ class PackMixin:
         def carry(k: int) -> cgen.Generable:  # dim k one up, overflowing into k - 1
             if k == 0:
                 return cgen.Statement(f"++{own_names[0]}")
-            return cgen.If(f"++{own_names[k]} == {own_ext[k]}",
+            return if_(f"++{own_names[k]} == {own_ext[k]}",
                            cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
 
         step: list[cgen.Generable] = [cgen.Statement(f"{qname} += mk_run")]
         if len(own_names) > 1:
-            step.append(cgen.If(f"{qname} == {E}",
+            step.append(if_(f"{qname} == {E}",
                                 cgen.Block([cgen.Assign(qname, "0"), carry(len(own_names) - 2)])))
         limits = [cgen.Statement(f"mk_lo = max(mk_lo, {t})") for t in lo_terms]
         limits += [cgen.Statement(f"mk_hi = min(mk_hi, {t})") for t in hi_terms]
         limits += [cgen.Statement("mk_lo = min(mk_lo, mk_run)"),
                    cgen.Statement("mk_hi = max(mk_hi, mk_lo)")]
         if outer:
-            limits = [cgen.If(" && ".join(outer), cgen.Block(limits),
+            limits = [if_(" && ".join(outer), cgen.Block(limits),
                               cgen.Block([cgen.Statement("mk_hi = 0")]))]
         load_at = "mk_src[mk_t]" if cq == 1 else f"mk_src[mk_t * {cq}]"
         copy: cgen.Generable = cgen.For("long mk_t = 0", "mk_t < mk_hi - mk_lo", "mk_t++",
@@ -213,7 +214,7 @@ class PackMixin:
             cgen.Statement("long mk_lo = 0, mk_hi = mk_run"),
             *limits,
             cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_x + mk_t]", zero)),
-            cgen.If("mk_lo < mk_hi", cgen.Block([
+            if_("mk_lo < mk_hi", cgen.Block([
                 cgen.Statement(f"const long mk_q = {qname} + mk_lo"),
                 cgen.Statement(f"const float *restrict mk_src = &{src}"),
                 cgen.Statement("float *restrict mk_o = mk_d + mk_x + mk_lo"),
@@ -236,7 +237,7 @@ class PackMixin:
                     cgen.For("", f"mk_x % {tile}", "mk_x++", cgen.Assign("mk_d[mk_x]", "0.0f"))])),
             cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", cgen.Block([
                 cgen.Statement(f"float *restrict mk_o = {buf} + mk_xp * mk_kc + mk_pg * {tile}"),
-                cgen.If(f"mk_g == {G}", cgen.Block([cgen.Statement(
+                if_(f"mk_g == {G}", cgen.Block([cgen.Statement(
                     f"memcpy(mk_o + {g * tile}, mk_rows + {g * row} + mk_xp, {4 * tile})")
                     for g in range(G)]),
                     cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(

@@ -2,9 +2,11 @@
 packed panels and the write-back that applies the init and the epilogue in registers."""
 from __future__ import annotations
 
+import re
 
 import cgen
 
+from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Aff, Const, calls
@@ -81,17 +83,17 @@ class WriteBackMixin:
                 f"{variant}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
                 if variant else f"{call}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0)")
             if dead:
-                fill = cgen.If(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
+                fill = if_(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"), fill]
             kernel = f"{call}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
         else:
             variant = ""
             whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
-                    whole if rows.copy else cgen.If(f"mk_nr == {NR}", whole, self._edge_panel(call))]
+                    whole if rows.copy else if_(f"mk_nr == {NR}", whole, self._edge_panel(call))]
             kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
-            slow.append(cgen.If(f"!{last}", self._partial(first, acc_name),
+            slow.append(if_(f"!{last}", self._partial(first, acc_name),
                                 self._final(first, acc_name)))
         else:
             slow.append(self._final("1", acc_name))
@@ -100,17 +102,17 @@ class WriteBackMixin:
             if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
                 edge = cgen.Statement(
                     f"{variant}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
-                otherwise = cgen.If(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
-            computed = cgen.If(" && ".join(direct), cgen.Statement(kernel), otherwise)
+                otherwise = if_(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
+            computed = if_(" && ".join(direct), cgen.Statement(kernel), otherwise)
             if dead:  # zeros in C itself, where its first K block would have stored
                 zero = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Statement(
                     f"memset({cptr} + mk_r * {plan.n}, 0, sizeof(float) * mk_nr)"))
-                computed = cgen.If(f"({dead}) && {first}", zero,
-                                   cgen.If(f"!({dead})", computed))
+                computed = (if_(f"({dead}) && {first}", zero, if_(f"!({dead})", computed))
+                            if has_pc else if_(dead, zero, computed))
             out.append(computed)
         else:
             out += slow
-        return cgen.Block(out)
+        return cgen.Block(_read_only(out))
 
     def _flat_columns(self) -> bool:
         """Are the virtual columns the output's own, and is every column dim a row-major
@@ -156,13 +158,14 @@ class WriteBackMixin:
                           "mk_it + mk_r")
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
                      pragma: str = "omp simd") -> cgen.Generable:
-            inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++", cgen.Block(cols + body))
+            inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++",
+                             cgen.Block(_read_only(cols + body)))
             return cgen.Module([cgen.Pragma(pragma), inner]) if simd else inner
 
         def nest(mr: str, cols: list[cgen.Generable], lo: str, nr: str,
                  pragma: str = "omp simd") -> cgen.Generable:
             return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++",
-                            cgen.Block(rows + [col_loop(cols, lo, nr, pragma)]))
+                            cgen.Block(_read_only(rows + [col_loop(cols, lo, nr, pragma)])))
         if self.rows is not None:
             return self._virtual_rows_cols(rows, col_loop, nest)
         cols = decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
@@ -176,7 +179,7 @@ class WriteBackMixin:
         # linear+gelu; a light one (attention's scale and mask) compiles faster vectorised
         heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
         edge = "omp simd simdlen(1)" if heavy else "omp simd"
-        return cgen.If(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
+        return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
                        cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
 
 
@@ -223,4 +226,14 @@ class WriteBackMixin:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
         return cgen.Block([self._rows_cols(body, simd=True)])
 
-    # -- row kernels -------------------------------------------------------------------
+
+def _read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:
+    """`code` without the `const` values nothing after them reads (a batch index or an
+    output row only an epilogue would, on a path without it): gcc -Wall names each."""
+    kept: list[cgen.Generable] = []
+    for g in reversed(code):
+        m = re.match(r"const [\w *]*?(mk_\w+) = ", str(g)) if isinstance(g, cgen.Statement) else None
+        if m and not re.search(rf"\b{m.group(1)}\b", "\n".join(map(str, kept))):
+            continue
+        kept.insert(0, g)
+    return kept

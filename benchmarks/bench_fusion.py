@@ -11,7 +11,8 @@ attention, `F.scaled_dot_product_attention` (the torch columns when torch is imp
 Every result is checked against numpy before anything is timed. The norms are given as
 GB/s of compulsory traffic (every input read once, the output written once) beside the
 STREAM triad bandwidth that `machine.py` measures right after each row (the machine's
-state drifts); attention, which is not memory-bound, as GFLOP/s (4 x heads x Lq x Lk x D)
+state drifts; the best of the run's measurements, as a busy neighbour only lowers one);
+attention, which is not memory-bound, as GFLOP/s (4 x heads x Lq x Lk x D)
 beside the FMA peak. The libraries take turns (`machine.best_times`), so a noisy spell
 on this shared machine hits them alike, on one thread in the thread's CPU time
 (`machine.clock_for`): read ratios, not absolute times. The issue's
@@ -249,6 +250,7 @@ def main() -> None:
         for threads in (1, 2):
             set_threads(threads)
             peak = machine_limits(threads, Path(tmp))[0]
+            stream_triad_gbs(threads)  # the first row's limit is the better of two too
             for name in args.cases:
                 rows.append(measure(name, threads, rounds, rng, not args.no_compile, peak))
                 print_row(rows[-1])

@@ -521,8 +521,9 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns take over
-    MAX_TILE_WASTE times the column tiles is left to packing. `extra`: P is a copy whose rows are that many floats
-    longer (zeros past the tensor's), whatever the guard."""
+    MAX_TILE_WASTE times the column tiles is left to packing. `extra`: P is a copy
+    whose rows are that many floats longer (zeros past the tensor's), whatever the
+    guard."""
     if not view.c_matrix:
         return None
     e = view.b_expr

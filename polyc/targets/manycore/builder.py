@@ -170,7 +170,7 @@ class ManycoreBuilder(ScratchpadBuilder):
 
         loop_body = cgen.Block([
             if_(then, cgen.Block([cgen.Statement(f"polyc_dma_wait(core, &{rout}[1 - {slot}])")]
-                                     + fetch(nxt, f"1 - {slot}"))),
+                                 + fetch(nxt, f"1 - {slot}"))),
             cgen.Statement(f"polyc_dma_wait(core, &{rin}[{slot}])"),
             cgen.Statement(f"polyc_dma_wait(core, &{rout}[{slot}])"),
             *current, *rest, *puts,

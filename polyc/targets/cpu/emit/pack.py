@@ -71,7 +71,7 @@ class PackMixin:
                 if k == 0:
                     return cgen.Statement(f"++{own_names[0]}")
                 return if_(f"++{own_names[k]} == {own_ext[k]}",
-                               cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+                           cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
             step = carry(len(own_names) - 1)
             nest = cgen.Block(base + [cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(
                 k_vars + [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names] + [
@@ -101,7 +101,7 @@ class PackMixin:
                     if k == 0:
                         return cgen.Statement(f"++{red_names[0]}")
                     return if_(f"++{red_names[k]} == {red_ext[k]}",
-                                   cgen.Block([cgen.Assign(red_names[k], "0"), kcarry(k - 1)]))
+                               cgen.Block([cgen.Assign(red_names[k], "0"), kcarry(k - 1)]))
                 k_head = decompose([f"mk_b{n}" for n in red_names], red_ext, "mk_k0")
                 k_head += [cgen.Statement(f"long {n} = mk_b{n}") for n in red_names]
                 p_body = [cgen.Assign(dst, value), kcarry(len(red_names) - 1)]
@@ -193,19 +193,19 @@ class PackMixin:
             if k == 0:
                 return cgen.Statement(f"++{own_names[0]}")
             return if_(f"++{own_names[k]} == {own_ext[k]}",
-                           cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
+                       cgen.Block([cgen.Assign(own_names[k], "0"), carry(k - 1)]))
 
         step: list[cgen.Generable] = [cgen.Statement(f"{qname} += mk_run")]
         if len(own_names) > 1:
             step.append(if_(f"{qname} == {E}",
-                                cgen.Block([cgen.Assign(qname, "0"), carry(len(own_names) - 2)])))
+                            cgen.Block([cgen.Assign(qname, "0"), carry(len(own_names) - 2)])))
         limits = [cgen.Statement(f"mk_lo = max(mk_lo, {t})") for t in lo_terms]
         limits += [cgen.Statement(f"mk_hi = min(mk_hi, {t})") for t in hi_terms]
         limits += [cgen.Statement("mk_lo = min(mk_lo, mk_run)"),
                    cgen.Statement("mk_hi = max(mk_hi, mk_lo)")]
         if outer:
             limits = [if_(" && ".join(outer), cgen.Block(limits),
-                              cgen.Block([cgen.Statement("mk_hi = 0")]))]
+                          cgen.Block([cgen.Statement("mk_hi = 0")]))]
         load_at = "mk_src[mk_t]" if cq == 1 else f"mk_src[mk_t * {cq}]"
         copy: cgen.Generable = cgen.For("long mk_t = 0", "mk_t < mk_hi - mk_lo", "mk_t++",
                                         cgen.Assign("mk_o[mk_t]", load_at))

@@ -94,7 +94,7 @@ class WriteBackMixin:
             kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),
-                                self._final(first, acc_name)))
+                            self._final(first, acc_name)))
         else:
             slow.append(self._final("1", acc_name))
         if view.c_matrix and (has_pc or (zero_init and not applies)):
@@ -180,7 +180,7 @@ class WriteBackMixin:
         heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
         edge = "omp simd simdlen(1)" if heavy else "omp simd"
         return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
-                       cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
+                   cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
 
 
     def _col(self) -> str:
@@ -232,7 +232,8 @@ def _read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:
     output row only an epilogue would, on a path without it): gcc -Wall names each."""
     kept: list[cgen.Generable] = []
     for g in reversed(code):
-        m = re.match(r"const [\w *]*?(mk_\w+) = ", str(g)) if isinstance(g, cgen.Statement) else None
+        m = (re.match(r"const [\w *]*?(mk_\w+) = ", str(g))
+             if isinstance(g, cgen.Statement) else None)
         if m and not re.search(rf"\b{m.group(1)}\b", "\n".join(map(str, kept))):
             continue
         kept.insert(0, g)

@@ -200,6 +200,30 @@ def test_gemm_kernels_are_linked_as_prebuilt_parts(isa, tmp_path, monkeypatch):
                                   compiled(**inputs)[graph.outputs[0]])
 
 
+@pytest.mark.parametrize("op,kernel", [("softmax", "row_max_f32"),
+                                       ("reduce_sum", "row_sum_f32")])
+def test_row_kernels_are_linked_as_prebuilt_parts(op, kernel, tmp_path):
+    """row_max and row_sum are compiled once per toolchain too, without the support (they
+    pack nothing); built alone, the unit pastes them and computes the same. row_maxsumexp
+    calls the prelude's polyc_expf, so it is pasted into each unit."""
+    b = GraphBuilder("rows")
+    x = b.input("x", (64, 300))
+    y = b.op(op, x, axis=-1) if op == "softmax" else b.op(op, x, axes=[-1])
+    graph = b.build([y])
+    inputs = {"x": _rand(np.random.default_rng(3), (64, 300))}
+    compiled = _check(graph, inputs)
+    toolchain = cpu_toolchain(compiled.machine)
+    assert [name for name, _ in toolchain.linked(compiled.c_source)] == [kernel]
+    unit, alone = tmp_path / "unit.c", tmp_path / "alone.so"
+    unit.write_text(compiled.c_source)
+    subprocess.run(toolchain.command(unit, alone), check=True, capture_output=True)
+    program = Program(compiled.primitive, tuple(k.kernel for k in compiled.kernels), alone)
+    # pasted, the kernel may be inlined and its sum reassociated with the caller's
+    np.testing.assert_allclose(program(inputs)[graph.outputs[0]],
+                               compiled(**inputs)[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+    assert not registry.prebuilt(registry.by_name("row_maxsumexp_f32"))
+
+
 def test_a_cache_that_cannot_be_written_still_links_prebuilt_parts(tmp_path, monkeypatch):
     """The part's object goes to a private directory when the cache cannot take it (here
     the cache's path runs through a file: no user, root included, can create it)."""

@@ -37,6 +37,9 @@ class Microkernel:
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
     b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
     target: str = "cpu"  # the target whose code calls it
+    # a row kernel built once as a prebuilt part: its entry's C prototype (one that
+    # calls the codegen prelude's functions, polyc_expf, is pasted into each unit)
+    entry: str = ""
 
     @property
     def c_function(self) -> str:
@@ -64,10 +67,10 @@ def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, ali
         needs=("support.c", *needs), rank=rank)
 
 
-def _row(kind: str, file: str, writes: str, needs: tuple[str, ...] = ()) -> Microkernel:
+def _row(kind: str, file: str, writes: str, entry: str = "") -> Microkernel:
     return Microkernel(kind + "_f32", kind, "float32", file, (), 1, 32, 1,
                        layouts=(("x", "one contiguous row, unit stride, any alignment"),),
-                       writes=writes, needs=needs)
+                       writes=writes, entry=entry)
 
 
 REGISTRY: tuple[Microkernel, ...] = (
@@ -87,8 +90,10 @@ REGISTRY: tuple[Microkernel, ...] = (
           b_rows_variant="polyc_sgemm_avx2_4x24_b_rows"),
     _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1,
           b_rows_variant="polyc_sgemm_vec_6x16_b_rows"),
-    _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator"),
-    _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in"),
+    _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator",
+         "float polyc_row_sum_f32(const float *restrict x, long n)"),
+    _row("row_max", "row_max_f32.c", "returns the max (NaN wins); the caller folds it in",
+         "float polyc_row_max_f32(const float *restrict x, long n)"),
     _row("row_maxsumexp", "row_maxsumexp_f32.c",
          "writes max and sum(exp(x - max)) through two pointers"),
     Microkernel("mc_sgemm_64x64x32", "gemm", "float32", "mc_sgemm_64x64x32.c", ("sw_cpe",),
@@ -220,11 +225,14 @@ _SUPPORT_PROTOTYPES = (
 
 def prebuilt(m: Microkernel) -> bool:
     """A cpu gemm kernel is compiled once per toolchain and linked (codegen/build.py):
-    its row-count instantiations cost more gcc time than most kernels that call it."""
-    return m.kind == "gemm" and m.target == "cpu"
+    its row-count instantiations cost more gcc time than most kernels that call it. So
+    is a row kernel with an `entry`: pasted, row_max was a fifth of a softmax's gcc time."""
+    return m.target == "cpu" and (m.kind == "gemm" or bool(m.entry))
 
 
 def prototypes(m: Microkernel) -> str:
+    if m.entry:
+        return f"{_HIDDEN} {m.entry};"
     lines = [f"{_HIDDEN} void {m.c_function}({_ENTRY_ARGS}{_C_ARGS});"]
     if m.rows_variant:
         lines.append(f"{_HIDDEN} void {m.rows_variant}({_ENTRY_ARGS}{_C_ARGS}, long rows, "
@@ -248,7 +256,7 @@ def unit_source(kernels: list[Microkernel]) -> str:
     pasted = [m for m in kernels if not prebuilt(m)]
     files = _files(pasted)
     out = [_text(files)]
-    if len(pasted) < len(kernels) and SUPPORT not in files:
+    if any(prebuilt(m) and SUPPORT in m.needs for m in kernels) and SUPPORT not in files:
         out.insert(0, _linked(SUPPORT_PART, _SUPPORT_PROTOTYPES, _text([SUPPORT])))
         files.append(SUPPORT)
     for m in kernels:
@@ -260,9 +268,10 @@ def unit_source(kernels: list[Microkernel]) -> str:
 
 
 def part_source(m: Microkernel) -> str:
-    """The C of the prebuilt part of `m`: the kernel with visible (hidden) entry points."""
+    """The C of the prebuilt part of `m`: the kernel with visible (hidden) entry points,
+    followed by the prototypes units see, so gcc checks those against the definitions."""
     return (f"#define POLYC_MK_ENTRY __attribute__((noinline)) {_HIDDEN}\n"
-            + c_source([m]))
+            f"#define POLYC_ROW_ENTRY {_HIDDEN}\n" + c_source([m]) + "\n" + prototypes(m) + "\n")
 
 
 def support_part_source() -> str:

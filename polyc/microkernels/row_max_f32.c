@@ -11,6 +11,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+/* the entry point: private to the unit it is pasted into, unless the kernel is built
+   once as a prebuilt part (registry.py: part_source), which defines this as hidden */
+#ifndef POLYC_ROW_ENTRY
+#define POLYC_ROW_ENTRY static
+#endif
 
 typedef float polyc_rm_v8f __attribute__((vector_size(32)));
 typedef int32_t polyc_rm_v8i __attribute__((vector_size(32)));
@@ -28,7 +33,7 @@ static inline polyc_rm_v8f polyc_rm_max(polyc_rm_v8f acc, polyc_rm_v8f v)
 #endif
 }
 
-static float polyc_row_max_f32(const float *restrict x, long n)
+POLYC_ROW_ENTRY float polyc_row_max_f32(const float *restrict x, long n)
 {
   const polyc_rm_v8f lo = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};

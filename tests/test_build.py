@@ -58,6 +58,9 @@ def test_gcc_errors_name_the_lines_of_the_unit(tmp_path, monkeypatch):
         compile_c(source, toolchain, tmp_path / "unit.so")
 
 
+CONTRACTIONS = {"matmul", "linear", "conv2d", "attention"}
+
+
 def _examples_and_kernels() -> list[tuple[str, str]]:
     """Each example, with each gemm kernel the host runs where it has a contraction."""
     features = cpu_machine().features
@@ -69,8 +72,6 @@ def _examples_and_kernels() -> list[tuple[str, str]]:
         out += [(path.stem, k) for k in (kernels if ops & CONTRACTIONS else [""])]
     return out
 
-
-CONTRACTIONS = {"matmul", "linear", "conv2d", "attention"}
 
 
 @pytest.mark.parametrize("name,kernel", _examples_and_kernels())

@@ -126,7 +126,7 @@ class CBuilder:
         # keeps in registers, the epilogue values its write-back holds in its own names
         text = str(code)
         untouched = {a.c_name for a in self.kernel.arrays
-                     if not re.search(rf"\b{re.escape(a.c_name)}\b", text)}
+                     if a.role == "local" and not mentions(text, a.c_name)}
         buffers = [self.declare_buffer(a) for a in self.buffers if a.c_name not in untouched]
         body += [take for take, release in buffers if release is None]
         # locals that could not be contracted live whole for the call
@@ -169,6 +169,11 @@ def user_calls(node: isl.AstNode) -> list[isl.AstExpr] | None:
     if any(k.get_type() != _T.user for k in kids):
         return None
     return [k.user_get_expr() for k in kids]
+
+
+def mentions(text: str, name: str) -> bool:
+    """Does C `text` use the identifier `name` (not as part of a longer one)?"""
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
 
 def if_(cond: str, then: cgen.Generable, other: cgen.Generable | None = None) -> cgen.If:

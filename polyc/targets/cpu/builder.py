@@ -14,7 +14,7 @@ import re
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import CBuilder, statement, user_calls
+from ...codegen.ast_to_c import CBuilder, mentions, statement, user_calls
 from ...codegen.cexpr import C_TYPE, ExprPrinter, c_literal
 from ...kernel import Kernel
 from ...kernel.comprehension import loads, reduce_identity
@@ -184,7 +184,7 @@ class CpuBuilder(CBuilder):
         write-back keeps its epilogue's values in names of its own)."""
         heap = self.heap_buffers()
         names = [a.c_name for a in self.buffers if a not in heap and a.tensor not in shared
-                 and (within is None or re.search(rf"\b{a.c_name}\b", within))]
+                 and (within is None or mentions(within, a.c_name))]
         return [f"private({', '.join(names)})"] if names else []
 
     def thread_heap_buffers(self, shared: frozenset[str] = frozenset()) -> tuple[list, list]:

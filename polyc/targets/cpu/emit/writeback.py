@@ -6,7 +6,7 @@ import re
 
 import cgen
 
-from ....codegen.ast_to_c import if_
+from ....codegen.ast_to_c import if_, mentions
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Aff, Const, calls
@@ -231,10 +231,12 @@ def _read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:
     """`code` without the `const` values nothing after them reads (a batch index or an
     output row only an epilogue would, on a path without it): gcc -Wall names each."""
     kept: list[cgen.Generable] = []
+    after = ""  # the C of what is kept after g
     for g in reversed(code):
-        m = (re.match(r"const [\w *]*?(mk_\w+) = ", str(g))
-             if isinstance(g, cgen.Statement) else None)
-        if m and not re.search(rf"\b{m.group(1)}\b", "\n".join(map(str, kept))):
+        text = str(g)
+        m = re.match(r"const [\w *]*?(mk_\w+) = ", text) if isinstance(g, cgen.Statement) else None
+        if m and not mentions(after, m.group(1)):
             continue
         kept.insert(0, g)
+        after = text + "\n" + after
     return kept

@@ -494,6 +494,31 @@ def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, thre
         assert any("folded into its" in line for line in compiled.kernels[0].fusion_report)
 
 
+@pytest.mark.parametrize("other,flat", [
+    ((3, 16, 9, 9), True),  # a residual: its planes are runs as C's
+    ((16, 1, 1), True),  # a bias per channel: the columns do not move it
+    ((1, 1, 9), False),  # a row broadcast down each plane: not one run
+    ((9, 1), False),  # a column broadcast along each row
+])
+def test_the_write_back_of_a_folded_tile_indexes_its_planes_flat(other, flat):
+    """The write-back of a full tile inside one image addresses its columns as the
+    plane's flat index plus the tile's column (no division per element, which gcc
+    cannot vectorise), where every tensor it touches lays the plane out as C does; a
+    broadcast along one of the plane's dims keeps the per-element row and column."""
+    rng = np.random.default_rng(8)
+    b = GraphBuilder("conv_residual")
+    y = b.conv2d(b.input("x", (3, 24, 9, 9)), b.input("w", (16, 24, 1, 1)))
+    graph = b.build([b.relu(b.add(y, b.input("r", other)))])
+    inputs = {"x": _rand(rng, (3, 24, 9, 9)), "w": _rand(rng, (16, 24, 1, 1)),
+              "r": _rand(rng, other)}
+    compiled = _check(graph, inputs, Options(threads=1, gemm_kernel=PORTABLE), atol=3e-4)
+    assert "b=folded" in _gemm_marks(compiled)[0]
+    # 81 columns an image: tiles of 16 inside one image take the flat path, the others
+    # (and every tile where it does not apply) divide
+    assert ("mk_jt % 81 + mk_c" in compiled.c_source) == flat
+    assert "(mk_jt + mk_c) % 9" in compiled.c_source
+
+
 def test_a_shared_a_folds_a_batched_b():
     """C[b] = A @ B[b] with A shared: the batch is folded into the columns too."""
     rng = np.random.default_rng(3)

@@ -2,6 +2,7 @@
 packed panels and the write-back that applies the init and the epilogue in registers."""
 from __future__ import annotations
 
+import math
 import re
 
 import cgen
@@ -9,7 +10,7 @@ import cgen
 from ....codegen.ast_to_c import if_, mentions
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
-from ....kernel.comprehension import Aff, Const, calls
+from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
 from ....microkernels.analysis import iterators, loads_of
 from .common import Scalars, decompose, stride, virtual
 
@@ -115,29 +116,47 @@ class WriteBackMixin:
         return cgen.Block(_read_only(out))
 
     def _flat_columns(self) -> bool:
-        """Are the virtual columns the output's own, and is every column dim a row-major
-        part of one run in every tensor the write-back touches (a 1x1 convolution's
-        planes: (y, x) is y * W + x in B, in C and in a residual)? Then the straight
-        write-back of a full tile holds across a wrap of the inner dim: its columns are
-        consecutive in all of them (56-wide planes: a third of the 24-wide tiles wrap)."""
+        """Are the virtual columns the output's own, and are they one flat run
+        (`_flat_from`)? Then the straight write-back of a full tile holds across a wrap
+        of the inner dim (56-wide planes: a third of the 24-wide tiles wrap)."""
         view, cols = self.view, self.view.cols
         real = view.strides(cols)
-        if self.rows.col_weights != tuple(real[d] for d in cols) or \
-                self.rows.col_extents != tuple(view.shape[d] for d in cols):
-            return False
+        return (self.rows.col_weights == tuple(real[d] for d in cols)
+                and self.rows.col_extents == tuple(view.shape[d] for d in cols)
+                and self._flat_from() == 0)
+
+    def _flat_from(self) -> int:
+        """The first column dim from which on the columns are one row-major run in every
+        tensor the write-back reads or writes (a convolution's planes: (y, x) is
+        y * W + x in C, in its output and in a residual), so that a tile's columns there
+        are one flat index: the last dim holds it, the others 0. Not past a dim a guard
+        or a non-affine index reads, which needs its own value; the last dim alone at
+        least."""
+        view, cols = self.view, self.view.cols
+        exact: set[int] = set()
+        accesses = []
         for s in (view.init, *view.epilogue):
-            for load in loads_of(s.expr):
-                shape = self.b.arrays[load.tensor].type.shape
-                weight = {d: 0 for d in cols}
-                for t, x in enumerate(load.index):
-                    terms = dict(x.terms) if isinstance(x, Aff) else None
-                    if terms is None and iterators(x) & set(cols):
-                        return False
-                    for d in cols:
-                        weight[d] += (terms or {}).get(d, 0) * stride(shape, t)
-                if any(weight[a] != weight[b] * view.shape[b] for a, b in zip(cols, cols[1:])):
-                    return False
-        return True
+            accesses += [(s.target, s.index), *((x.tensor, x.index) for x in loads_of(s.expr))]
+            exact |= _guarded(s.expr)
+        weights = []
+        for tensor, index in accesses:
+            shape = self.b.arrays[tensor].type.shape
+            if not all(isinstance(n, int) for n in (*shape, *view.shape)):
+                return len(cols) - 1
+            weight = dict.fromkeys(cols, 0)
+            for t, x in enumerate(index):
+                if not isinstance(x, Aff):
+                    exact |= iterators(x)
+                    continue
+                for d, c in x.terms:
+                    if d in weight:
+                        weight[d] += c * stride(shape, t)
+            weights.append(weight)
+        k = len(cols) - 1
+        while k > 0 and not exact & set(cols[k - 1:]) and all(
+                w[cols[k - 1]] == w[cols[k]] * view.shape[cols[k]] for w in weights):
+            k -= 1
+        return k
 
     def _masked_tile(self) -> str:
         """The C condition that the tile is masked, or ''."""
@@ -168,10 +187,21 @@ class WriteBackMixin:
                             cgen.Block(_read_only(rows + [col_loop(cols, lo, nr, pragma)])))
         if self.rows is not None:
             return self._virtual_rows_cols(rows, col_loop, nest)
-        cols = decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
-                          "mk_jt + mk_c")
+        names, extents = [f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols]
+        cols = decompose(names, extents, "mk_jt + mk_c")
         if not simd:
             return nest("mk_mr", cols, "0", "mk_nr")
+        # a full tile inside one flat run: its columns are one index plus mk_c, no
+        # division per element, which gcc cannot vectorise (1x1 convolutions' bias+relu
+        # ran scalar)
+        k = self._flat_from()
+        run = math.prod(extents[k:])
+        flat = decompose(names, extents, "mk_jt")[:k] + [
+            cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
+            cgen.Statement(f"const long {names[-1]} = {f'mk_jt % {run}' if k else 'mk_jt'} + mk_c")]
+        full = nest(str(MR), flat, "0", str(NR))
+        if k:
+            full = if_(f"mk_jt % {run} + {NR} <= {run}", full, nest(str(MR), cols, "0", str(NR)))
         # a full tile with constant bounds: gcc unrolls it into independent vectors, so
         # a long epilogue (gelu's exp and division) is not bound by one vector's latency.
         # An edge tile (the last of a row or column of tiles) with such an epilogue stays
@@ -179,7 +209,7 @@ class WriteBackMixin:
         # linear+gelu; a light one (attention's scale and mask) compiles faster vectorised
         heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
         edge = "omp simd simdlen(1)" if heavy else "omp simd"
-        return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([nest(str(MR), cols, "0", str(NR))]),
+        return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
                    cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
 
 
@@ -225,6 +255,16 @@ class WriteBackMixin:
             if self.b.arrays[e.target].role == "out" or e.target in stored:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
         return cgen.Block([self._rows_cols(body, simd=True)])
+
+
+def _guarded(e) -> set[int]:
+    """Iterator positions a guard in `e` tests."""
+    if isinstance(e, Guarded):
+        return ({p for b in e.bounds for p in iterators(b.aff)}
+                | _guarded(e.then) | _guarded(e.otherwise))
+    if isinstance(e, Call):
+        return set().union(*map(_guarded, e.args))
+    return set()
 
 
 def _read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:

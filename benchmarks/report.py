@@ -127,24 +127,30 @@ def load_table(path: str | Path) -> dict:
     return table
 
 
+PANEL_CASES = 16
+
+
 def _label(row: dict) -> str:
     return f"{row['case']}\n{row['threads']} thr" if "threads" in row else row["case"]
 
 
 def plot_table(table: dict, stem: Path) -> None:
-    """stem.png and stem.svg: grouped bars, one panel per unit."""
+    """stem.png and stem.svg: grouped bars, one panel per unit and per PANEL_CASES of
+    its cases (ResNet-50's 64 stay readable on a page)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     units = list(dict.fromkeys(r["unit"] for r in table["rows"]))
     libs = list(dict.fromkeys(lib for r in table["rows"] for lib in r["values"]))
-    width_in = max(6.0, 0.3 * len(libs) * max(len([r for r in table["rows"] if r["unit"] == u])
-                                              for u in units) + 2)
-    fig, axes = plt.subplots(len(units), 1, figsize=(width_in, 3.6 * len(units)), squeeze=False)
-    colors = {lib: f"C{i}" for i, lib in enumerate(libs)}
-    for ax, unit in zip(axes[:, 0], units):
+    panels = []
+    for unit in units:
         rows = [r for r in table["rows"] if r["unit"] == unit]
+        panels += [(unit, rows[i:i + PANEL_CASES]) for i in range(0, len(rows), PANEL_CASES)]
+    width_in = max(6.0, 0.3 * len(libs) * max(len(rows) for _, rows in panels) + 2)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width_in, 3.6 * len(panels)), squeeze=False)
+    colors = {lib: f"C{i}" for i, lib in enumerate(libs)}
+    for ax, (unit, rows) in zip(axes[:, 0], panels):
         here = [lib for lib in libs if any(r["values"].get(lib) for r in rows)]
         bar = 0.8 / len(here)
         for i, lib in enumerate(here):

@@ -42,6 +42,19 @@ def test_the_plot_is_written_as_png_and_svg(tmp_path):
     assert "<svg" in (tmp_path / "t.svg").read_text()[:2000]
 
 
+def test_a_long_table_is_drawn_in_panels_of_a_readable_width(tmp_path):
+    """ResNet-50's 64 cases in one row of bars were 60 inches wide: each unit's cases
+    go in panels of at most PANEL_CASES."""
+    pytest.importorskip("matplotlib")
+    rows = [{"case": f"conv{i}", "threads": 1, "unit": "GFLOP/s",
+             "values": {"polyc": 50.0 + i, "torch": 60.0}} for i in range(2 * report.PANEL_CASES + 1)]
+    rows.append({"case": "sum", "unit": "GB/s", "values": {"polyc": 10.0}})
+    report.save_table("long", "a long table", rows, out_dir=tmp_path)
+    svg = (tmp_path / "long.svg").read_text()
+    assert [f'id="axes_{k}"' in svg for k in (1, 2, 3, 4, 5)] == [True] * 4 + [False]
+    assert "conv32" in svg and "sum" in svg
+
+
 def test_goals_are_reported_met_or_not():
     table = {"better": "higher", "rows": _rows(100.0, 80.0, 150.0)}
     assert report.goal_lines(table) == ["  conv (1 thr): vs torch: 1.25x, goal 1.05x: met"]

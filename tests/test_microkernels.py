@@ -1186,6 +1186,33 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("case", ["conv by rows", "conv folded", "matmul K blocks", "attention"])
+def test_isl_builds_one_point_of_each_tile_and_the_c_is_the_same(case, monkeypatch):
+    """Below a microkernel mark isl sees only a tile's first row at its K block's
+    first step (`_tile_points`): the emitter reads the tile off the loops around the
+    mark, so the C is the one built from every point."""
+    import polyc.targets.cpu as cpu_backend
+    b = GraphBuilder(case.replace(" ", "_"))
+    if case.startswith("conv"):
+        xs, ws = ((1, 16, 30, 30), (32, 16, 3, 3)) if case == "conv by rows" else \
+            ((3, 24, 9, 9), (40, 24, 1, 1))
+        y = b.conv2d(b.input("x", xs), b.input("w", ws), b.input("b", (ws[0],)),
+                     pads=[ws[2] // 2] * 4)
+        graph = b.build([b.relu(y)])
+    elif case == "matmul K blocks":
+        graph = b.build([b.gelu(b.matmul(b.input("a", (50, 70)), b.input("w", (70, 45))))])
+    else:
+        q, k, v = (b.input(n, [2, 96, 32]) for n in "qkv")
+        graph = b.build([b.op("attention", q, k, v)])
+    options = Options(threads=2, gemm_kernel=PORTABLE, microkernel_tiles=(("kc", 24),))
+    filtered = compile(graph, "cpu", options=options, build=False)
+    texts = [str(cpu_backend.without_tile_statements(k.schedule, k.kernel, k.marks(marks.Gemm)))
+             for k in filtered.kernels if k.marks(marks.Gemm)]
+    assert texts and all(f"mod {registry.by_name(PORTABLE).mr} = 0" in t for t in texts)
+    monkeypatch.setattr(cpu_backend, "_tile_points", lambda schedule, views: schedule)
+    assert compile(graph, "cpu", options=options, build=False).c_source == filtered.c_source
+
+
 def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
     """The init and epilogue statements of a gemm mark are applied by the tile's
     write-back: isl's AST is built without them, the contraction and a row tail (the

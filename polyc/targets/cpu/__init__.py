@@ -18,6 +18,7 @@ import json
 import islpy as isl
 
 from ...codegen.runtime import Program
+from ...microkernels import registry
 from ...schedule_tree import marks
 from ...schedule_tree.passes import CONTRACT, RECOMPUTE
 from ...tiling.tile import TILE
@@ -83,9 +84,11 @@ def without_tile_statements(schedule: isl.Schedule, kernel, gemms: list[marks.Ge
     microkernel's write-back applies them on each tile (`emit/`), no loop of the AST
     runs them, and isl's AST generation costs about as much per statement (linear+gelu:
     10 statements, 65 ms; the contraction alone, 14 ms). They are elementwise on C's
-    box (`gemm_view`), so the contraction's own instances span the same tile loops."""
-    dropped = [s.name for mark in gemms for view in [plan_view(kernel, mark)]
-               for s in (view.init, *view.epilogue)]
+    box (`gemm_view`), so the contraction's own instances span the same tile loops.
+    Below each `microkernel` mark only a tile's first row at its K block's first step
+    is kept (`_tile_points`)."""
+    views = {mark.stmt: (mark, plan_view(kernel, mark)) for mark in gemms}
+    dropped = [s.name for _, view in views.values() for s in (view.init, *view.epilogue)]
     if not dropped:
         return schedule
     sets: list[isl.Set] = []
@@ -94,7 +97,38 @@ def without_tile_statements(schedule: isl.Schedule, kernel, gemms: list[marks.Ge
     for s in sets:
         if s.get_tuple_name() not in dropped:
             keep = keep.union(isl.UnionSet.from_set(s))
-    return schedule.intersect_domain(keep)
+    return _tile_points(schedule.intersect_domain(keep), views)
+
+
+def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:
+    """`schedule` with a filter below each `microkernel` mark keeping the tile's first
+    row at its K block's first step. The emitter reads a tile off the loops around the
+    mark and calls the kernel; the loops isl would build inside it, over every point of
+    the tile and every K step, were a third of conv2d's codegen time, and built for
+    nothing. The filter keeps an instance in every tile that has one (a tile's first
+    row and a block's first K step always exist), so the loops outside are the same."""
+    def unfiltered(node: isl.ScheduleNode) -> isl.ScheduleNode | None:
+        if (node.get_type() == isl.schedule_node_type.mark
+                and marks.word(node.mark_get_id().get_name()) == marks.Microkernel.word
+                and node.child(0).get_type() != isl.schedule_node_type.filter):
+            return node
+        for i in range(node.n_children()):
+            if (found := unfiltered(node.child(i))) is not None:
+                return found
+        return None
+
+    while (node := unfiltered(schedule.get_root())) is not None:
+        mark, view = views[marks.parse(node.mark_get_id().get_name()).stmt]
+        s0 = view.stmt
+        rows = " + ".join(f"{w}*{view.out_name(s0, d)}" for d, w in view.strides(view.rows).items())
+        depth = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
+        iters = ", ".join(s0.iter_name(d) for d in range(len(s0.extents)))
+        mr = registry.by_name(mark.kernel).mr
+        first = isl.UnionSet.read_from_str(
+            schedule.get_ctx(), f"{{ {s0.name}[{iters}] : ({rows}) mod {mr} = 0 and "
+                                f"({depth or '0'}) mod {mark.tiles.kc} = 0 }}")
+        schedule = node.child(0).insert_filter(first).get_schedule()
+    return schedule
 
 
 def buffer_report(builder: CpuBuilder) -> tuple[str, ...]:

@@ -8,7 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from polyc import GraphBuilder
 from polyc.compiler import compile
+from polyc.graph.decompose import decompose_graph
 from polyc.graph.fuse import MAX_GROUP_NODES
 from polyc.graph.load import load_graph
 from polyc.graph.reference import run_reference
@@ -66,6 +68,21 @@ def test_pointwise_answers_are_isls(graph):
         quick = oracle._pointwise_answer(g, a, b, machine)
         assert quick is not None, (a, b)
         assert quick == oracle._isl_answer(g, a, b, machine, lambda k, f: None), (a, b)
+
+
+def test_pointwise_answers_with_scalar_constants_are_isls():
+    """gelu's tanh form multiplies by scalar constants, literals in the C: the
+    shortcut answers its groups as isl does."""
+    b = GraphBuilder("gelu")
+    g = decompose_graph(b.build([b.gelu(b.input("x", [8, 16]), approximate="tanh")]))
+    names = [n.name for n in g.nodes]
+    assert any(len(g.types[t].shape) == 0 for n in g.nodes for t in n.inputs)
+    machine = cpu_machine()
+    for k in range(1, len(names)):
+        a, b_ = tuple(names[:k]), (names[k],)
+        quick = oracle._pointwise_answer(g, a, b_, machine)
+        assert quick is not None and quick == oracle._isl_answer(
+            g, a, b_, machine, lambda kernel, flops: None), (a, b_)
 
 
 def test_pointwise_shortcut_leaves_other_groups_to_isl():

@@ -114,6 +114,22 @@ def test_gelu_of_linear_is_one_kernel_with_the_matmul():
     _check(graph, compiled)
 
 
+def test_an_elementwise_chain_joins_a_contraction_as_one_group(monkeypatch):
+    """gelu's nodes are pointwise: they are grouped first, without isl, so isl is asked
+    about the matmul's group twice (its bias, then the whole chain), not once for each
+    node the chain would join it one at a time."""
+    import polyc.schedule_tree.oracle as oracle
+    asked = []
+    isl_answer = oracle._isl_answer
+    monkeypatch.setattr(oracle, "_isl_answer", lambda graph, a, b, *rest, **kw: (
+        asked.append((a, b)), isl_answer(graph, a, b, *rest, **kw))[1])
+    b = GraphBuilder("linear_gelu")
+    x, w, bias = b.input("x", [32, 48]), b.input("w", [48, 40]), b.input("b", [40])
+    graph = b.build([b.gelu(b.linear(x, w, bias), approximate="tanh", out="y")])
+    compiled = compile(graph, build=False)
+    assert len(compiled.kernels) == 1 and len(asked) == 2, asked
+
+
 def test_attention_is_at_most_two_kernels():
     b = GraphBuilder("attention")
     q, k, v = (b.input(n, [2, 16, 8]) for n in "qkv")

@@ -3,7 +3,9 @@
 The partitioner only proposes; `oracle(graph, a, b)` (the schedule-tree engine) answers
 whether groups `a` and `b` can share outer loops and at what cost. Proposals, in order:
 
-0. a float16 tensor's conversion to float32 joins its one reader, unasked;
+0. a float16 tensor's conversion to float32 joins its one reader, unasked; then the
+   elementwise chains (`pointwise`: the oracle answers them without isl), so that a
+   chain joins the contraction or reduction before it in one question;
 1. vertical: each producer with each of its consumers (this covers a reduction followed
    by elementwise work along the kept axes);
 2. horizontal: groups that read the same tensor;
@@ -40,7 +42,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import GraphError, Problem
 from .ir import Graph
-from .storage import widens
+from .ops import OPS
+from .storage import STORAGE, widens
 
 if TYPE_CHECKING:
     from ..budget import Ledger
@@ -156,6 +159,21 @@ def group_label(group: tuple[str, ...]) -> str:
 # cost about their node count each, so long chains are cut into kernels of this size
 # (an intermediate tensor between two of them is the price) and compile in linear time
 MAX_GROUP_NODES = 32
+
+
+def pointwise(graph: Graph, name: str) -> bool:
+    """Is node `name` elementwise over its output's shape: a unary or binary op whose
+    every operand has that shape (no broadcast, no storage type) or is a scalar
+    constant (a literal in the C)? Groups of such nodes share every loop, point by
+    point; the oracle answers them without isl."""
+    node = graph.node(name)
+    out = graph.types[node.output]
+    constants = {c.name for c in graph.constants}
+    return (bool(out.shape) and OPS[node.op].family in ("unary", "binary")
+            and all((t in constants and not graph.types[t].shape)
+                    or (graph.types[t].shape == out.shape and t not in constants
+                        and graph.types[t].dtype not in STORAGE)
+                    for t in (*node.inputs, node.output)))
 
 
 def _check_names(graph: Graph, pairs, option: str) -> None:
@@ -283,6 +301,13 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         asked.add((frozenset((a, b)), oracle))
         report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
                                          f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
+    # elementwise chains first (`pointwise`): the oracle answers them without isl, and
+    # a chain that is one group costs the contraction or reduction it then joins one
+    # question, not one per node (linear+gelu: 8 of isl's answers to 2)
+    for node in graph.nodes:
+        for consumer in graph.consumers(node.output):
+            if pointwise(graph, node.name) and pointwise(graph, consumer.name):
+                propose(node.name, consumer.name, "vertical")
     # a merge changes what the merged group can share, so a pair refused before may be
     # accepted now: propose again until a whole round merges nothing (each round that
     # merges leaves fewer groups, so this ends)

@@ -34,7 +34,7 @@ from typing import Callable
 import islpy as isl
 
 from ..budget import OutOfOperations, isl_operations
-from ..graph.fuse import group_label
+from ..graph.fuse import group_label, pointwise
 from ..graph.ir import Graph
 from ..graph.ops import OPS
 from ..graph.storage import STORAGE
@@ -200,19 +200,12 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     storage type (float16, bfloat16, bool): the casts widening it are recomputed where
     read (`kernel.prologue`), which this count does not model."""
     shape = graph.types[graph.node(a[0]).output].shape
-    if not shape:
+    if not all(pointwise(graph, n) and graph.types[graph.node(n).output].shape == shape
+               for n in a + b):
         return None
-    constants = {c.name for c in graph.constants}
-    tensors: dict[str, int] = {}
-    for name in a + b:
-        node = graph.node(name)
-        if OPS[node.op].family not in ("unary", "binary"):
-            return None
-        for t in (*node.inputs, node.output):
-            kind = graph.types[t]
-            if kind.shape != shape or kind.dtype in STORAGE or t in constants:
-                return None
-            tensors[t] = kind.itemsize
+    tensors = {t: graph.types[t].itemsize for n in a + b
+               for t in (*graph.node(n).inputs, graph.node(n).output)
+               if graph.types[t].shape}  # a scalar constant is a literal
     depth = len(shape)
     return _loop_answer(graph, a, b, machine, depth, True, sum(tensors.values()), 0)
 

@@ -3,7 +3,7 @@
 The partitioner only proposes; `oracle(graph, a, b)` (the schedule-tree engine) answers
 whether groups `a` and `b` can share outer loops and at what cost. Proposals, in order:
 
-0. a float16 tensor's conversion to float32 joins its one reader, unasked; then the
+0. a float16 tensor's conversion to float32 joins its one reader, unasked; then short
    elementwise chains (`pointwise`: the oracle answers them without isl), so that a
    chain joins the contraction or reduction before it in one question;
 1. vertical: each producer with each of its consumers (this covers a reduction followed
@@ -159,6 +159,7 @@ def group_label(group: tuple[str, ...]) -> str:
 # cost about their node count each, so long chains are cut into kernels of this size
 # (an intermediate tensor between two of them is the price) and compile in linear time
 MAX_GROUP_NODES = 32
+CHAIN_NODES = 8  # the first round's elementwise chains, at most
 
 
 def pointwise(graph: Graph, name: str) -> bool:
@@ -301,13 +302,18 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         asked.add((frozenset((a, b)), oracle))
         report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
                                          f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
-    # elementwise chains first (`pointwise`): the oracle answers them without isl, and
-    # a chain that is one group costs the contraction or reduction it then joins one
-    # question, not one per node (linear+gelu: 8 of isl's answers to 2)
+    # short elementwise chains first (`pointwise`, each link its producer's one
+    # consumer): the oracle answers them without isl, and a chain that is one group
+    # costs the contraction or reduction it then joins one question, not one per node
+    # (linear+gelu: 8 of isl's answers to 2). Kept to CHAIN_NODES, far under the fusion
+    # budget: a long one could fill a group the later rounds would have grown otherwise
     for node in graph.nodes:
-        for consumer in graph.consumers(node.output):
-            if pointwise(graph, node.name) and pointwise(graph, consumer.name):
-                propose(node.name, consumer.name, "vertical")
+        (consumer, *more) = graph.consumers(node.output) or [None]
+        if (consumer is not None and not more and pointwise(graph, node.name)
+                and pointwise(graph, consumer.name)
+                and len(p.members[p.group_of[node.name]])
+                + len(p.members[p.group_of[consumer.name]]) <= CHAIN_NODES):
+            propose(node.name, consumer.name, "vertical")
     # a merge changes what the merged group can share, so a pair refused before may be
     # accepted now: propose again until a whole round merges nothing (each round that
     # merges leaves fewer groups, so this ends)

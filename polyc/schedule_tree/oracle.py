@@ -36,8 +36,6 @@ import islpy as isl
 from ..budget import OutOfOperations, isl_operations
 from ..graph.fuse import group_label, pointwise
 from ..graph.ir import Graph
-from ..graph.ops import OPS
-from ..graph.storage import STORAGE
 from ..kernel import Kernel
 from ..kernel.comprehension import first_sum
 from ..machine import Machine

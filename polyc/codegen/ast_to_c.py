@@ -180,14 +180,11 @@ def if_(cond: str, then: cgen.Generable, other: cgen.Generable | None = None) ->
     """cgen's If, its branches braced where C would read them otherwise: cgen prints
     them bare, and C gives an else to the innermost if before it (one ending `then`: a
     nested if, or a loop around one), and a pragma'd loop (a Module) is two lines."""
-    if isinstance(then, cgen.Module):  # a Block to cgen, but printed without braces
-        then = cgen.Block(then.contents)
-    elif (other is not None or isinstance(then, cgen.If)) \
+    then = statement(then)
+    if (other is not None or isinstance(then, cgen.If)) \
             and not isinstance(then, (cgen.Block, cgen.Statement)):
         then = cgen.Block([then])
-    if isinstance(other, cgen.Module):
-        other = cgen.Block(other.contents)
-    return cgen.If(cond, then, other)
+    return cgen.If(cond, then, None if other is None else statement(other))
 
 
 def statement(g: cgen.Generable) -> cgen.Generable:

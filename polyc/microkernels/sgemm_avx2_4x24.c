@@ -17,6 +17,9 @@
  *   (operands still packed 4 and 24 wide); other entries of C are neither read nor
  *   written (masked loads and stores). For edge tiles, straight into C.
  *
+ *   polyc_sgemm_avx2_4x24_a_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols): as _rows,
+ *   with A read in place, a(r, p) = A[r * lda + p] for r < rows (sgemm_avx2_6x16.c).
+ *
  *   polyc_sgemm_avx2_4x24_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
  *   read in place, row p being the 24 floats at B + off[p] (any alignment, all 24
  *   readable): conv2d's window rows straight from its (padded) input, no im2col.
@@ -31,9 +34,9 @@
 #define POLYC_AHEAD_4X24 16
 
 static inline __attribute__((always_inline)) void
-polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restrict B,
-                           const long *restrict off, float *restrict C, long ldc,
-                           int accumulate, const int R, long cols)
+polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, long lda,
+                           const float *restrict B, const long *restrict off,
+                           float *restrict C, long ldc, int accumulate, const int R, long cols)
 {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256i mask[3];
@@ -61,7 +64,7 @@ polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, const float *restri
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-      __m256 a = _mm256_broadcast_ss(A + p * 4 + r);
+      __m256 a = _mm256_broadcast_ss(lda ? A + r * lda + p : A + p * 4 + r);
       acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
       acc[r][2] = _mm256_fmadd_ps(a, b2, acc[r][2]);
@@ -89,7 +92,7 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate)
 {
-  polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 4, 24);
+  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, 24);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
@@ -99,7 +102,21 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
   if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
                 test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
     __builtin_unreachable();
-  polyc_sgemm_avx2_4x24_impl(kc, A, B, off, C, ldc, accumulate, 4, 24);
+  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, off, C, ldc, accumulate, 4, 24);
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_a_rows(
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
+    long ldc, int accumulate, long rows, long cols)
+{
+  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
+    __builtin_unreachable();
+  switch (rows) {
+  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols); break;
+  default: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols); break;
+  }
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_rows(
@@ -107,10 +124,10 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_rows(
     int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 3, cols); break;
-  default: polyc_sgemm_avx2_4x24_impl(kc, A, B, 0, C, ldc, accumulate, 4, cols); break;
+  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 3, cols); break;
+  default: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, cols); break;
   }
 }
 #endif

@@ -17,6 +17,10 @@
  *   (operands still packed 6 and 16 wide); other entries of C are neither read nor
  *   written (masked loads and stores). For edge tiles, straight into C.
  *
+ *   polyc_sgemm_avx2_6x16_a_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols): as _rows,
+ *   with A not packed but read in place, a(r, p) = A[r * lda + p] for r < rows: a row-major
+ *   A no pack would be worth its copy (attention's probabilities times V, 4 column tiles).
+ *
  *   polyc_sgemm_avx2_6x16_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
  *   read in place, row p being the 16 floats at B + off[p] (any alignment, all 16
  *   readable): conv2d's window rows straight from its (padded) input, no im2col.
@@ -65,9 +69,9 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16(long kc, const float *restrict A, cons
 }
 
 static inline __attribute__((always_inline)) void
-polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restrict B,
-                           const long *restrict off, float *restrict C, long ldc,
-                           int accumulate, const int R, long cols)
+polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
+                           const float *restrict B, const long *restrict off,
+                           float *restrict C, long ldc, int accumulate, const int R, long cols)
 {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
@@ -89,8 +93,8 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, const float *restri
       b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
     }
 #pragma GCC unroll 6
-    for (int r = 0; r < R; r++) {
-      __m256 a = _mm256_broadcast_ss(A + p * 6 + r);
+    for (int r = 0; r < R; r++) {  /* lda, like off, is constant in every caller */
+      __m256 a = _mm256_broadcast_ss(lda ? A + r * lda + p : A + p * 6 + r);
       lo[r] = _mm256_fmadd_ps(a, b0, lo[r]);
       hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
     }
@@ -121,12 +125,28 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_rows(
     int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 3, cols); break;
-  case 4: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 4, cols); break;
-  case 5: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 5, cols); break;
-  default: polyc_sgemm_avx2_rows_impl(kc, A, B, 0, C, ldc, accumulate, 6, cols); break;
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 3, cols); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, cols); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 5, cols); break;
+  default: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 6, cols); break;
+  }
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_a_rows(
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
+    long ldc, int accumulate, long rows, long cols)
+{
+  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
+    __builtin_unreachable();
+  switch (rows) {
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols); break;
+  default: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols); break;
   }
 }
 
@@ -137,6 +157,6 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(
   if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
                 test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
     __builtin_unreachable();
-  polyc_sgemm_avx2_rows_impl(kc, A, B, off, C, ldc, accumulate, 6, 16);
+  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16);
 }
 #endif

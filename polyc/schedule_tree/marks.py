@@ -177,6 +177,8 @@ class Gemm(Mark):
     # d: A is 0 past K index row + d (`analysis.masked_depth`: causal attention's
     # probabilities): each tile stops its K steps there when B is finite
     depth: str = "-"
+    # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`)
+    a: str = "packed"
 
     @property
     def tiles(self) -> Tiles:
@@ -192,6 +194,7 @@ class Gemm(Mark):
         return (f"gemm {self.stmt} {self.kernel} m={self.m} n={self.n} k={self.k} "
                 f"mc={self.mc} nc={self.nc} kc={self.kc} par={self.par} threads={self.threads} "
                 f"loops={','.join(self.loops) or '-'} b={self.b}"
+                + (f" a={self.a}" if self.a != "packed" else "")
                 + (f" masked={self.masked}" if self.masked != "-" else "")
                 + (f" depth={self.depth}" if self.depth != "-" else ""))
 

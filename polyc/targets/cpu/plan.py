@@ -15,7 +15,7 @@ from ...errors import GraphError, Problem
 from ...kernel import Kernel
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import (BRows, GemmView, b_rows, gemm_view, iterators,
+from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, gemm_view, iterators,
                                      masked_columns, masked_depth, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
@@ -30,6 +30,13 @@ MIN_PARALLEL_FLOPS = 1 << 21
 # (attention, 1 thread, Zen 3, two kernels against three: 768 and 1024 long, blocks of
 # 84 and 60 rows, 16% and 12% faster; 2048 long, blocks of 30 rows, 42% slower)
 MIN_TAIL_PANELS = 8
+# a block of A serving this many column tiles or fewer is read in place, not packed.
+# Zen 3, 6x16 kernel, 1 thread, packed against in place: 512x512 @ 512x64 (4 tiles, as
+# attention's probabilities times V) 66 against 92 GFLOP/s, 1x2048x7x7 to 512 1x1 (4)
+# 54 against 64, @ 512x128 (8) 87 against 95; past 8 the gain is small or a loss:
+# @ 512x256 92 against 94, 1x256x14x14 to 256 3x3 (13) 73 against 64, 1024^3 (64) 93
+# against 88
+A_IN_PLACE_TILES = 8
 # an image of this many columns keeps its batch loop for a team, and B read in place
 # (`cpu_gemm_view`); smaller ones are folded into the columns. Zen 3, folded against
 # not: 2 threads, 8x512x28x28 to 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256
@@ -193,12 +200,22 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     if par == "rows" and "ic" not in loops:
         par = "none"  # one row block
     b = "rows" if rows else "packed" if view.c_matrix else "folded"
+    a = "rows" if b == "packed" and reads_a_in_place(view, kernel, mk, tiles.nc) else "packed"
     # masked tiles are skipped where each is computed in one piece (no K blocks)
     masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None
     depth = masked_depth(view, kernel) if b == "packed" else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
-                "-" if depth is None else str(depth))
+                "-" if depth is None else str(depth), a)
+
+
+def reads_a_in_place(view: GemmView, kernel: Kernel, mk: registry.Microkernel, nc: int) -> bool:
+    """Do the tiles read A's rows where they are (`Gemm.a`), rather than a packed block?
+    Where a block of A serves at most A_IN_PLACE_TILES column tiles, its pack is not paid
+    back: a row-major A that reads K at unit stride (`analysis.a_row_stride`) is then
+    read in place."""
+    return (bool(mk.a_rows_variant) and -(-min(view.N, nc) // mk.nr) <= A_IN_PLACE_TILES
+            and a_row_stride(view, kernel) is not None)
 
 
 def _batch_inside_a(view: GemmView, rows: BRows | None, par: str, blocks: list[str],

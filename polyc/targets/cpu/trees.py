@@ -41,6 +41,10 @@ the row offsets once, there is no jc band and no pack_b, and the jr tiles cut th
 output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
 rows are contiguous in the copy. That is the direct convolution, without im2col.
 
+When a block of A serves a few column tiles only (`plan.reads_a_in_place`) and A is
+row-major along K, `pack_a` packs nothing: it sets the block's first row, and the tiles
+read A's rows in place (`a=rows`).
+
 When A has no batch dim (conv2d's weights), the batch band may go below `pack_a`
 instead (`plan.loops` `pc, ic, b0, jr, ir`; `Gemm.batch_inside`): each A block is
 packed once and serves every image, not once per image; a packed B then has its

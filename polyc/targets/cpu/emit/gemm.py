@@ -164,7 +164,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                    else self.b.arrays[rows.tensor].c_name)
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
-        if "a" in side:
+        if "a" in side and self.plan.a != "rows":
             out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, "
                                       f"{c_size(self.b.promotion('mk_pa').bytes)})"))
         return out

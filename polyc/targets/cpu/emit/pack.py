@@ -9,7 +9,7 @@ import cgen
 from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
-from ....microkernels.analysis import iterators, loads_of
+from ....microkernels.analysis import iterators, k_row_stride, loads_of
 from .common import ROWS, decompose, stride, up
 
 
@@ -17,6 +17,7 @@ class PackMixin:
     def pack(self, child, outer, side: str) -> cgen.Generable:
         plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
         s0 = view.stmt
+        in_place = side == "a" and plan.a == "rows"  # A's rows read where they are
         # the K block is set by the first pack: B's, or A's when B is packed below it
         def k_block(loops: dict[str, str]) -> list[cgen.Generable]:
             return [cgen.Statement(f"const long mk_k0 = {loops.get('pc', '0')}"),
@@ -32,17 +33,23 @@ class PackMixin:
         else:
             loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
             head = k_block(loops) if self.rows is not None or plan.batch_inside else []
-            head += [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}"),
-                     cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
+            head += [cgen.Statement(f"const long mk_i0 = {loops.get('ic', '0')}")]
+            head += [] if in_place else [
+                cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
-        if plan.par != "inner":
+        if plan.par != "inner" and not in_place:
             head += self._buffers(side)
         # iterator values: batch dims from their loops, own dims and K from the element
         p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
         batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
                  for d, v in self._batch_values(loops).items()
                  if view.out_iter[d] in iterators(expr)]
+        if in_place:  # no panels: the tiles read the block's rows where they are
+            start = self._row_start(expr, view.out_iter[own[0]], "mk_i0")
+            return cgen.Block(head + batch + [
+                cgen.Statement(f"const float *restrict mk_A = {start}"),
+                self.b.node(child, outer)])
         own_names = [f"mk_s{view.out_iter[d]}" for d in own]
         own_ext = [view.shape[d] for d in own]
         red_names = [f"mk_s{q}" for q in view.red]
@@ -245,33 +252,24 @@ class PackMixin:
 
     def _transposed_rows(self, expr: Expr, own: int, red: tuple[int, ...], red_ext: list[int],
                          tile: int, start: str, valid: str) -> cgen.Generable | None:
-        """A panel of a plain load contiguous along K (a row-major A, or conv2d's weights
-        O x C x KH x KW, whose K dims flatten at unit stride): one call of support.c's
-        transposing packer, or None when the operand is anything else."""
-        batch = {self.view.out_iter[d] for d in self.view.batch}
-        if (tile > 16 or not isinstance(expr, Load) or expr.dtype != "float32"
-                or not all(isinstance(e, Aff) for e in expr.index)
-                or self.b.arrays[expr.tensor].kept is not None
-                or not iterators(expr) <= {own, *red} | batch):
+        """A panel of a plain load contiguous along K (`analysis.k_row_stride`): one call
+        of support.c's transposing packer, or None when the operand is anything else."""
+        if tile > 16 or not isinstance(expr, Load) or self.b.arrays[expr.tensor].kept is not None:
             return None
-        shape = self.b.arrays[expr.tensor].type.shape
-        coef = dict.fromkeys((own, *red), 0)
-        for d, e in enumerate(expr.index):
-            for pos, c in e.terms:
-                if pos in coef:
-                    coef[pos] += c * stride(shape, d)
-        # K's flattened index must be the address: each K dim's weight its inner extents'
-        weight = 1
-        for pos, n in reversed(list(zip(red, red_ext))):
-            if coef[pos] != weight and n > 1:
-                return None
-            weight *= n
-        if coef[own] <= 0:
+        lda = k_row_stride(expr, own, red, red_ext, self.b.arrays[expr.tensor].type.shape,
+                           {self.view.out_iter[d] for d in self.view.batch})
+        if lda is None:
             return None
-        at = ExprPrinter(self.b.arrays, lambda pos: f"({start} + mk_xp)" if pos == own
+        return cgen.Statement(f"polyc_pack_rows_t({self._row_start(expr, own, f'{start} + mk_xp')}, "
+                              f"{c_size(lda)}, {valid}, {tile}, mk_kc, mk_dst)")
+
+    def _row_start(self, expr: Load, own: int, row: str) -> str:
+        """The address of row `row`'s first element in the K block (mk_k0) of a plain
+        load contiguous along K."""
+        red = set(self.view.red)
+        at = ExprPrinter(self.b.arrays, lambda pos: f"({row})" if pos == own
                          else "0" if pos in red else f"mk_s{pos}").access(expr.tensor, expr.index)
-        return cgen.Statement(f"polyc_pack_rows_t(&{at} + mk_k0, {c_size(coef[own])}, {valid}, "
-                              f"{tile}, mk_kc, mk_dst)")
+        return f"&{at} + mk_k0"
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:

@@ -11,7 +11,7 @@ from ....codegen.ast_to_c import if_, mentions
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
-from ....microkernels.analysis import iterators, loads_of
+from ....microkernels.analysis import a_row_stride, iterators, loads_of
 from .common import Scalars, decompose, stride, virtual
 
 
@@ -29,7 +29,9 @@ class WriteBackMixin:
         out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
                cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
                cgen.Statement(f"const long mk_nr = min({NR}, {rows.width if rows else plan.n} - mk_jt)"),
-               cgen.Statement("const float *restrict mk_ap = mk_pa + (mk_it - mk_i0) * mk_kc")]
+               cgen.Statement("const float *restrict mk_ap = " + (
+                   f"mk_A + (mk_it - mk_i0) * {c_size(a_row_stride(view, self.b.kernel))}"
+                   if plan.a == "rows" else "mk_pa + (mk_it - mk_i0) * mk_kc"))]
         batch_vals = self._batch_values(loops)
         if rows is None:
             out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
@@ -80,13 +82,22 @@ class WriteBackMixin:
             dead = " || ".join(filter(None, [dead, "mk_kce <= 0"]))
         if rows is None:
             variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
+
+            def calls(c: str, ldc: str, acc: str, rows: str = "", cols: str = "") -> str:
+                if plan.a == "rows":  # A read in place: rows x cols always given
+                    lda = c_size(a_row_stride(view, self.b.kernel))
+                    return (f"{mk.a_rows_variant}({kc}, mk_ap, {lda}, mk_bp, {c}, {ldc}, {acc}, "
+                            f"{rows or MR}, {cols or NR})")
+                if rows:
+                    return f"{variant}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc}, {rows}, {cols})"
+                return f"{call}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc})"
             fill: cgen.Generable = cgen.Statement(
-                f"{variant}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0, mk_mr, {NR})"
-                if variant else f"{call}({kc}, mk_ap, mk_bp, mk_tile, {NR}, 0)")
+                calls("mk_tile", str(NR), "0", "mk_mr", str(NR)) if variant
+                else calls("mk_tile", str(NR), "0"))
             if dead:
                 fill = if_(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"), fill]
-            kernel = f"{call}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first})"
+            kernel = calls(cptr, str(plan.n), f"!{first}")
         else:
             variant = ""
             whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
@@ -101,8 +112,7 @@ class WriteBackMixin:
         if view.c_matrix and (has_pc or (zero_init and not applies)):
             otherwise: cgen.Generable = cgen.Block(slow)
             if variant:  # an edge tile (M % MR, N % NR): fewer rows and columns, straight into C
-                edge = cgen.Statement(
-                    f"{variant}({kc}, mk_ap, mk_bp, {cptr}, {plan.n}, !{first}, mk_mr, mk_nr)")
+                edge = cgen.Statement(calls(cptr, str(plan.n), f"!{first}", "mk_mr", "mk_nr"))
                 otherwise = if_(" && ".join(direct[2:]), edge, otherwise) if direct[2:] else edge
             computed = if_(" && ".join(direct), cgen.Statement(kernel), otherwise)
             if dead:  # zeros in C itself, where its first K block would have stored

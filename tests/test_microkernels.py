@@ -316,19 +316,20 @@ def test_epilogues_at_write_back(epilogue, tiles, isa):
     assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
 
 
-@pytest.mark.parametrize("kernel", ["sgemm_avx2_6x16", "sgemm_avx2_4x24"])
+@pytest.mark.parametrize("isa,kernel", [("avx2", "sgemm_avx2_6x16"), ("avx2", "sgemm_avx2_4x24"),
+                                        ("portable", PORTABLE)])
 @pytest.mark.parametrize("sa,sb,epilogue,tiles,threads", [
     ((64, 96), (96, 40), None, (), 1),
     ((3, 100, 70), (3, 70, 40), _bias_gelu, (("kc", 32), ("mc", 24)), 1),
     ((8, 100, 70), (8, 70, 24), None, (("kc", 32),), 2),
     ((130, 300), (300, 40), _residual_relu_scale, (("kc", 64), ("mc", 48)), 2),
 ], ids=["one-block", "k-blocks-epilogue", "batch-team", "row-team-residual"])
-def test_a_block_serving_few_column_tiles_is_read_in_place(kernel, sa, sb, epilogue, tiles,
+def test_a_block_serving_few_column_tiles_is_read_in_place(isa, kernel, sa, sb, epilogue, tiles,
                                                            threads):
     """A narrow C (attention's probabilities times V: 64 columns) uses each block of A for
     a few column tiles, too few to pay for packing it: the tiles read A's rows where they
     are (`a=rows`), edge rows and columns, K blocks and epilogues alike."""
-    options = replace(_isa("avx2"), gemm_kernel=kernel, microkernel_tiles=tiles, threads=threads)
+    options = replace(_isa(isa), gemm_kernel=kernel, microkernel_tiles=tiles, threads=threads)
     graph, inputs = _matmul(sa, sb, epilogue)
     compiled = _check(graph, inputs, options)
     plan = marks.parse(_gemm_marks(compiled)[0])
@@ -341,11 +342,10 @@ def test_a_block_serving_few_column_tiles_is_read_in_place(kernel, sa, sb, epilo
 @pytest.mark.parametrize("sa,sb,attrs,options", [
     ((64, 96), (96, 512), {}, Options(gemm_kernel="sgemm_avx2_6x16")),
     ((96, 64), (96, 40), {"transpose_a": True}, Options(gemm_kernel="sgemm_avx2_6x16")),
-    ((64, 96), (96, 40), {}, Options(gemm_kernel=PORTABLE)),
-], ids=["many-column-tiles", "a-transposed", "no-variant"])
+], ids=["many-column-tiles", "a-transposed"])
 def test_a_is_packed_where_reading_it_in_place_does_not_pay(sa, sb, attrs, options):
-    """Packed: a block of A that serves many column tiles, an A whose rows are not
-    contiguous along K, and a kernel without an in-place variant."""
+    """Packed: a block of A that serves many column tiles, and an A whose rows are not
+    contiguous along K."""
     if not host_can_run(cpu_machine().arch) or not {"avx2", "fma"} <= cpu_machine().features:
         pytest.skip("the avx2 kernels need a host with avx2 and fma")
     graph, inputs = _matmul(sa, sb, **attrs)
@@ -1200,25 +1200,31 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
                           env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
 
 
-@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "matmul-edges", "linear-k-blocks"])
+@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "matmul-edges",
+                                  "matmul-edges-portable", "linear-k-blocks"])
 def test_kernels_stay_inside_their_buffers(case, tmp_path):
     """The last virtual columns of a conv read B's rows whole from the padded copy (room
     is left past its end) or, in place, through a panel; edge tiles and K blocks of a
-    matmul touch no element outside A, B, C and the scratch."""
+    matmul, its A read in place (29 columns: `a=rows`), touch no element outside A, B, C
+    and the scratch."""
     if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
         graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20),))
     elif case == "conv-in-place":
         graph, _ = _conv((2, 4, 12, 30), (8, 4, 3, 3))
         options = Options()
-    elif case == "matmul-edges":
+    elif case.startswith("matmul-edges"):
         graph, _ = _matmul((13, 37), (37, 29))
-        options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)))
+        options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)),
+                          gemm_kernel=PORTABLE if case.endswith("portable") else "")
     else:
         graph, _ = _matmul((2, 19, 40), (40, 35), epilogue=lambda b, y, i, r, s: b.relu(y))
         options = Options(microkernel_tiles=(("kc", 16),))
     compiled = compile(graph, options=options)
     assert _gemm_marks(compiled)
+    if case.startswith("matmul-edges") and registry.by_name(
+            marks.parse(_gemm_marks(compiled)[0]).kernel).a_rows_variant:
+        assert marks.parse(_gemm_marks(compiled)[0]).a == "rows"
     proc = _run_under_asan(compiled, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -91,8 +91,9 @@ class WriteBackMixin:
                 if rows:
                     return f"{variant}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc}, {rows}, {cols})"
                 return f"{call}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc})"
+            # A read in place: not a row past the tile's, where A may end
             fill: cgen.Generable = cgen.Statement(
-                calls("mk_tile", str(NR), "0", "mk_mr", str(NR)) if variant
+                calls("mk_tile", str(NR), "0", "mk_mr", str(NR)) if variant or plan.a == "rows"
                 else calls("mk_tile", str(NR), "0"))
             if dead:
                 fill = if_(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)

@@ -113,16 +113,26 @@ def test_a_footprint_and_its_box_are_computed_with_isl():
 
 
 def test_the_cpu_packs_the_blocks_its_promotions_size():
-    compiled = polyc.compile(_matmul(130, 70, 90), build=False, options=polyc.Options(
-        gemm_kernel="sgemm_vec_6x16", microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 48))))
+    # nc 48, 3 column tiles: A would be read in place, not packed (`plan.A_IN_PLACE_TILES`)
+    compiled = polyc.compile(_matmul(130, 70, 190), build=False, options=polyc.Options(
+        gemm_kernel="sgemm_vec_6x16", microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 160))))
     lines = [x for x in compiled.kernels[0].fusion_report if x.startswith("promote ")]
     assert lines == [
         "promote S0.a -> mk_pa [L2, in, panels 6 0] 10x32x6 (7680 B) at "
         "(i2 - (i2) mod 60, i1 - (i1) mod 32)",
-        "promote S0.b -> mk_pb [L3, in, panels 16 1] 3x32x16 (6144 B) at "
-        "(i1 - (i1) mod 32, i0 - (i0) mod 48)"]
+        "promote S0.b -> mk_pb [L3, in, panels 16 1] 10x32x16 (20480 B) at "
+        "(i1 - (i1) mod 32, i0 - (i0) mod 160)"]
     assert "polyc_scratch(1, 7680)" in compiled.c_source
-    assert "polyc_scratch(0, 6144)" in compiled.c_source
+    assert "polyc_scratch(0, 20480)" in compiled.c_source
+
+
+def test_an_a_read_in_place_has_no_packed_block():
+    compiled = polyc.compile(_matmul(130, 70, 90), build=False, options=polyc.Options(
+        gemm_kernel="sgemm_vec_6x16", microkernel_tiles=(("kc", 32), ("mc", 60), ("nc", 48))))
+    lines = [x for x in compiled.kernels[0].fusion_report if x.startswith("promote ")]
+    assert [x.split(" -> ")[0] for x in lines] == ["promote S0.b"]
+    assert "polyc_scratch(1," not in compiled.c_source
+    assert " a=rows" in compiled.kernels[0].to_json()["schedule_text"]
 
 
 def test_a_null_option_takes_the_targets_default():

@@ -342,10 +342,11 @@ def masked_depth(view: GemmView, kernel: Kernel) -> int | None:
 # virtual columns are computed and dropped: B read in place may take at most this many
 # times the column tiles of COLUMN_TILE floats (the narrowest gemm kernel's) a packed B
 # takes; else it is packed. Zen 3, 3x3 convolutions, 1 thread: 14x14 images (rows of 17
-# floats, 235 virtual columns) take 15 tiles for 13: 67 GFLOP/s in place against 75 packed
-# (8 images at 2 threads: 84 against 118); 28x28 images, 35 tiles for 33 (24 wide): 80
-# against 69; 7x7, 4 for 4: alike
-MAX_TILE_WASTE = 1.1
+# floats, 235 virtual columns) took 15 tiles for 13: 67 GFLOP/s in place against 75 packed
+# (8 images at 2 threads: 84 against 118); with the rows sharing their pad (15 floats, 209
+# virtual columns), 14 tiles for 13: 73 against 76, still packed; 28x28 images, 35 tiles
+# for 33 (24 wide): 80 against 69 (34 for 33 since); 7x7, 4 for 4: alike
+MAX_TILE_WASTE = 1.07
 COLUMN_TILE = 16
 PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)
 # bytes: a B copy over this is made one batch point at a time (`BRows.slices`); under
@@ -428,9 +429,9 @@ class BRows:
     guard is false (conv2d's zero border), laid out so that each K row of a tile is
     `nr` consecutive floats of P. `v` is the tile's *virtual* column: the output's
     column dims linearised with P's strides rather than the output's (conv2d over a
-    58-wide padded input: v = 58*y + x), so a tile of consecutive v is a contiguous
-    run of P; columns whose dims fall outside the output (x = 56, 57) are computed
-    and dropped. This is the direct convolution: no im2col.
+    56-wide input padded by 1, its rows sharing their pad: v = 57*y + x), so a tile of
+    consecutive v is a contiguous run of P; columns whose dims fall outside the output
+    (x = 56) are computed and dropped. This is the direct convolution: no im2col.
 
     A dim the columns walk with a stride s (a strided conv2d: x[.., 2*y + ky, 2*x + kx])
     is split in the copy into its s phases, P[.., ph, q] = x[.., lo + s*q + ph]: each K
@@ -589,6 +590,13 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     if not copy and any(l < 0 or h >= n for l, h, n in zip(lo, hi, S)):
         return None
     box = tuple(h - l + 1 for l, h in zip(lo, hi)) if copy else S
+    if copy and phases[-1] == 1:
+        # a row's pad on the right and the next row's on the left are one run of the
+        # pad value: the rows share it, a window reading past a row's end reads the
+        # next one's left pad (56-wide rows padded by 1: 57 floats a row, not 58, and
+        # 3191 virtual columns for 3136, not 3246)
+        shared = min(valid[-1][0] - lo[-1], hi[-1] + 1 - valid[-1][1])
+        box = box[:-1] + (box[-1] - max(0, shared),)
     lo = tuple(lo) if copy else (0,) * len(S)
     if extra:
         copy, box = True, box[:-1] + (box[-1] + extra,)

@@ -38,7 +38,7 @@ one from a copy split into phases) and the kernel has a variant that reads B in 
 B is not packed (`b=rows`): `mark "b_rows S0"` above the batch band (below it when the
 copy is made per image, `BRows.slices`) makes the padded copy and
 the row offsets once, there is no jc band and no pack_b, and the jr tiles cut the
-output's columns linearised with the copy's strides (`58*i2 + i3`), so each tile's B
+output's columns linearised with the copy's strides (`57*i2 + i3`), so each tile's B
 rows are contiguous in the copy. That is the direct convolution, without im2col.
 
 When a block of A serves a few column tiles only (`plan.reads_a_in_place`) and A is
@@ -348,11 +348,13 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
                      machine: Machine) -> tuple[Promotion, ...]:
     """The packed blocks of A (under `pack_a`) and B (under `pack_b`) as promotions of the
     operands' footprints, in panels of the kernel's tile width: the buffers' sizes the
-    packing code allocates."""
+    packing code allocates. An operand read in place (`a=rows`, `b=rows`) has none."""
     mk = registry.by_name(plan.kernel)
     ctx = schedule.get_ctx()
     out = []
-    sides = [("a", marks.PackA, mk.mr, machine.fusion_level.name, "mk_pa")]
+    sides = []
+    if plan.a != "rows":
+        sides.append(("a", marks.PackA, mk.mr, machine.fusion_level.name, "mk_pa"))
     if plan.b != "rows":
         sides.append(("b", marks.PackB, mk.nr, machine.role("block").name, "mk_pb"))
     for side, kind, width, level, buffer in sides:

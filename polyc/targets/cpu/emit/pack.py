@@ -10,7 +10,7 @@ from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
 from ....microkernels.analysis import iterators, k_row_stride, loads_of
-from .common import ROWS, decompose, stride, up
+from .common import ROWS, decompose, up
 
 
 class PackMixin:

@@ -570,11 +570,13 @@ def test_a_shared_a_folds_a_batched_b():
 
 @pytest.mark.parametrize("xs,ws,attrs,layout", [
     ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7"),
+    # 14 column tiles for 13: in place only by MAX_STRIDED_TILE_WASTE
+    ((1, 8, 28, 28), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,15,15"),
     ((2, 5, 15, 65), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,33"),
     ((1, 4, 20, 21), (8, 4, 3, 2), {"strides": [3, 2]}, "1,4,3,2,6,10"),
     ((1, 4, 20, 21), (8, 4, 5, 3), {"strides": [2, 1], "pads": [1] * 4, "dilations": [2, 1]},
      "1,4,2,11,22"),
-], ids=["resnet", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
+], ids=["resnet", "resnet-14x14-out", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
 @pytest.mark.parametrize("isa", ISAS)
 def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
     """A strided window: the copy splits each strided dim into its phases (analysis.b_rows),

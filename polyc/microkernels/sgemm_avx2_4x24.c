@@ -105,12 +105,12 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
   polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, off, C, ldc, accumulate, 4, 24);
 }
 
-POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_a_rows(
-    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
-    long ldc, int accumulate, long rows, long cols)
+/* a tile's first `rows` rows: one instantiation per row count (lda as in the impl) */
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx2_4x24_by_rows(long kc, const float *restrict A, long lda,
+                              const float *restrict B, float *restrict C, long ldc,
+                              int accumulate, long rows, long cols)
 {
-  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
-    __builtin_unreachable();
   switch (rows) {
   case 1: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols); break;
   case 2: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols); break;
@@ -119,15 +119,19 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_a_rows(
   }
 }
 
+POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_a_rows(
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
+    long ldc, int accumulate, long rows, long cols)
+{
+  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
+    __builtin_unreachable();
+  polyc_sgemm_avx2_4x24_by_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols);
+}
+
 POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_rows(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate, long rows, long cols)
 {
-  switch (rows) {
-  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 3, cols); break;
-  default: polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, cols); break;
-  }
+  polyc_sgemm_avx2_4x24_by_rows(kc, A, 0, B, C, ldc, accumulate, rows, cols);
 }
 #endif

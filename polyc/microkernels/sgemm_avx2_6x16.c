@@ -120,26 +120,12 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
   }
 }
 
-POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_rows(
-    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
-    int accumulate, long rows, long cols)
+/* a tile's first `rows` rows: one instantiation per row count (lda as in the impl) */
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx2_6x16_by_rows(long kc, const float *restrict A, long lda,
+                              const float *restrict B, float *restrict C, long ldc,
+                              int accumulate, long rows, long cols)
 {
-  switch (rows) {
-  case 1: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 3, cols); break;
-  case 4: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, cols); break;
-  case 5: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 5, cols); break;
-  default: polyc_sgemm_avx2_rows_impl(kc, A, 0, B, 0, C, ldc, accumulate, 6, cols); break;
-  }
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_a_rows(
-    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
-    long ldc, int accumulate, long rows, long cols)
-{
-  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
-    __builtin_unreachable();
   switch (rows) {
   case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols); break;
   case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols); break;
@@ -148,6 +134,22 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_a_rows(
   case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols); break;
   default: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols); break;
   }
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_rows(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate, long rows, long cols)
+{
+  polyc_sgemm_avx2_6x16_by_rows(kc, A, 0, B, C, ldc, accumulate, rows, cols);
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_a_rows(
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C,
+    long ldc, int accumulate, long rows, long cols)
+{
+  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */
+    __builtin_unreachable();
+  polyc_sgemm_avx2_6x16_by_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(

@@ -24,14 +24,15 @@ class WriteBackMixin:
         it = loops.get("ir", loops.get("ic", "0"))
         jt = loops.get("jr", loops.get("jc", "0"))
         has_pc = "pc" in plan.loops
+        # A read in place: its row stride, which the tile's pointer and every call take
+        lda = c_size(a_row_stride(view, self.b.kernel)) if plan.a == "rows" else ""
         h = self.b.arrays[s0.target]
         acc_name = "mk_acc" if self._acc_local() else h.c_name
         out = [cgen.Statement(f"const long mk_it = {it}"), cgen.Statement(f"const long mk_jt = {jt}"),
                cgen.Statement(f"const long mk_mr = min({MR}, {plan.m} - mk_it)"),
                cgen.Statement(f"const long mk_nr = min({NR}, {rows.width if rows else plan.n} - mk_jt)"),
                cgen.Statement("const float *restrict mk_ap = " + (
-                   f"mk_A + (mk_it - mk_i0) * {c_size(a_row_stride(view, self.b.kernel))}"
-                   if plan.a == "rows" else "mk_pa + (mk_it - mk_i0) * mk_kc"))]
+                   f"mk_A + (mk_it - mk_i0) * {lda}" if lda else "mk_pa + (mk_it - mk_i0) * mk_kc"))]
         batch_vals = self._batch_values(loops)
         if rows is None:
             out.append(cgen.Statement("const float *restrict mk_bp = mk_pb + (mk_jt - mk_j0) * mk_kc"))
@@ -84,8 +85,7 @@ class WriteBackMixin:
             variant = mk.rows_variant  # computes only the tile's first mk_mr rows, mk_nr columns
 
             def calls(c: str, ldc: str, acc: str, rows: str = "", cols: str = "") -> str:
-                if plan.a == "rows":  # A read in place: rows x cols always given
-                    lda = c_size(a_row_stride(view, self.b.kernel))
+                if lda:  # A read in place: rows x cols always given
                     return (f"{mk.a_rows_variant}({kc}, mk_ap, {lda}, mk_bp, {c}, {ldc}, {acc}, "
                             f"{rows or MR}, {cols or NR})")
                 if rows:

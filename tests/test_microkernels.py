@@ -1165,6 +1165,23 @@ def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
     assert "sgemm_avx2_4x24" in _gemm_marks(compiled)[0]
 
 
+def test_a_kernel_is_chosen_by_the_virtual_columns_its_tiles_cover(monkeypatch):
+    """A 14x14 output of a 3x3 /2 window read in place spans 209 virtual columns (14 rows
+    of 15, the pads between them): 14 tiles of the 6x16 kernel, 9 of the 4x24. By C's own
+    196 columns the 6x16 would waste less (13 tiles against 9); 24 channels fit both."""
+    options = _isa("avx2")
+    from polyc.targets.cpu import calibrate
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+        m.name: 100.0 for m in kernels})
+    b = GraphBuilder("conv")
+    graph = b.build([b.conv2d(b.input("x", (1, 8, 28, 28)), b.input("w", (24, 8, 3, 3)),
+                              pads=[1, 1, 1, 1], strides=[2, 2])])
+    rng = np.random.default_rng(6)
+    inputs = {"x": _rand(rng, (1, 8, 28, 28)), "w": _rand(rng, (24, 8, 3, 3))}
+    (mark,) = _gemm_marks(_check(graph, inputs, options, atol=3e-4))
+    assert "sgemm_avx2_4x24" in mark and "n=196" in mark and "b=rows" in mark, mark
+
+
 @pytest.mark.parametrize("sa,sb", [((50, 70), (70, 245)), ((2, 1, 13, 21), (3, 21, 217)),
                                    ((4, 9), (9, 230))])
 @pytest.mark.parametrize("isa", ISAS)

@@ -244,7 +244,10 @@ class PackMixin:
                     cgen.For("", f"mk_x % {tile}", "mk_x++", cgen.Assign("mk_d[mk_x]", "0.0f"))])),
             cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", cgen.Block([
                 cgen.Statement(f"float *restrict mk_o = {buf} + mk_xp * mk_kc + mk_pg * {tile}"),
-                if_(f"mk_g == {G}", cgen.Block([cgen.Statement(
+                # every group but a block's last is full: told so, gcc copies its rows
+                # with vector moves; a branch it guesses rare got a `rep movsl` per row,
+                # ~30 cycles each (1x256x56x56 to 512 1x1 /2: 10% faster, Zen 3)
+                if_(f"__builtin_expect(mk_g == {G}, 1)", cgen.Block([cgen.Statement(
                     f"memcpy(mk_o + {g * tile}, mk_rows + {g * row} + mk_xp, {4 * tile})")
                     for g in range(G)]),
                     cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(

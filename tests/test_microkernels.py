@@ -430,6 +430,21 @@ def test_conv2d_gather_is_packed_by_runs():
     assert "mk_rows" not in _check(graph, inputs).c_source
 
 
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 1, 0]])
+def test_a_strided_padded_window_is_packed_by_runs(pads):
+    """Small images of a 3x3 /2 window, folded into one C and packed (conv5's 14x14 to
+    7x7): each run's pad is clipped by steps of two (a guard 2 w + kw - 1 >= 0), where the
+    packer had fallen back to a guarded gather element by element."""
+    b = GraphBuilder("conv")
+    graph = b.build([b.conv2d(b.input("x", (4, 16, 14, 13)), b.input("w", (24, 16, 3, 3)),
+                              pads=pads, strides=[2, 2])])
+    rng = np.random.default_rng(2)
+    inputs = {"x": _rand(rng, (4, 16, 14, 13)), "w": _rand(rng, (24, 16, 3, 3))}
+    compiled = _check(graph, inputs, atol=3e-4)
+    assert "b=folded" in _gemm_marks(compiled)[0]
+    assert "mk_run" in compiled.c_source and "floord(" in compiled.c_source.split("polyc_k0")[-1]
+
+
 def _conv(xs, ws, bias_relu=False, seed=5, **attrs):
     rng = np.random.default_rng(seed)
     b = GraphBuilder("conv")

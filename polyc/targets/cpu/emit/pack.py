@@ -190,6 +190,11 @@ class PackMixin:
                 r = rest.render(names)
                 lo_terms.append(f"{b.lo} - ({r}) - {qname}")
                 hi_terms.append(f"{b.hi} - ({r}) - {qname}")
+            elif a > 1:  # a strided window's pad: the run's steps t with lo <= a t + c < hi
+                rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
+                c = f"({rest.render(names)}) + {a} * {qname}"
+                lo_terms.append(f"-floord({c} - ({b.lo}), {a})")
+                hi_terms.append(f"floord({b.hi} - 1 - ({c}), {a}) + 1")
             else:
                 return None
         zero = ExprPrinter(self.b.arrays, names).value(other) if other is not None else "0.0f"

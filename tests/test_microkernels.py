@@ -712,6 +712,27 @@ def _tiles(columns: int) -> int:
     return -(-columns // COLUMN_TILE)
 
 
+@pytest.mark.parametrize("images,threads,par", [(3, 1, "none"), (3, 2, "inner"),
+                                                (4, 2, "batch")])
+def test_weights_are_packed_once_for_every_image(images, threads, par, monkeypatch):
+    """B copied image by image (`SLICED_COPY`, lowered) keeps the loop over images
+    outside A's blocks; A, the same for every image, is packed whole before that loop
+    (`a=once`): K blocks and row blocks that end short, 14 rows in panels of 4 or 6,
+    the images shared by a team or each thread's own."""
+    from polyc.microkernels import analysis
+    monkeypatch.setattr(analysis, "SLICED_COPY", 1024)
+    graph, inputs = _conv((images, 24, 20, 21), (14, 24, 3, 3), bias_relu=True,
+                          pads=[1, 1, 1, 1])
+    options = Options(threads=threads, microkernel_tiles=(("kc", 40), ("mc", 8)))
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert "a=once" in mark and "loops=b0," in mark and f"par={par}" in mark, mark
+    assert "mk_paw" in compiled.c_source
+    (promoted,) = [p for p in compiled.kernels[0].promotions if p.buffer == "mk_pa"]
+    mr = registry.by_name(marks.parse(mark).kernel).mr
+    assert promoted.bytes == 4 * -(-14 // mr) * mr * 216  # all of A, in whole panels
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_forced_variants(isa):
     options = _isa(isa)
@@ -1236,9 +1257,9 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
                           env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
 
 
-@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "matmul-edges",
+@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "conv-a-once", "matmul-edges",
                                   "matmul-edges-portable", "linear-k-blocks"])
-def test_kernels_stay_inside_their_buffers(case, tmp_path):
+def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     """The last virtual columns of a conv read B's rows whole from the padded copy (room
     is left past its end) or, in place, through a panel; edge tiles and K blocks of a
     matmul, its A read in place (29 columns: `a=rows`), touch no element outside A, B, C
@@ -1249,6 +1270,11 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path):
     elif case == "conv-in-place":
         graph, _ = _conv((2, 4, 12, 30), (8, 4, 3, 3))
         options = Options()
+    elif case == "conv-a-once":  # A packed whole, its last K and row blocks short
+        from polyc.microkernels import analysis
+        monkeypatch.setattr(analysis, "SLICED_COPY", 1024)  # B copied image by image
+        graph, _ = _conv((3, 5, 14, 15), (14, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
+        options = Options(microkernel_tiles=(("kc", 20), ("mc", 8)))
     elif case.startswith("matmul-edges"):
         graph, _ = _matmul((13, 37), (37, 29))
         options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)),
@@ -1258,6 +1284,8 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path):
         options = Options(microkernel_tiles=(("kc", 16),))
     compiled = compile(graph, options=options)
     assert _gemm_marks(compiled)
+    if case == "conv-a-once":
+        assert marks.parse(_gemm_marks(compiled)[0]).a == "once"
     if case.startswith("matmul-edges") and registry.by_name(
             marks.parse(_gemm_marks(compiled)[0]).kernel).a_rows_variant:
         assert marks.parse(_gemm_marks(compiled)[0]).a == "rows"

@@ -177,7 +177,8 @@ class Gemm(Mark):
     # d: A is 0 past K index row + d (`analysis.masked_depth`: causal attention's
     # probabilities): each tile stops its K steps there when B is finite
     depth: str = "-"
-    # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`)
+    # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`) |
+    # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`)
     a: str = "packed"
 
     @property

@@ -212,12 +212,28 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
         par = "none"  # one row block
     b = "rows" if rows else "packed" if view.c_matrix else "folded"
     a = "rows" if b == "packed" and reads_a_in_place(view, kernel, mk, tiles.nc) else "packed"
+    if a == "packed" and packs_a_once(view, mk, machine, loops, par):
+        a = "once"
     # masked tiles are skipped where each is computed in one piece (no K blocks)
     masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None
     depth = masked_depth(view, kernel) if b == "packed" else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
                 "-" if depth is None else str(depth), a)
+
+
+def packs_a_once(view: GemmView, mk: registry.Microkernel, machine: Machine,
+                 loops: list[str], par: str) -> bool:
+    """Is A packed whole before the loop over images (`Gemm.a` 'once')? Where that loop
+    runs outside A's blocks (`_batch_inside_a`: B copied image by image, or A one block)
+    each image packed all of A again; an A without batch dims is the same for every
+    image. Its panels must fit in the L3 (they are read from there, image after image),
+    and not with par=rows, where each thread packs its own blocks."""
+    if not loops or loops[0][0] != "b" or par == "rows":
+        return False
+    if iterators(view.a_expr) & {view.out_iter[d] for d in view.batch}:
+        return False
+    return 4 * -(-view.M // mk.mr) * mk.mr * view.K <= machine.role("block").capacity
 
 
 def reads_a_in_place(view: GemmView, kernel: Kernel, mk: registry.Microkernel, nc: int) -> bool:

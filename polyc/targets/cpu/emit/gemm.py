@@ -120,6 +120,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             self.partial_sums.add(view.stmt.target)
             body.append(cgen.Statement(
                 f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
+        if plan.a == "once":
+            body += self.pack_once()
         inner = self.b.node(child, outer)
         if plan.par in ("inner", "rows"):
             # the team's buffers; with par=rows each thread packs its own A blocks (and
@@ -164,7 +166,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                    else self.b.arrays[rows.tensor].c_name)
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
                     cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
-        if "a" in side and self.plan.a != "rows":
+        if "a" in side and self.plan.a == "packed":
             out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, "
                                       f"{c_size(self.b.promotion('mk_pa').bytes)})"))
         return out

@@ -16,7 +16,6 @@ from .common import ROWS, decompose, up
 class PackMixin:
     def pack(self, child, outer, side: str) -> cgen.Generable:
         plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
-        s0 = view.stmt
         in_place = side == "a" and plan.a == "rows"  # A's rows read where they are
         # the K block is set by the first pack: B's, or A's when B is packed below it
         def k_block(loops: dict[str, str]) -> list[cgen.Generable]:
@@ -38,10 +37,13 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
+        if side == "a" and plan.a == "once":  # packed before the loop over images (`pack_once`): this block's place
+            return cgen.Block(head + [
+                cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"),
+                self.b.node(child, outer)])
         if plan.par != "inner" and not in_place:
             head += self._buffers(side)
         # iterator values: batch dims from their loops, own dims and K from the element
-        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
         batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
                  for d, v in self._batch_values(loops).items()
                  if view.out_iter[d] in iterators(expr)]
@@ -50,6 +52,38 @@ class PackMixin:
             return cgen.Block(head + batch + [
                 cgen.Statement(f"const float *restrict mk_A = {start}"),
                 self.b.node(child, outer)])
+        fill = self._fill(side, expr, tile, total, own, start, size, buf, plan.par == "inner")
+        return cgen.Block(head + batch + fill + [self.b.node(child, outer)])
+
+    def pack_once(self) -> list[cgen.Generable]:
+        """A packed whole, before the loop over images that would repack it for each
+        (`Gemm.a` 'once'): K block by K block, row block by row block, each where the
+        block's `pack_a` finds it (`_once_offset`), one thread (8x256x28x28 to 256 3x3
+        /2 had packed its 2.4 MB of weights once per image, 5% of its time)."""
+        plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
+        fill = self._fill("a", view.a_expr, mk.mr, plan.m, view.rows, "mk_i0", "mk_mc", "mk_pa",
+                          team=False)
+        blocks = cgen.For("long mk_i0 = 0", f"mk_i0 < {plan.m}", f"mk_i0 += {t.mc}", cgen.Block([
+            cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)"),
+            cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"), *fill]))
+        return [cgen.Statement(f"float *restrict mk_paw = polyc_scratch(1, "
+                               f"{c_size(4 * up(plan.m, mk.mr) * plan.k)})"),
+                cgen.For("long mk_k0 = 0", f"mk_k0 < {plan.k}", f"mk_k0 += {t.kc}", cgen.Block([
+                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
+                    blocks]))]
+
+    def _once_offset(self) -> str:
+        """Where block (mk_k0, mk_i0) of an A packed whole starts: K blocks one after the
+        other, each all of A's rows in panels (rounded up to the kernel's rows)."""
+        return f"mk_k0 * {up(self.plan.m, self.mk.mr)} + mk_i0 * mk_kc"
+
+    def _fill(self, side: str, expr: Expr, tile: int, total: int, own: tuple[int, ...],
+              start: str, size: str, buf: str, team: bool) -> list[cgen.Generable]:
+        """The loop filling a block's panels (`buf`, from row or column `start`, `size`
+        of them) from `expr`, its panels shared out by a `team`."""
+        view, t = self.view, self.plan.tiles
+        s0 = view.stmt
+        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_s{pos}")
         own_names = [f"mk_s{view.out_iter[d]}" for d in own]
         own_ext = [view.shape[d] for d in own]
         red_names = [f"mk_s{q}" for q in view.red]
@@ -64,12 +98,9 @@ class PackMixin:
                               start, size, buf, k_vars,
                               up(min(t.nc if side == "b" else t.mc, total), tile)
                               ) if inner_is_own else None
+        share = [cgen.Pragma("omp for schedule(static)")] if team else []
         if runs is not None:
-            code: list[cgen.Generable] = head + batch
-            if plan.par == "inner":
-                code.append(cgen.Pragma("omp for schedule(static)"))
-            code += [runs, self.b.node(child, outer)]
-            return cgen.Block(code)
+            return share + [runs]
         if inner_is_own and len(own) > 1:
             # several dims flattened (conv2d's output pixels): decompose the panel's start
             # once, then step the dims with carries, no division per element
@@ -136,13 +167,7 @@ class PackMixin:
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long {valid} = min({tile}, {total} - ({start} + mk_xp))"),
             nest])
-        loop = cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)
-        code: list[cgen.Generable] = head + batch
-        if plan.par == "inner":
-            code.append(cgen.Pragma("omp for schedule(static)"))
-        code.append(loop)
-        code.append(self.b.node(child, outer))
-        return cgen.Block(code)
+        return share + [cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)]
 
     def _run_nest(self, expr: Expr, own_names: list[str], own_ext: list[int],
                   own_pos: list[int], tile: int, start: str, size: str, buf: str, k_vars,

@@ -37,7 +37,7 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
-        if side == "a" and plan.a == "once":  # packed before the loop over images (`pack_once`): this block's place
+        if side == "a" and plan.a == "once":  # packed before the images (`pack_once`)
             return cgen.Block(head + [
                 cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"),
                 self.b.node(child, outer)])

@@ -733,6 +733,26 @@ def test_weights_are_packed_once_for_every_image(images, threads, par, monkeypat
     assert promoted.bytes == 4 * -(-14 // mr) * mr * 216  # all of A, in whole panels
 
 
+@pytest.mark.parametrize("images,ws,ahead", [(3, (20, 24, 1, 1), True),
+                                             (1, (20, 24, 1, 1), True),
+                                             (3, (20, 24, 3, 3), False),
+                                             (3, (120, 24, 1, 1), False)])
+def test_b_rows_fetch_the_next_tile_where_they_stream_from_memory(images, ws, ahead,
+                                                                   monkeypatch):
+    """A B read in place by whole planes (no window), over a share of L3 (here any),
+    under a C of few row tiles: each K step also fetches the next column tile's row
+    (`ahead=tile`, the 6x16 kernel's `_b_rows_ahead`); not a window's overlapping rows,
+    nor 20 row tiles."""
+    from polyc.targets.cpu import plan
+    options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_6x16")
+    monkeypatch.setattr(plan, "AHEAD_L3_SHARE", 1 << 40)
+    graph, inputs = _conv((images, 24, 33, 35), ws, bias_relu=True, pads=[ws[2] // 2] * 4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert "b=rows" in mark and ("ahead=tile" in mark) == ahead, mark
+    assert ("polyc_sgemm_avx2_6x16_b_rows_ahead(mk_kc" in compiled.c_source) == ahead
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_forced_variants(isa):
     options = _isa(isa)

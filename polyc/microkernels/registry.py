@@ -36,6 +36,8 @@ class Microkernel:
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
     b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
+    # gemm: as b_rows_variant, also fetching the next column tile's rows into cache
+    b_rows_ahead_variant: str = ""
     # gemm: C function reading A in place, row r at A + r * lda, on a tile's first rows x cols
     a_rows_variant: str = ""
     target: str = "cpu"  # the target whose code calls it
@@ -53,16 +55,19 @@ class Microkernel:
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
+                "b_rows_ahead_variant": self.b_rows_ahead_variant,
                 "a_rows_variant": self.a_rows_variant,
                 "target": self.target}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
-          needs: tuple[str, ...] = (), a_rows_variant: str = "") -> Microkernel:
+          needs: tuple[str, ...] = (), a_rows_variant: str = "",
+          b_rows_ahead_variant: str = "") -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
+        b_rows_ahead_variant=b_rows_ahead_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -88,6 +93,7 @@ REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
+          b_rows_ahead_variant="polyc_sgemm_avx2_6x16_b_rows_ahead",
           a_rows_variant="polyc_sgemm_avx2_6x16_a_rows"),
     _gemm("sgemm_avx2_4x24", "sgemm_avx2_4x24.c", ("avx2", "fma"), 4, 24, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_4x24_rows",
@@ -243,8 +249,8 @@ def prototypes(m: Microkernel) -> str:
     if m.rows_variant:
         lines.append(f"{_HIDDEN} void {m.rows_variant}({_ENTRY_ARGS}{_C_ARGS}, long rows, "
                      "long cols);")
-    if m.b_rows_variant:
-        lines.append(f"{_HIDDEN} void {m.b_rows_variant}({_ENTRY_ARGS}"
+    for variant in filter(None, (m.b_rows_variant, m.b_rows_ahead_variant)):
+        lines.append(f"{_HIDDEN} void {variant}({_ENTRY_ARGS}"
                      f"const long *restrict off, {_C_ARGS});")
     if m.a_rows_variant:
         lines.append(f"{_HIDDEN} void {m.a_rows_variant}(long kc, const float *restrict A, "

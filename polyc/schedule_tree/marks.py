@@ -180,6 +180,9 @@ class Gemm(Mark):
     # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`) |
     # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`)
     a: str = "packed"
+    # 'tile': with B read in place, each K step also fetches the next column tile's row
+    # (the kernel's `b_rows_ahead_variant`: `plan.fetches_next_tile`)
+    ahead: str = "-"
 
     @property
     def tiles(self) -> Tiles:
@@ -197,7 +200,8 @@ class Gemm(Mark):
                 f"loops={','.join(self.loops) or '-'} b={self.b}"
                 + (f" a={self.a}" if self.a != "packed" else "")
                 + (f" masked={self.masked}" if self.masked != "-" else "")
-                + (f" depth={self.depth}" if self.depth != "-" else ""))
+                + (f" depth={self.depth}" if self.depth != "-" else "")
+                + (f" ahead={self.ahead}" if self.ahead != "-" else ""))
 
 
 @dataclass(frozen=True)

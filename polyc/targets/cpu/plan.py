@@ -37,6 +37,11 @@ MIN_TAIL_PANELS = 8
 # @ 512x256 92 against 94, 1x256x14x14 to 256 3x3 (13) 73 against 64, 1024^3 (64) 93
 # against 88
 A_IN_PLACE_TILES = 8
+# a B read in place fetches the next column tile's rows only where C has at most this
+# many row tiles (`fetches_next_tile`)
+AHEAD_ROW_TILES = 16
+# ... and where B, all its images, is over this share of L3: it streams from memory
+AHEAD_L3_SHARE = 8
 # an image of this many columns keeps its batch loop for a team, and B read in place
 # (`cpu_gemm_view`); smaller ones are folded into the columns. Zen 3, folded against
 # not: 2 threads, 8x512x28x28 to 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256
@@ -217,9 +222,25 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     # masked tiles are skipped where each is computed in one piece (no K blocks)
     masked = masked_columns(view, kernel) if b == "packed" and "pc" not in loops else None
     depth = masked_depth(view, kernel) if b == "packed" else None
+    ahead = "tile" if rows and fetches_next_tile(view, mk, machine) else "-"
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
-                "-" if depth is None else str(depth), a)
+                "-" if depth is None else str(depth), a, ahead)
+
+
+def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine) -> bool:
+    """Does each K step of a tile also fetch the next column tile's row of a B read in
+    place (`Gemm.ahead`)? Where B's rows are whole planes apart (no window) and B, all
+    its images, is over an eighth of L3 (AHEAD_L3_SHARE), they stream from memory, and
+    the first row tile of each column waits on every one; with few row tiles
+    (AHEAD_ROW_TILES) that wait is a large share. Zen 3: 8x64x56x56 to 64 1x1 +23% (1
+    thread, median of 4 runs), +26% (2 threads); 8x256x56x56 to 64 +4.9% and -3%; to
+    256 channels (43 row tiles) +7% and -3.5%; one image, its B in L3, -6% to +1%; a
+    3x3 window, whose rows overlap in cache, -10%."""
+    return (bool(mk.b_rows_ahead_variant) and not windowed(view)
+            and -(-view.M // mk.mr) <= AHEAD_ROW_TILES
+            and 4 * view.batches * view.K * view.N
+            > machine.role("block").capacity // AHEAD_L3_SHARE)
 
 
 def packs_a_once(view: GemmView, mk: registry.Microkernel, machine: Machine,

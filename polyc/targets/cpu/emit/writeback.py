@@ -101,10 +101,11 @@ class WriteBackMixin:
             kernel = calls(cptr, str(plan.n), f"!{first}")
         else:
             variant = ""
-            whole = cgen.Statement(f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
+            b_rows = mk.b_rows_ahead_variant if plan.ahead == "tile" else mk.b_rows_variant
+            whole = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
                     whole if rows.copy else if_(f"mk_nr == {NR}", whole, self._edge_panel(call))]
-            kernel = f"{mk.b_rows_variant}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
+            kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),
                             self._final(first, acc_name)))

@@ -67,7 +67,7 @@ class PackMixin:
             cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)"),
             cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"), *fill]))
         return [cgen.Statement(f"float *restrict mk_paw = polyc_scratch(1, "
-                               f"{c_size(4 * up(plan.m, mk.mr) * plan.k)})"),
+                               f"{c_size(self.b.promotion('mk_pa').bytes)})"),
                 cgen.For("long mk_k0 = 0", f"mk_k0 < {plan.k}", f"mk_k0 += {t.kc}", cgen.Block([
                     cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
                     blocks]))]

@@ -1253,6 +1253,19 @@ def test_a_row_major_a_is_packed_by_register_transposes(sa, sb, isa):
     assert "polyc_pack_rows_t(&" not in _check(graph, inputs, options).c_source
 
 
+@pytest.mark.parametrize("n,threads,par", [(16 * 19 + 5, 1, "none"), (16 * 19 + 5, 2, "inner"),
+                                           (16 * 9 + 3, 2, "inner")])
+def test_b_panels_are_packed_k_row_by_k_row_in_groups(n, threads, par):
+    # B's rows contiguous along N: each K row is copied across a group of panels
+    # (`pack.GROUP`). 20 panels, the last 3 or 5 columns wide (zero-filled past them),
+    # are groups of 8, 8 and 4; a team of two shares 10 panels as two groups of 5
+    graph, inputs = _matmul((200, 150), (150, n))
+    options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("nc", 512),))
+    compiled = _check(graph, inputs, options)
+    assert f"par={par}" in _gemm_marks(compiled)[0]
+    assert "mk_g += mk_gs" in compiled.c_source
+
+
 # --- memory safety -------------------------------------------------------------------
 
 def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:

@@ -7,7 +7,9 @@ Prints one table, measured in one run: for each case and thread count, the best 
 call (one thread: the thread's CPU time, which leaves out the time other tenants of a
 shared machine hold the core; two: the wall clock) as GFLOP/s (contractions: 2*M*N*K) or GB/s (reductions: bytes read), the libraries
 taking `--rounds` turns (at least 3 calls and 50 ms each) so that a noisy spell on this
-shared machine hits them alike (`machine.best_times`), and polyc's result as a fraction
+shared machine hits them alike (`machine.best_times`), round r of every case before round
+r + 1 of any, so that a slow spell of minutes falls on one round of several cases
+(`machine.spread_best_times`), and polyc's result as a fraction
 of the machine's FMA peak or read bandwidth, both measured first by two small C programs
 built here with gcc (the peak on the widest vectors the host has). For contractions,
 polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`), in
@@ -38,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import best_times, clock_for, clock_name  # noqa: E402
+from machine import clock_for, clock_name, spread_best_times  # noqa: E402
 from report import RESULTS, goal_lines, save_table  # noqa: E402
 
 # --- the machine's limits ----------------------------------------------------------------
@@ -305,12 +307,12 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         torch.set_num_threads(threads)
     except ImportError:
         torch = None
-    results = {}
+    rows, timed = {}, {}
     wanted = [w for w in only.split(",") if w]
     for name, build, inputs, work, unit, np_fn, torch_fn in SUITES[suite]():
         if wanted and not any(w in name for w in wanted):
             continue
-        row: dict = {"unit": unit}
+        row: dict = {"unit": unit, "work": work}
         graph = build()
         compiled = compile(graph, options=Options(threads=threads))
         used = sorted({m for k in compiled.kernels for m in k.microkernels})
@@ -319,36 +321,46 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         args = list(inputs.values())
         want = np_fn(*args)
         _check_result(name, compiled.program(inputs, out)[graph.outputs[0]], want)
-        fns = {"polyc": lambda: compiled.program(inputs, out)}
+        fns = {"polyc": lambda compiled=compiled, inputs=inputs, out=out:
+               compiled.program(inputs, out)}
         # the gemm kernels polyc did not choose, each pinned, timed beside the choice (the
         # main suite only: the ResNet set is about the peers)
         others = {}
         if suite == "main":
-            fns["numpy"] = lambda: np_fn(*args)
+            fns["numpy"] = lambda np_fn=np_fn, args=args: np_fn(*args)
             for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():
                 if alt in used:
                     continue
                 other = compile(graph, options=Options(threads=threads, gemm_kernel=alt))
                 _check_result(f"{name} on {alt}", other.program(inputs, out)[graph.outputs[0]],
                               want)
-                others[alt] = lambda other=other: other.program(inputs, out)
+                others[alt] = lambda other=other, inputs=inputs, out=out: \
+                    other.program(inputs, out)
         if torch is not None:
             targs = [torch.from_numpy(a) for a in args]
-            fns["torch"] = lambda: torch_fn(torch, *targs)
+            fns["torch"] = lambda torch_fn=torch_fn, targs=targs: torch_fn(torch, *targs)
             if use_compile:
                 try:
-                    cfn = torch.compile(lambda *a: torch_fn(torch, *a))
+                    cfn = torch.compile(lambda *a, torch_fn=torch_fn: torch_fn(torch, *a))
                     with torch.no_grad():
                         _check_result(f"{name} (torch.compile)", cfn(*targs).numpy(), want)
-                    fns["torch.compile"] = lambda: cfn(*targs)
+                    fns["torch.compile"] = lambda cfn=cfn, targs=targs: cfn(*targs)
                 except Exception as e:  # no C++ compiler, an unsupported op, ...
                     row["torch.compile error"] = str(e).splitlines()[0][:80]
-        with torch.no_grad() if torch is not None else contextlib.nullcontext():
-            times = best_times({**fns, **others}, rounds=rounds, clock=clock_for(threads))
-        row["values"] = {lib: work / t / 1e9 for lib, t in times.items() if lib in fns}
-        row["alternatives"] = {alt: work / times[alt] / 1e9 for alt in others}
+        rows[name], timed[name] = (row, fns, others), {**fns, **others}
+
+    def progress(r: int) -> None:
+        print(f"  [{threads} thread(s)] round {r + 1} of {rounds}: done", file=sys.stderr,
+              flush=True)
+    with torch.no_grad() if torch is not None else contextlib.nullcontext():
+        times = spread_best_times(timed, rounds=rounds, clock=clock_for(threads),
+                                  progress=progress)
+    results = {}
+    for name, (row, fns, others) in rows.items():
+        work = row.pop("work")
+        row["values"] = {lib: work / t / 1e9 for lib, t in times[name].items() if lib in fns}
+        row["alternatives"] = {alt: work / times[name][alt] / 1e9 for alt in others}
         results[name] = row
-        print(f"  [{threads} thread(s)] {name}: done", file=sys.stderr, flush=True)
     return results
 
 

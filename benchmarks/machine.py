@@ -6,6 +6,8 @@
   same gcc and flags polyc uses.
 - `set_threads(n)`: the OpenMP thread count of polyc's kernels (and torch's, if loaded).
 - `best_times(fns)`: the best time per call of several functions measured in turns.
+- `spread_best_times(cases)`: `best_times` of many cases, each case's rounds spread over
+  the whole run.
 - `clock_for(threads)`: the clock to time calls with: on one thread, the calling thread's
   CPU time (numpy, PyTorch and polyc all run a one-thread call on the calling thread),
   so the time other tenants of a shared machine hold the core is not counted; on more,
@@ -115,4 +117,23 @@ def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, call
                 best[name] = min(best[name], clock() - t)
         if r and time.perf_counter() - start > budget_s:
             break
+    return best
+
+
+def spread_best_times(cases: Mapping[str, Mapping[str, Callable[[], object]]], *,
+                      rounds: int = 5, clock: Callable[[], float] = time.perf_counter,
+                      progress: Callable[[int], None] | None = None
+                      ) -> dict[str, dict[str, float]]:
+    """`best_times` of each case (its functions in turns), with round r of every case
+    before round r + 1 of any. A slow spell of a shared machine can last tens of seconds
+    (Zen 3 VMs: ~42 against ~60 GFLOP/s, and not every library alike): taken case by
+    case it may cover all of one case's rounds, and that case's ratios; spread so, it
+    covers one round of several cases, each of which has its other rounds."""
+    best = {case: {name: float("inf") for name in fns} for case, fns in cases.items()}
+    for r in range(rounds):
+        for case, fns in cases.items():
+            for name, t in best_times(fns, rounds=1, clock=clock).items():
+                best[case][name] = min(best[case][name], t)
+        if progress is not None:
+            progress(r)
     return best

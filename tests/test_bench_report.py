@@ -97,3 +97,20 @@ def test_compare_refuses_what_is_not_a_table(tmp_path, capsys):
     other = report.save_table("u", "x", _rows(1.0, 1.0, 1.0), out_dir=tmp_path)
     assert compare.main([str(other), str(good)]) == 2
     assert "different tables" in capsys.readouterr().err
+
+
+def test_each_case_has_its_rounds_spread_over_the_run(monkeypatch):
+    machine = importlib.import_module("machine")
+    monkeypatch.setattr(machine.time, "sleep", lambda s: None)
+    calls = []
+
+    def fn(case, name):
+        return lambda: calls.append((case, name))
+
+    cases = {c: {n: fn(c, n) for n in ("polyc", "torch")} for c in ("conv", "matmul")}
+    best = machine.spread_best_times(cases, rounds=2)
+    turns = [call for k, call in enumerate(calls) if k == 0 or call != calls[k - 1]]
+    one_round = [(c, n) for c in ("conv", "matmul") for n in ("polyc", "torch")]
+    assert turns == one_round * 2  # every case's round 1 before any case's round 2
+    assert set(best) == {"conv", "matmul"} and all(
+        0 < t < float("inf") for times in best.values() for t in times.values())

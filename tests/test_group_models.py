@@ -8,7 +8,7 @@ from polyc import GraphBuilder
 from polyc.graph.decompose import decompose_graph
 from polyc.graph.simplify import simplify_graph
 from polyc.kernel import build_kernels
-from polyc.schedule_tree.dependences import compute_dependences
+from polyc.schedule_tree.dependences import between_statements, compute_dependences
 from polyc.schedule_tree.group_models import GroupModels
 from polyc.schedule_tree.model import build_model
 
@@ -41,9 +41,14 @@ def test_a_group_grown_node_by_node_has_the_dependences_of_the_whole(make):
         (kernel,) = build_kernels(graph, (merged,))
         got = models.merged(kernel, group, (name,))
         want = compute_dependences(build_model(
-            kernel.statements, {a.tensor: a.c_name for a in kernel.arrays}, models.ctx))
+            kernel.statements, {a.tensor: a.c_name for a in kernel.arrays}, models.ctx),
+            siblings_only=True)
         for field in FIELDS:
             assert getattr(got, field).is_equal(getattr(want, field)), (merged, field)
+        # a fused kernel's reuse: every pair of different statements, and only those
+        full = compute_dependences(build_model(
+            kernel.statements, {a.tensor: a.c_name for a in kernel.arrays}, models.ctx))
+        assert got.input.is_equal(between_statements(full.input)), merged
         group = merged
 
 
@@ -56,7 +61,7 @@ def test_a_final_kernel_takes_its_groups_model_only_when_its_statements_match():
     known = models.known(ab)
     assert known is not None
     want = compute_dependences(build_model(
-        ab.statements, {x.tensor: x.c_name for x in ab.arrays}, models.ctx))
+        ab.statements, {x.tensor: x.c_name for x in ab.arrays}, models.ctx), siblings_only=True)
     for field in FIELDS:
         assert getattr(known, field).is_equal(getattr(want, field)), field
     (abc,) = build_kernels(graph, ((a, b, c),))

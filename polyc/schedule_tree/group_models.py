@@ -73,7 +73,7 @@ class GroupModels:
         else:  # neither is known (one dataflow over the whole costs less than three), or
             # the merge changed a statement
             model = build_model(kernel.statements, _arrays(kernel), self.ctx)
-            model = compute_dependences(model)
+            model = compute_dependences(model, siblings_only=True)
         self._keep(kernel.nodes, kernel, model)
         return model
 
@@ -93,7 +93,8 @@ class GroupModels:
             self._models.move_to_end(group)
             return self._models[group]
         kernel = self.kernel(group)
-        model = compute_dependences(build_model(kernel.statements, _arrays(kernel), self.ctx))
+        model = compute_dependences(build_model(kernel.statements, _arrays(kernel), self.ctx),
+                                    siblings_only=len(kernel.nodes) > 1)
         self._keep(group, kernel, model)
         return kernel, model
 

@@ -43,7 +43,8 @@ def model_pass(state: KernelState, machine, options) -> KernelState:
 def dependences_pass(state: KernelState, machine, options) -> KernelState:
     if state.model.flow is not None:
         return state
-    return replace(state, model=compute_dependences(state.model))
+    return replace(state, model=compute_dependences(
+        state.model, siblings_only=len(state.kernel.nodes) > 1))
 
 
 def schedule_pass(state: KernelState, machine, options) -> KernelState:

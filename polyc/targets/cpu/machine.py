@@ -25,10 +25,12 @@ from ...microkernels import registry
 from .prelude import PRELUDE
 
 # reassociation lets gcc vectorise sums; infinities and NaN keep their IEEE meaning
-# (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf)
+# (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf); -pipe:
+# the assembly goes to `as` through a pipe, not a temporary file (the conv2d example's
+# build, median of 30 in turns: 243 -> 237 ms)
 CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
           "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-Wall",
-          "-Werror=implicit-function-declaration")
+          "-Werror=implicit-function-declaration", "-pipe")
 
 
 def _cache_size(level: int, default: int) -> int:

@@ -51,13 +51,8 @@ def compute_dependences(model: PolyModel, *, siblings_only: bool = False) -> Pol
 
 def between_statements(deps: isl.UnionMap) -> isl.UnionMap:
     """The dependences of `deps` whose source and sink are different statements."""
-    maps: list[isl.Map] = []
-    deps.foreach_map(maps.append)
-    out = isl.UnionMap.empty(deps.get_space())
-    for m in maps:
-        if m.get_tuple_name(isl.dim_type.in_) != m.get_tuple_name(isl.dim_type.out):
-            out = out.union(isl.UnionMap.from_map(m))
-    return out
+    return deps.remove_map_if(
+        lambda m: m.get_tuple_name(isl.dim_type.in_) == m.get_tuple_name(isl.dim_type.out))
 
 
 def _shared_reads(reads: isl.UnionMap) -> isl.UnionMap:
@@ -68,11 +63,7 @@ def _shared_reads(reads: isl.UnionMap) -> isl.UnionMap:
     for m in maps:
         readers.setdefault(m.get_tuple_name(isl.dim_type.out), set()).add(
             m.get_tuple_name(isl.dim_type.in_))
-    shared = isl.UnionMap.empty(reads.get_space())
-    for m in maps:
-        if len(readers[m.get_tuple_name(isl.dim_type.out)]) > 1:
-            shared = shared.union(isl.UnionMap.from_map(m))
-    return shared
+    return reads.remove_map_if(lambda m: len(readers[m.get_tuple_name(isl.dim_type.out)]) < 2)
 
 
 def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel:

@@ -123,7 +123,7 @@ class PackMixin:
                     cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))])
         elif inner_is_own:
             return self._panel_rows(dst, value, x_vars, k_vars, tile, total, start, size, buf,
-                                    team)
+                                    share)
         else:
             if len(red_names) > 1:
                 # K flattens several dims (conv2d's channels x window): decompose the
@@ -163,7 +163,8 @@ class PackMixin:
         return share + [cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)]
 
     def _panel_rows(self, dst: str, value: str, x_vars, k_vars, tile: int, total: int,
-                    start: str, size: str, buf: str, team: bool) -> list[cgen.Generable]:
+                    start: str, size: str, buf: str, share: list[cgen.Generable]
+                    ) -> list[cgen.Generable]:
         """Panels whose `tile` elements are contiguous in a row of the operand, filled K
         row by K row across a group of them (`GROUP`, or a thread's share if less): each K
         row is read as one run over the group's panels. Panel by panel down all K rows
@@ -186,12 +187,12 @@ class PackMixin:
         rows = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
             cgen.For("long mk_xp = mk_g", "mk_xp < mk_ge", f"mk_xp += {tile}", panel)]))
         group = f"{GROUP * tile}"
-        if team:  # at most a thread's share of the panels, so that every thread has some
+        if share:  # at most a thread's share of the panels, so that every thread has some
             group = (f"min({group}, (({size} + {tile - 1}) / {tile} + omp_get_num_threads() - 1)"
                      f" / omp_get_num_threads() * {tile})")
         return [cgen.Block([
             cgen.Statement(f"const long mk_gs = {group}"),
-            *([cgen.Pragma("omp for schedule(static)")] if team else []),
+            *share,
             cgen.For("long mk_g = 0", f"mk_g < {size}", "mk_g += mk_gs", cgen.Block([
                 cgen.Statement(f"const long mk_ge = min(mk_g + mk_gs, {size})"), rows]))])]
 

@@ -6,7 +6,8 @@ Each of the three stages has two budgets, both options (so both are in the cache
   kernel's scheduler, one kernel's tile-size search. isl counts its own operations and
   stops a call past the limit, so this budget is the same on every machine.
 - wall seconds (`fuse_seconds`, `schedule_seconds`, `tile_seconds`), per compile: what
-  the stage may spend over all its proposals or kernels. islpy holds the GIL through a
+  the stage may spend over all its proposals or kernels (a symbolic compile's probes
+  each have their own, `Ledger.for_probe`). islpy holds the GIL through a
   call, so nothing can stop one from outside: the clock is read between isl questions,
   and once a stage has spent its seconds the questions left get the fallback unasked.
 
@@ -88,6 +89,13 @@ class Ledger:
     @staticmethod
     def of(options) -> "Ledger":
         return Ledger({s: getattr(options, f"{s}_seconds") for s in STAGES})
+
+    def for_probe(self) -> "Ledger":
+        """The ledger of one probe of a symbolic compile: each probe is a compile with
+        budgets of its own (shared, 20 s of fusion went over a transformer block's 18
+        probes, and on a loaded host the last probes fused nothing, so they disagreed and
+        the block was compiled per shape), its fallbacks recorded with this one's."""
+        return Ledger(self.seconds, fallbacks=self.fallbacks)
 
     def left(self, stage: str) -> float:
         return self.seconds[stage] - self.spent.get(stage, 0.0)

@@ -340,7 +340,7 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     if loaded.symbols:  # one compile for every value of the symbols
         g, plan, parts, functions, options = compile_symbolic(
             loaded, backend, machine, options, trace, compile_graph=compile_graph,
-            quiet_trace=lambda: Trace(ledger=trace.ledger))
+            quiet_trace=lambda: Trace(ledger=trace.ledger.for_probe()))
         results = [KernelResult(kernel, model, model.schedule, report, trees)
                    for kernel, model, report, trees in parts]
     else:

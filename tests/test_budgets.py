@@ -113,3 +113,31 @@ def test_a_ledger_counts_a_stage_across_kernels_and_records_a_fallback_once():
     ledger.fell_back("tile fallback: x")
     ledger.fell_back("tile fallback: x")
     assert ledger.fallbacks == ["tile fallback: x"]
+
+
+def test_each_probe_of_a_symbolic_compile_has_budgets_of_its_own(monkeypatch):
+    """A symbolic compile runs the static pipeline at several sizes (its probes): each
+    starts with nothing spent, so one budget is not shared out over all of them, and
+    their fallbacks are the compile's."""
+    import polyc.compiler as compiler
+    static, seen = compiler.compile_graph, []
+
+    def probe(graph, backend, machine, options, trace, *args, **kw):
+        seen.append((dict(trace.ledger.spent), trace.ledger.fallbacks))
+        return static(graph, backend, machine, options, trace, *args, **kw)
+
+    monkeypatch.setattr(compiler, "compile_graph", probe)
+    compiled = compile({"name": "sym", "inputs": [{"name": "x", "shape": ["N", 16]}],
+                        "nodes": [{"op": "softmax", "inputs": ["x"], "outputs": ["y"]}],
+                        "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 64}}})
+    assert len(seen) >= 3
+    assert all(spent == {} for spent, _ in seen)
+    assert all(fallbacks is compiled.trace.ledger.fallbacks for _, fallbacks in seen)
+
+
+def test_a_probe_ledger_spends_apart_and_records_together():
+    main = Ledger({"fuse": 1.0, "schedule": 1.0, "tile": 1.0}, spent={"fuse": 1.0})
+    probe = main.for_probe()
+    assert main.exhausted("fuse") and not probe.exhausted("fuse")
+    probe.fallbacks.append("fusion fallback: ...")
+    assert main.fallbacks == ["fusion fallback: ..."]

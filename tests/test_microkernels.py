@@ -733,6 +733,42 @@ def test_weights_are_packed_once_for_every_image(images, threads, par, monkeypat
     assert promoted.bytes == 4 * -(-14 // mr) * mr * 216  # all of A, in whole panels
 
 
+def _const_conv(images, ws, data_seed, **attrs):
+    """conv2d + bias + relu whose weights are a constant of the graph (an ONNX model's
+    initializer)."""
+    rng = np.random.default_rng(data_seed)
+    b = GraphBuilder("conv_const")
+    w = b.constant("w", ws, _rand(rng, ws).ravel().tolist())
+    y = b.conv2d(b.input("x", (images, ws[1], 13, 15)), w, b.input("b", (ws[0],)), **attrs)
+    return b.build([b.relu(y)])
+
+
+@pytest.mark.parametrize("images,ws,threads,attrs", [
+    (1, (14, 24, 3, 3), 1, {"pads": [1, 1, 1, 1]}),
+    (3, (14, 24, 3, 3), 2, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    (2, (30, 24, 1, 1), 2, {})])
+def test_constant_weights_are_packed_on_the_first_call_and_kept(images, ws, threads, attrs):
+    """Weights that are a constant are packed whole on the kernel's first call and kept
+    by the loaded object (`a=const`): later calls, on other images, read the same
+    panels. The unit names the constant's data, so two graphs that differ only in their
+    weights build two objects, each right for its own."""
+    options = Options(threads=threads, microkernel_tiles=(("kc", 40), ("mc", 8)))
+    rng = np.random.default_rng(1)
+    sources = []
+    for data_seed in (0, 1):
+        graph = _const_conv(images, ws, data_seed, **attrs)
+        compiled = compile(graph, options=options)
+        (mark,) = _gemm_marks(compiled)
+        assert "a=const" in mark, mark
+        for _ in range(2):  # the first call packs, the second reads what it kept
+            inputs = {"x": _rand(rng, (images, ws[1], 13, 15)), "b": _rand(rng, (ws[0],))}
+            got, want = compiled(**inputs), run_reference(graph, inputs)
+            for name in graph.outputs:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=3e-4)
+        sources.append(compiled.c_source)
+    assert all("static float *mk_const_S0" in c for c in sources) and sources[0] != sources[1]
+
+
 @pytest.mark.parametrize("images,ws,ahead", [(3, (20, 24, 1, 1), True),
                                              (1, (20, 24, 1, 1), True),
                                              (3, (20, 24, 3, 3), False),

@@ -12,6 +12,9 @@ is an affine condition on the indices, which codegen can reason about per tile. 
 `triangle_constants`: such a comparison folded into a constant (`simplify.py` folds a
 small causal mask): nonzero exactly where the column index exceeds the row's plus d.
 
+`constant_digests`: each static constant's data as sha256, the name under which codegen
+may keep something made from it (a contraction's operand packed once per loaded kernel).
+
 `masked_softmax_tensors`: a softmax along the last axis of select(mask, -inf, x), the
 mask one of the above (causal attention's probabilities): exactly 0 where the mask
 holds, unless the row's unmasked elements are NaN too. With d >= 0 every row keeps its
@@ -66,6 +69,21 @@ def iota_constants(graph: Graph) -> dict[str, int]:
         if np.array_equal(np.asarray(t.data), np.arange(t.type.shape[long[0]])):
             found[t.name] = long[0]
     return found
+
+
+@_kept
+def constant_digests(graph: Graph) -> dict[str, str]:
+    """Static constant -> sha256 of its type and data (a symbolic graph's `Iota`s, made
+    per call, have none)."""
+    import hashlib
+
+    out = {}
+    for t in graph.constants:
+        if isinstance(t.data, tuple) and t.type.static:
+            h = hashlib.sha256(str(t.type).encode())
+            h.update(np.asarray(t.data, dtype=t.type.dtype).tobytes())
+            out[t.name] = h.hexdigest()
+    return out
 
 
 @_kept

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, replace
 
 from ..graph.ir import Graph, TensorType
-from ..graph.ranges import (iota_constants, masked_softmax_tensors, nonpositive_tensors,
-                            triangle_constants)
+from ..graph.ranges import (constant_digests, iota_constants, masked_softmax_tensors,
+                            nonpositive_tensors, triangle_constants)
 from .comprehension import Statement, loads, lower_node
 from .prologue import fold_epilogues, fold_prologues, recompute, widening_loads
 
@@ -48,6 +48,10 @@ class Array:
     # (row, col, d): 0 where index[col] > index[row] + d, unless its row is NaN where
     # it is not (a softmax of masked scores, graph/ranges.py)
     masked: tuple[int, int, int] | None = None
+    # a static constant's data, as sha256 hex: C that keeps something made from the data
+    # (a contraction's operand packed on the first call) names it, so that the unit, and
+    # the object cached for it, are this data's alone
+    constant: str = ""
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
@@ -75,7 +79,8 @@ class Kernel:
         lines = [f"kernel {self.name} covers {', '.join(self.nodes)}"]
         for a in self.arrays:
             buf = f" as buffer [{','.join(map(str, a.buffer_shape))}]" if a.kept is not None else ""
-            lines.append(f"  {a.role:5} {a.c_name}: {a.type}{buf}  ({a.tensor!r})")
+            const = f" constant {a.constant[:12]}" if a.constant else ""
+            lines.append(f"  {a.role:5} {a.c_name}: {a.type}{buf}{const}  ({a.tensor!r})")
         lines += [f"  {s}" for s in self.statements]
         return "\n".join(lines)
 
@@ -85,6 +90,7 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
     c_names = _tensor_c_names(graph)
     nonpositive = nonpositive_tensors(graph)
     iotas, triangles = iota_constants(graph), triangle_constants(graph)
+    digests = constant_digests(graph)
     masked = masked_softmax_tensors(graph)
     by_name = {n.name: n for n in graph.nodes}
     constants = graph.constant_map
@@ -111,7 +117,8 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
                 if t not in produced and t in loaded and t not in read:
                     read.append(t)
         arrays = [Array(t, c_names[t], graph.types[t], "in", nonpositive=t in nonpositive,
-                        iota=iotas.get(t), triangle=triangles.get(t), masked=masked.get(t))
+                        iota=iotas.get(t), triangle=triangles.get(t), masked=masked.get(t),
+                        constant=digests.get(t, ""))
                   for t in read]
         arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
                          nonpositive=t in nonpositive) for t in produced]

@@ -178,7 +178,8 @@ class Gemm(Mark):
     # probabilities): each tile stops its K steps there when B is finite
     depth: str = "-"
     # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`) |
-    # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`)
+    # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`) |
+    # 'const': a constant, packed whole on the kernel's first call and kept (`plan.constant_a`)
     a: str = "packed"
     # 'tile': with B read in place, each K step also fetches the next column tile's row
     # (the kernel's `b_rows_ahead_variant`: `plan.fetches_next_tile`)

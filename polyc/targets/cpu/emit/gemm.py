@@ -122,6 +122,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                 f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
         if plan.a == "once":
             body += self.pack_once()
+        elif plan.a == "const":
+            body += self.pack_const()
         inner = self.b.node(child, outer)
         if plan.par in ("inner", "rows"):
             # the team's buffers; with par=rows each thread packs its own A blocks (and

@@ -41,7 +41,7 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
-        if side == "a" and plan.a == "once":  # packed before the images (`pack_once`)
+        if side == "a" and plan.a in ("once", "const"):  # packed whole: `pack_once`, `pack_const`
             return cgen.Block(head + [
                 cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"),
                 self.b.node(child, outer)])
@@ -64,17 +64,45 @@ class PackMixin:
         (`Gemm.a` 'once'): K block by K block, row block by row block, each where the
         block's `pack_a` finds it (`_once_offset`), one thread (8x256x28x28 to 256 3x3
         /2 had packed its 2.4 MB of weights once per image, 5% of its time)."""
+        return [cgen.Statement(f"float *restrict mk_paw = polyc_scratch(1, "
+                               f"{c_size(self.b.promotion('mk_pa').bytes)})"),
+                self._whole_a()]
+
+    def pack_const(self) -> list[cgen.Generable]:
+        """A constant A packed whole as `pack_once` does, on the kernel's first call, into
+        a buffer the loaded object keeps (`Gemm.a` 'const'). The comment names the
+        constant's data (`Array.constant`): the unit, and so the object holding the
+        panels, belongs to that data alone. Two threads calling first may both pack; one
+        buffer is published, the other freed."""
+        a = self.b.arrays[self.view.a_expr.tensor]
+        size = -(-self.b.promotion("mk_pa").bytes // 64) * 64
+        held = f"mk_const_{self.view.stmt.name}"
+        return [
+            cgen.Comment(f"A: the constant {a.c_name} (data sha256 {a.constant}), "
+                         "packed on the first call"),
+            cgen.Statement(f"static float *{held}"),
+            cgen.Statement(f"float *restrict mk_paw = __atomic_load_n(&{held}, __ATOMIC_ACQUIRE)"),
+            if_("!mk_paw", cgen.Block([
+                cgen.Block([
+                    cgen.Statement(f"float *restrict mk_paw = aligned_alloc(64, {c_size(size)})"),
+                    if_("!mk_paw", cgen.Statement("abort()")),  # no error channel in the ABI
+                    self._whole_a(),
+                    cgen.Statement("float *mk_none = 0"),
+                    if_(f"!__atomic_compare_exchange_n(&{held}, &mk_none, mk_paw, 0, "
+                        "__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)",
+                        cgen.Statement("free(mk_paw)"))]),
+                cgen.Assign("mk_paw", f"__atomic_load_n(&{held}, __ATOMIC_ACQUIRE)")]))]
+
+    def _whole_a(self) -> cgen.Generable:
+        """All of A into mk_paw, block by block where each block's `pack_a` finds it."""
         plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
         fill = self._fill("a", view.a_expr, mk.mr, plan.m, view.rows, "mk_i0", "mk_mc", "mk_pa",
                           team=False)
         blocks = cgen.For("long mk_i0 = 0", f"mk_i0 < {plan.m}", f"mk_i0 += {t.mc}", cgen.Block([
             cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)"),
             cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"), *fill]))
-        return [cgen.Statement(f"float *restrict mk_paw = polyc_scratch(1, "
-                               f"{c_size(self.b.promotion('mk_pa').bytes)})"),
-                cgen.For("long mk_k0 = 0", f"mk_k0 < {plan.k}", f"mk_k0 += {t.kc}", cgen.Block([
-                    cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"),
-                    blocks]))]
+        return cgen.For("long mk_k0 = 0", f"mk_k0 < {plan.k}", f"mk_k0 += {t.kc}", cgen.Block([
+            cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"), blocks]))
 
     def _once_offset(self) -> str:
         """Where block (mk_k0, mk_i0) of an A packed whole starts: K blocks one after the

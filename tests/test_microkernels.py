@@ -766,7 +766,28 @@ def test_constant_weights_are_packed_on_the_first_call_and_kept(images, ws, thre
             for name in graph.outputs:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=3e-4)
         sources.append(compiled.c_source)
-    assert all("static float *mk_const_S0" in c for c in sources) and sources[0] != sources[1]
+    assert all("static float *mk_const_S0_a" in c for c in sources) and sources[0] != sources[1]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_constant_b_is_packed_on_the_first_call_and_kept(threads):
+    """A linear layer's weights as a constant (B, over batch dims of x it has not):
+    packed whole on the first call, K blocks and column blocks that end short, then
+    read by every later call (`b=const`)."""
+    rng = np.random.default_rng(2)
+    b = GraphBuilder("linear_const")
+    w = b.constant("w", (96, 200), _rand(rng, (96, 200)).ravel().tolist())
+    graph = b.build([b.gelu(b.linear(b.input("x", (3, 70, 96)), w, b.input("b", (200,))))])
+    options = Options(threads=threads, microkernel_tiles=(("kc", 40), ("nc", 64), ("mc", 12)))
+    compiled = compile(graph, options=options)
+    (mark,) = _gemm_marks(compiled)
+    assert "b=const" in mark and "loops=jc,pc," in mark, mark
+    for _ in range(2):
+        inputs = {"x": _rand(rng, (3, 70, 96)), "b": _rand(rng, (200,))}
+        got, want = compiled(**inputs), run_reference(graph, inputs)
+        np.testing.assert_allclose(got[graph.outputs[0]], want[graph.outputs[0]],
+                                   rtol=1e-4, atol=1e-4)
+    assert "static float *mk_const_S0_b" in compiled.c_source
 
 
 @pytest.mark.parametrize("images,ws,ahead", [(3, (20, 24, 1, 1), True),
@@ -1326,8 +1347,9 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
                           env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
 
 
-@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "conv-a-once", "matmul-edges",
-                                  "matmul-edges-portable", "linear-k-blocks"])
+@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "conv-a-once", "conv-a-const",
+                                  "linear-b-const", "matmul-edges", "matmul-edges-portable",
+                                  "linear-k-blocks"])
 def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     """The last virtual columns of a conv read B's rows whole from the padded copy (room
     is left past its end) or, in place, through a panel; edge tiles and K blocks of a
@@ -1344,6 +1366,14 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
         monkeypatch.setattr(analysis, "SLICED_COPY", 1024)  # B copied image by image
         graph, _ = _conv((3, 5, 14, 15), (14, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20), ("mc", 8)))
+    elif case == "conv-a-const":  # constant weights packed whole, last blocks short
+        graph = _const_conv(2, (14, 5, 3, 3), 0, pads=[1, 1, 1, 1])
+        options = Options(microkernel_tiles=(("kc", 20), ("mc", 8)))
+    elif case == "linear-b-const":
+        b = GraphBuilder("linear_const")
+        w = b.constant("w", (37, 45), [(i % 7) * 0.25 for i in range(37 * 45)])
+        graph = b.build([b.linear(b.input("x", (2, 19, 37)), w, b.input("b", (45,)))])
+        options = Options(microkernel_tiles=(("kc", 16), ("nc", 32)))
     elif case.startswith("matmul-edges"):
         graph, _ = _matmul((13, 37), (37, 29))
         options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)),
@@ -1355,6 +1385,8 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     assert _gemm_marks(compiled)
     if case == "conv-a-once":
         assert marks.parse(_gemm_marks(compiled)[0]).a == "once"
+    if case.endswith("-const"):
+        assert getattr(marks.parse(_gemm_marks(compiled)[0]), case.split("-")[1]) == "const"
     if case.startswith("matmul-edges") and registry.by_name(
             marks.parse(_gemm_marks(compiled)[0]).kernel).a_rows_variant:
         assert marks.parse(_gemm_marks(compiled)[0]).a == "rows"

@@ -169,7 +169,8 @@ class Gemm(Mark):
     threads: int = 0  # 0: the runtime's team
     loops: tuple[str, ...] = ()  # tile loops present, outermost first
     # 'packed' | 'rows': B read in place, no pack_b | 'folded': packed, with the batch
-    # dims only B reads as columns (`analysis.gemm_view(fold=True)`)
+    # dims only B reads as columns (`analysis.gemm_view(fold=True)`) | 'const': a
+    # constant, packed whole on the kernel's first call and kept (`plan.constant_operand`)
     b: str = "packed"
     # d: a tile of C whose every element has column > row + d is masked by what reads
     # it (`analysis.masked_columns`: causal attention's scores) and is not computed
@@ -179,7 +180,7 @@ class Gemm(Mark):
     depth: str = "-"
     # 'packed' | 'rows': A read in place, row i at A + i * lda (`analysis.a_row_stride`) |
     # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`) |
-    # 'const': a constant, packed whole on the kernel's first call and kept (`plan.constant_a`)
+    # 'const': a constant, packed whole on the kernel's first call and kept (`plan.constant_operand`)
     a: str = "packed"
     # 'tile': with B read in place, each K step also fetches the next column tile's row
     # (the kernel's `b_rows_ahead_variant`: `plan.fetches_next_tile`)

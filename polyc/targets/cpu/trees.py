@@ -349,7 +349,8 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
     """The packed blocks of A (under `pack_a`) and B (under `pack_b`) as promotions of the
     operands' footprints, in panels of the kernel's tile width: the buffers' sizes the
     packing code allocates. An operand read in place (`a=rows`, `b=rows`) has none; an A
-    packed once (`a=once`, `a=const`) is all of it, under the `gemm` mark."""
+    packed once (`a=once`) or a constant (`a=const`, `b=const`) is all of it, under the
+    `gemm` mark."""
     mk = registry.by_name(plan.kernel)
     ctx = schedule.get_ctx()
     out = []
@@ -360,8 +361,8 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
     if plan.b != "rows":
         sides.append(("b", marks.PackB, mk.nr, machine.role("block").name, "mk_pb"))
     for side, kind, width, level, buffer in sides:
-        node = find(schedule, str(plan if side == "a" and plan.a in ("once", "const")
-                                  else kind(view.stmt.name)))
+        whole = plan.a in ("once", "const") if side == "a" else plan.b == "const"
+        node = find(schedule, str(plan if whole else kind(view.stmt.name)))
         dim = len(view.batch) + (0 if side == "a" else 1)
         out.append(promote(node, operand_access(view, side, ctx), buffer=buffer,
                            array=f"{view.stmt.name}.{side}", level=level, direction="in",

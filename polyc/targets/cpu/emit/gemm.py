@@ -122,8 +122,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                 f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
         if plan.a == "once":
             body += self.pack_once()
-        elif plan.a == "const":
-            body += self.pack_const()
+        body += [s for side in "ab" if getattr(plan, side) == "const"
+                 for s in self.pack_const(side)]
         inner = self.b.node(child, outer)
         if plan.par in ("inner", "rows"):
             # the team's buffers; with par=rows each thread packs its own A blocks (and
@@ -159,8 +159,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         mk, rows = self.mk, self.rows
         out = []
         if "b" in side and rows is None:
-            out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, "
-                                      f"{c_size(self.b.promotion('mk_pb').bytes)})"))
+            if self.plan.b != "const":  # else packed whole on the first call (`pack_const`)
+                out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, "
+                                          f"{c_size(self.b.promotion('mk_pb').bytes)})"))
         elif "b" in side:
             # the copy runs `nr` floats past P: the last tile reads its rows whole
             size = math.prod(rows.shape) // math.prod(self.view.shape[d] for _, d in rows.slices)

@@ -41,9 +41,9 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
-        if side == "a" and plan.a in ("once", "const"):  # packed whole: `pack_once`, `pack_const`
-            return cgen.Block(head + [
-                cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"),
+        if (side == "a" and plan.a in ("once", "const")) or (side == "b" and plan.b == "const"):
+            return cgen.Block(head + [  # packed whole: `pack_once`, `pack_const`
+                cgen.Statement(f"float *restrict {buf} = {buf}w + {self._whole_offset(side)}"),
                 self.b.node(child, outer)])
         if plan.par != "inner" and not in_place:
             head += self._buffers(side)
@@ -62,52 +62,65 @@ class PackMixin:
     def pack_once(self) -> list[cgen.Generable]:
         """A packed whole, before the loop over images that would repack it for each
         (`Gemm.a` 'once'): K block by K block, row block by row block, each where the
-        block's `pack_a` finds it (`_once_offset`), one thread (8x256x28x28 to 256 3x3
+        block's `pack_a` finds it (`_whole_offset`), one thread (8x256x28x28 to 256 3x3
         /2 had packed its 2.4 MB of weights once per image, 5% of its time)."""
         return [cgen.Statement(f"float *restrict mk_paw = polyc_scratch(1, "
                                f"{c_size(self.b.promotion('mk_pa').bytes)})"),
-                self._whole_a()]
+                self._whole("a")]
 
-    def pack_const(self) -> list[cgen.Generable]:
-        """A constant A packed whole as `pack_once` does, on the kernel's first call, into
-        a buffer the loaded object keeps (`Gemm.a` 'const'). The comment names the
-        constant's data (`Array.constant`): the unit, and so the object holding the
-        panels, belongs to that data alone. Two threads calling first may both pack; one
-        buffer is published, the other freed."""
-        a = self.b.arrays[self.view.a_expr.tensor]
-        size = -(-self.b.promotion("mk_pa").bytes // 64) * 64
-        held = f"mk_const_{self.view.stmt.name}"
+    def pack_const(self, side: str) -> list[cgen.Generable]:
+        """A constant operand (`side` 'a' or 'b') packed whole as `pack_once` packs A, on
+        the kernel's first call, into a buffer the loaded object keeps (`Gemm.a`/`Gemm.b`
+        'const'). The comment names the constant's data (`Array.constant`): the unit,
+        and so the object holding the panels, belongs to that data alone. Two threads
+        calling first may both pack; one buffer is published, the other freed."""
+        expr = self.view.a_expr if side == "a" else self.view.b_expr
+        arr = self.b.arrays[expr.tensor]
+        size = -(-self.b.promotion(f"mk_p{side}").bytes // 64) * 64
+        held, whole = f"mk_const_{self.view.stmt.name}_{side}", f"mk_p{side}w"
         return [
-            cgen.Comment(f"A: the constant {a.c_name} (data sha256 {a.constant}), "
-                         "packed on the first call"),
+            cgen.Comment(f"{side.upper()}: the constant {arr.c_name} (data sha256 "
+                         f"{arr.constant}), packed on the first call"),
             cgen.Statement(f"static float *{held}"),
-            cgen.Statement(f"float *restrict mk_paw = __atomic_load_n(&{held}, __ATOMIC_ACQUIRE)"),
-            if_("!mk_paw", cgen.Block([
+            cgen.Statement(f"float *restrict {whole} = __atomic_load_n(&{held}, __ATOMIC_ACQUIRE)"),
+            if_(f"!{whole}", cgen.Block([
                 cgen.Block([
-                    cgen.Statement(f"float *restrict mk_paw = aligned_alloc(64, {c_size(size)})"),
-                    if_("!mk_paw", cgen.Statement("abort()")),  # no error channel in the ABI
-                    self._whole_a(),
+                    cgen.Statement(f"float *restrict {whole} = aligned_alloc(64, {c_size(size)})"),
+                    if_(f"!{whole}", cgen.Statement("abort()")),  # no error channel in the ABI
+                    self._whole(side),
                     cgen.Statement("float *mk_none = 0"),
-                    if_(f"!__atomic_compare_exchange_n(&{held}, &mk_none, mk_paw, 0, "
+                    if_(f"!__atomic_compare_exchange_n(&{held}, &mk_none, {whole}, 0, "
                         "__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)",
-                        cgen.Statement("free(mk_paw)"))]),
-                cgen.Assign("mk_paw", f"__atomic_load_n(&{held}, __ATOMIC_ACQUIRE)")]))]
+                        cgen.Statement(f"free({whole})"))]),
+                cgen.Assign(whole, f"__atomic_load_n(&{held}, __ATOMIC_ACQUIRE)")]))]
 
-    def _whole_a(self) -> cgen.Generable:
-        """All of A into mk_paw, block by block where each block's `pack_a` finds it."""
+    def _whole(self, side: str) -> cgen.Generable:
+        """All of an operand into mk_paw (A) or mk_pbw (B), block by block where each
+        block's `pack_a` / `pack_b` finds it (`_whole_offset`)."""
         plan, view, mk, t = self.plan, self.view, self.mk, self.plan.tiles
-        fill = self._fill("a", view.a_expr, mk.mr, plan.m, view.rows, "mk_i0", "mk_mc", "mk_pa",
-                          team=False)
-        blocks = cgen.For("long mk_i0 = 0", f"mk_i0 < {plan.m}", f"mk_i0 += {t.mc}", cgen.Block([
-            cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)"),
-            cgen.Statement(f"float *restrict mk_pa = mk_paw + {self._once_offset()}"), *fill]))
+        if side == "a":
+            fill = self._fill("a", view.a_expr, mk.mr, plan.m, view.rows, "mk_i0", "mk_mc",
+                              "mk_pa", team=False)
+            start, size, step, total = "mk_i0", "mk_mc", t.mc, plan.m
+        else:
+            fill = self._fill("b", view.b_expr, mk.nr, plan.n, view.cols, "mk_j0", "mk_nc",
+                              "mk_pb", team=False)
+            start, size, step, total = "mk_j0", "mk_nc", t.nc, plan.n
+        blocks = cgen.For(f"long {start} = 0", f"{start} < {total}", f"{start} += {step}",
+                          cgen.Block([
+            cgen.Statement(f"const long {size} = min({step}, {total} - {start})"),
+            cgen.Statement(f"float *restrict mk_p{side} = mk_p{side}w + {self._whole_offset(side)}"),
+            *fill]))
         return cgen.For("long mk_k0 = 0", f"mk_k0 < {plan.k}", f"mk_k0 += {t.kc}", cgen.Block([
             cgen.Statement(f"const long mk_kc = min({t.kc}, {plan.k} - mk_k0)"), blocks]))
 
-    def _once_offset(self) -> str:
-        """Where block (mk_k0, mk_i0) of an A packed whole starts: K blocks one after the
-        other, each all of A's rows in panels (rounded up to the kernel's rows)."""
-        return f"mk_k0 * {up(self.plan.m, self.mk.mr)} + mk_i0 * mk_kc"
+    def _whole_offset(self, side: str) -> str:
+        """Where block (mk_k0, mk_i0) of an A packed whole starts, or block (mk_k0,
+        mk_j0) of a B: K blocks one after the other, each all of the operand's rows (A)
+        or columns (B) in panels, rounded up to the kernel's tile."""
+        if side == "a":
+            return f"mk_k0 * {up(self.plan.m, self.mk.mr)} + mk_i0 * mk_kc"
+        return f"mk_k0 * {up(self.plan.n, self.mk.nr)} + mk_j0 * mk_kc"
 
     def _fill(self, side: str, expr: Expr, tile: int, total: int, own: tuple[int, ...],
               start: str, size: str, buf: str, team: bool) -> list[cgen.Generable]:

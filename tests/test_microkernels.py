@@ -790,6 +790,22 @@ def test_constant_b_is_packed_on_the_first_call_and_kept(threads):
     assert "static float *mk_const_S0_b" in compiled.c_source
 
 
+def test_a_symbolic_kernel_packs_its_constant_weights_once():
+    """Rows of x as a symbol, the weights a constant: every version of the kernel keeps
+    its own panels of them, right at any number of rows."""
+    rng = np.random.default_rng(3)
+    w = _rand(rng, (64, 48))
+    compiled = compile({"name": "sym_linear", "inputs": [{"name": "x", "shape": ["N", 64]}],
+                        "constants": [{"name": "w", "shape": [64, 48], "dtype": "float32",
+                                       "data": w.ravel().tolist()}],
+                        "nodes": [{"op": "matmul", "inputs": ["x", "w"], "outputs": ["y"]}],
+                        "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 4096}}})
+    assert all("b=const" in m for m in _gemm_marks(compiled))
+    for rows in (3, 700, 77):
+        x = _rand(rng, (rows, 64))
+        np.testing.assert_allclose(compiled(x=x)["y"], x @ w, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("images,ws,ahead", [(3, (20, 24, 1, 1), True),
                                              (1, (20, 24, 1, 1), True),
                                              (3, (20, 24, 3, 3), False),

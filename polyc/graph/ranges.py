@@ -73,16 +73,21 @@ def iota_constants(graph: Graph) -> dict[str, int]:
 
 @_kept
 def constant_digests(graph: Graph) -> dict[str, str]:
-    """Static constant -> sha256 of its type and data (a symbolic graph's `Iota`s, made
-    per call, have none)."""
+    """Static constant -> sha256 of its type and data. Not for 0, 1, ..., n - 1, whose
+    data its size implies: a symbolic graph's compiles at probes make such a constant
+    (an `Iota`) at each size, and their kernels must agree."""
     import hashlib
 
     out = {}
     for t in graph.constants:
-        if isinstance(t.data, tuple) and t.type.static:
-            h = hashlib.sha256(str(t.type).encode())
-            h.update(np.asarray(t.data, dtype=t.type.dtype).tobytes())
-            out[t.name] = h.hexdigest()
+        if not isinstance(t.data, tuple) or not t.type.static:
+            continue
+        data = np.asarray(t.data, dtype=t.type.dtype)
+        if np.array_equal(data, np.arange(data.size)):
+            continue
+        h = hashlib.sha256(str(t.type).encode())
+        h.update(data.tobytes())
+        out[t.name] = h.hexdigest()
     return out
 
 

@@ -1,8 +1,8 @@
 """Session-wide test setup.
 
 - Built objects, the tuning file and the kernel calibration go to a fresh cache for each
-  test session, never the user's: a test must build what it checks, and an object
-  cached by an older polyc must not hide a bug.
+  test run (shared by its xdist workers), never the user's: a test must build what it
+  checks, and an object cached by an older polyc must not hide a bug.
 - The instruction set is the target's: `POLYC_CPU_ARCH` (a gcc -march value) is read
   by `polyc.targets.cpu.cpu_machine`, so `POLYC_CPU_ARCH=x86-64-v3 pytest` runs the suite as
   on a host without AVX-512 (tests about one ISA skip, with the reason, what it lacks).
@@ -21,8 +21,12 @@ import tempfile
 from hypothesis import Phase, settings
 
 # Set at import, before any test module (or its collection-time code) can build anything.
-_CACHE_DIR = tempfile.mkdtemp(prefix="polyc-test-cache-")
-os.environ["POLYC_CACHE_DIR"] = _CACHE_DIR
+# xdist's workers inherit the cache of the process that started them (one cache for the
+# run: the prebuilt parts, the precompiled prelude and the calibration made once, not
+# once per worker); that process removes it at the end.
+_INHERITED = os.environ.get("POLYC_TEST_RUN_CACHE")
+_CACHE_DIR = _INHERITED or tempfile.mkdtemp(prefix="polyc-test-cache-")
+os.environ["POLYC_TEST_RUN_CACHE"] = os.environ["POLYC_CACHE_DIR"] = _CACHE_DIR
 
 settings.register_profile("polyc", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.register_profile("shrink", phases=list(Phase))
@@ -34,4 +38,5 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+    if not _INHERITED:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)

@@ -25,6 +25,7 @@ row is NaN (x - max is NaN or the sum is) and so is anything computed from the r
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 
 import numpy as np
@@ -76,8 +77,6 @@ def constant_digests(graph: Graph) -> dict[str, str]:
     """Static constant -> sha256 of its type and data. Not for 0, 1, ..., n - 1, whose
     data its size implies: a symbolic graph's compiles at probes make such a constant
     (an `Iota`) at each size, and their kernels must agree."""
-    import hashlib
-
     out = {}
     for t in graph.constants:
         if not isinstance(t.data, tuple) or not t.type.static:

@@ -190,6 +190,11 @@ class Gemm(Mark):
     def tiles(self) -> Tiles:
         return Tiles(self.mc, self.nc, self.kc)
 
+    def whole(self, side: str) -> bool:
+        """Is the operand on `side` ('a' or 'b') packed whole, under the gemm mark (`a=once`,
+        `a=const`, `b=const`), rather than block by block under its pack mark?"""
+        return self.a in ("once", "const") if side == "a" else self.b == "const"
+
     @property
     def batch_inside(self) -> bool:
         """Does the batch loop run inside the A block (`pc, ic, b0, jr, ir`), each packed

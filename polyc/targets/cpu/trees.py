@@ -356,13 +356,12 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
     out = []
     sides = []
     if plan.a != "rows":
-        level = machine.role("block" if plan.a in ("once", "const") else "fusion").name
+        level = machine.role("block" if plan.whole("a") else "fusion").name
         sides.append(("a", marks.PackA, mk.mr, level, "mk_pa"))
     if plan.b != "rows":
         sides.append(("b", marks.PackB, mk.nr, machine.role("block").name, "mk_pb"))
     for side, kind, width, level, buffer in sides:
-        whole = plan.a in ("once", "const") if side == "a" else plan.b == "const"
-        node = find(schedule, str(plan if whole else kind(view.stmt.name)))
+        node = find(schedule, str(plan if plan.whole(side) else kind(view.stmt.name)))
         dim = len(view.batch) + (0 if side == "a" else 1)
         out.append(promote(node, operand_access(view, side, ctx), buffer=buffer,
                            array=f"{view.stmt.name}.{side}", level=level, direction="in",

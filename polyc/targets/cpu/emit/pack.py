@@ -41,7 +41,7 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
-        if (side == "a" and plan.a in ("once", "const")) or (side == "b" and plan.b == "const"):
+        if plan.whole(side):
             return cgen.Block(head + [  # packed whole: `pack_once`, `pack_const`
                 cgen.Statement(f"float *restrict {buf} = {buf}w + {self._whole_offset(side)}"),
                 self.b.node(child, outer)])

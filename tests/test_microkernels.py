@@ -495,6 +495,30 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
+@pytest.mark.parametrize("case", ["conv-rows", "linear-packed"])
+def test_a_tile_written_back_from_the_stack_prefetches_its_output_lines(case):
+    """A tile with an epilogue is computed into `mk_tile` and stored by the write-back
+    after the kernel call: every 64-byte line of each of its output rows is fetched
+    before that call (the first column, one in each 16 floats, the last), not missed
+    at the stores."""
+    options = _isa("portable")
+    if case == "conv-rows":
+        graph, inputs = _conv((1, 8, 12, 40), (12, 8, 3, 3), bias_relu=True, pads=[1] * 4)
+    else:
+        graph, inputs = _matmul((30, 20), (20, 40), lambda b, y, inputs, rng, shape: b.gelu(
+            b.add(y, b.input("bias", (40,))), approximate="tanh"))
+        inputs["bias"] = _rand(np.random.default_rng(3), (40,))
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    mk = registry.by_name(_gemm_marks(compiled)[0].split()[2].split(",")[0])
+    kernel = compiled.c_source.split("void polyc_k0")[-1]
+    out = re.search(r"/\* (\w+): out ", kernel).group(1)
+    call = kernel.index(", mk_tile, ")
+    fetches = re.findall(rf"const long mk_c = ([^;]+);[^{{}}]*__builtin_prefetch\(&{out}\[",
+                         kernel[:call])
+    assert fetches == ["0", *(f"min({c}, mk_nr - 1)" for c in range(16, mk.nr, 16)),
+                       f"min({mk.nr - 1}, mk_nr - 1)"], fetches
+
+
 @pytest.mark.parametrize("xs,ws,pads,tiles,b,threads,par", [
     ((3, 16, 10, 30), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows", 1, "none"),
     ((3, 16, 10, 30), (40, 16, 3, 3), [1] * 4, (("kc", 48), ("mc", 16)), "rows", 2, "inner"),

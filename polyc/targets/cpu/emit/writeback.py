@@ -97,13 +97,15 @@ class WriteBackMixin:
                 else calls("mk_tile", str(NR), "0"))
             if dead:
                 fill = if_(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
-            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"), fill]
+            slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    *self._fetch_stores(last), fill]
             kernel = calls(cptr, str(plan.n), f"!{first}")
         else:
             variant = ""
             b_rows = mk.b_rows_ahead_variant if plan.ahead == "tile" else mk.b_rows_variant
             whole = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
+                    *self._fetch_stores(last),
                     whole if rows.copy else if_(f"mk_nr == {NR}", whole, self._edge_panel(call))]
             kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
         if has_pc:
@@ -224,6 +226,43 @@ class WriteBackMixin:
         return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
                    cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
 
+
+    def _fetch_stores(self, last: str) -> list[cgen.Generable]:
+        """Prefetches of the lines the final write-back will store, issued before the
+        tile's kernel call: a tile computed into `mk_tile` stores past the kernel, which
+        fetches only its own C; the outputs' lines would miss at the stores (conv2d
+        1x64x56x56 to 256 1x1 with bias and relu, 1 thread: +12%; 64 3x3: +3-4%)."""
+        view, NR = self.view, self.mk.nr
+        stored = self._tail_reads()
+        targets = [e for e in (view.init, *view.epilogue)
+                   if self.b.arrays[e.target].role == "out" or e.target in stored]
+        if not targets:
+            return []
+        guard = last
+        if self.rows is None:
+            cols = decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
+                             "mk_jt + mk_c")
+        elif self.rows.inner is not None:  # a tile inside one output row (`mk_straight`)
+            q = self.rows.inner
+            cols = [cgen.Statement(f"const long mk_o{d} = " + (
+                f"mk_j{d} + mk_c" if k == q else f"mk_j{d}" if k < q else "0"))
+                for k, d in enumerate(view.cols)]
+            guard = "mk_straight" if last == "1" else f"{last} && mk_straight"
+        else:
+            return []
+        plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        rows = decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
+                         "mk_it + mk_r")
+        fetch = [cgen.Statement(f"__builtin_prefetch(&{plain.access(e.target, e.index)}, 1, 3)")
+                 for e in targets]
+        # every 64-byte line of a row of the tile: one point in each 16 floats, and its end
+        at = sorted({*range(0, NR, 16), NR - 1})
+        points = [cgen.Block(_read_only([
+            cgen.Statement(f"const long mk_c = {f'min({c}, mk_nr - 1)' if c else 0}"), *cols, *fetch]))
+            for c in at]
+        nest = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++",
+                        cgen.Block(_read_only(rows + points)))
+        return [nest] if guard == "1" else [if_(guard, nest)]
 
     def _col(self) -> str:
         """The flat output column of the write-back's element (mk_c of the tile)."""

@@ -18,6 +18,9 @@ from pathlib import Path
 from ..machine import Machine
 
 HERE = Path(__file__).resolve().parent
+# entries of a b_rows kernel's `off` past its kc: it fetches rows that far ahead with no
+# test of the step (the caller fills them with offsets into B)
+B_ROWS_AHEAD = 16
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class Microkernel:
     needs: tuple[str, ...] = ()  # other C files pasted before this one
     rank: int = 0  # among kernels of one kind whose features a target has, higher wins
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
-    b_rows_variant: str = ""  # gemm: C function reading B in place, row p at B + off[p]
+    # gemm: C function reading B in place, row p at B + off[p] (off: kc + B_ROWS_AHEAD)
+    b_rows_variant: str = ""
     # gemm: as b_rows_variant, also fetching the next column tile's rows into cache
     b_rows_ahead_variant: str = ""
     # gemm: C function reading A in place, row r at A + r * lda, on a tile's first rows x cols

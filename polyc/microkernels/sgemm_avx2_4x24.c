@@ -22,7 +22,10 @@
  *
  *   polyc_sgemm_avx2_4x24_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
  *   read in place, row p being the 24 floats at B + off[p] (any alignment, all 24
- *   readable): conv2d's window rows straight from its (padded) input, no im2col.
+ *   readable): conv2d's window rows straight from its (padded) input, no im2col. off
+ *   holds kc + 16 entries (registry.B_ROWS_AHEAD): rows up to 16 steps ahead are
+ *   fetched with no test of p at each step; the entries past kc need only be offsets
+ *   into B (their rows are prefetched, never read).
  */
 #ifndef POLYC_SGEMM_AVX2_4X24
 #define POLYC_SGEMM_AVX2_4X24
@@ -54,7 +57,7 @@ polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, long lda,
     __m256 b0, b1, b2;
     if (off) {  /* constant in every caller: gcc keeps one of the two */
       const float *b = B + off[p];
-      const float *ahead = B + off[p + POLYC_AHEAD_4X24 < kc ? p + POLYC_AHEAD_4X24 : p];
+      const float *ahead = B + off[p + POLYC_AHEAD_4X24];
       _mm_prefetch((const char *)ahead, _MM_HINT_T0);
       _mm_prefetch((const char *)(ahead + 23), _MM_HINT_T0);
       b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);

@@ -23,7 +23,10 @@
  *
  *   polyc_sgemm_avx2_6x16_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but
  *   read in place, row p being the 16 floats at B + off[p] (any alignment, all 16
- *   readable): conv2d's window rows straight from its (padded) input, no im2col.
+ *   readable): conv2d's window rows straight from its (padded) input, no im2col. off
+ *   holds kc + 16 entries (registry.B_ROWS_AHEAD): rows up to 16 steps ahead are
+ *   fetched with no test of p at each step; the entries past kc need only be offsets
+ *   into B (their rows are prefetched, never read).
  *
  *   polyc_sgemm_avx2_6x16_b_rows_ahead(kc, A, B, off, C, ldc, accumulate): as _b_rows,
  *   also fetching the next column tile's rows (B + off[p] + 16, never read here): where
@@ -90,7 +93,7 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
   for (long p = 0; p < kc; p++) {
     __m256 b0, b1;
     if (off) {  /* constant in every caller: gcc keeps one of the two */
-      const float *ahead = B + off[p + POLYC_AHEAD_6X16 < kc ? p + POLYC_AHEAD_6X16 : p];
+      const float *ahead = B + off[p + POLYC_AHEAD_6X16];
       _mm_prefetch((const char *)ahead, _MM_HINT_T0);
       _mm_prefetch((const char *)(ahead + 15), _MM_HINT_T0);
       if (next_tile) {  /* the next column tile's row: a sweep of row tiles ahead */

@@ -9,6 +9,7 @@ import cgen
 from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter
 from ....kernel.comprehension import Aff, Const
+from ....microkernels import registry
 from .common import decompose, stride, virtual
 
 
@@ -42,7 +43,11 @@ class BRowsMixin:
         loop = cgen.For("long mk_k = 0", f"mk_k < {plan.k}", "mk_k++", cgen.Block(
             decompose(k_names, [view.stmt.extents[p] for p in view.red], "mk_k")
             + [cgen.Assign("mk_off[mk_k]", off)]))
-        code += ([cgen.Pragma(share)] if team else []) + [loop]
+        # the kernels' look-ahead past the last K step: row 0, fetched and never read (in
+        # a team, one thread, before the loop whose barrier publishes both)
+        pad = cgen.For(f"long mk_k = {plan.k}", f"mk_k < {plan.k + registry.B_ROWS_AHEAD}",
+                       "mk_k++", cgen.Assign("mk_off[mk_k]", "0"))
+        code += [cgen.Pragma("omp single nowait"), pad, cgen.Pragma(share), loop] if team else [pad, loop]
         code.append(self.b.node(child, outer))
         return cgen.Block(code)
 

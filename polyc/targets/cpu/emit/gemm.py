@@ -168,7 +168,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             src = (f"polyc_scratch(4, {4 * (size + mk.nr)})" if rows.copy
                    else self.b.arrays[rows.tensor].c_name)
             out += [cgen.Statement(f"{'' if rows.copy else 'const '}float *restrict mk_P = {src}"),
-                    cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, {8 * self.plan.k})")]
+                    cgen.Statement(f"long *restrict mk_off = polyc_scratch(5, "
+                                   f"{8 * (self.plan.k + registry.B_ROWS_AHEAD)})")]
         if "a" in side and self.plan.a == "packed":
             out.append(cgen.Statement(f"float *restrict mk_pa = polyc_scratch(1, "
                                       f"{c_size(self.b.promotion('mk_pa').bytes)})"))

@@ -47,7 +47,8 @@ class BRowsMixin:
         # a team, one thread, before the loop whose barrier publishes both)
         pad = cgen.For(f"long mk_k = {plan.k}", f"mk_k < {plan.k + registry.B_ROWS_AHEAD}",
                        "mk_k++", cgen.Assign("mk_off[mk_k]", "0"))
-        code += [cgen.Pragma("omp single nowait"), pad, cgen.Pragma(share), loop] if team else [pad, loop]
+        code += ([cgen.Pragma("omp single nowait"), pad, cgen.Pragma(share), loop] if team
+                 else [pad, loop])
         code.append(self.b.node(child, outer))
         return cgen.Block(code)
 

@@ -36,9 +36,11 @@ from ...schedule_tree.marks import Tiles
 def _balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
     size = max(unit, size - size % unit)
     if not balance:
-        # never past the extent (a block cut to it would be the extent's size): the
-        # largest unit * 2^k within it, the same for every extent up to twice that
-        return min(size, unit << max(0, (extent // unit).bit_length() - 1))
+        # the largest unit * 2^k within the extent, the same for every extent up to
+        # twice that, and at least four units: one block for all the small extents a
+        # symbolic range's probes take below that (13, 11 and 7 rows: 24, where 12, 6
+        # and 6 made the probes disagree and N in [2, 15] could not compile once)
+        return min(size, unit << max(2, (extent // unit).bit_length() - 1))
     blocks = math.ceil(extent / size)
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
 

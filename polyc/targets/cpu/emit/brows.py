@@ -132,6 +132,16 @@ class BRowsMixin:
             cgen.Statement(f"{call}(mk_kc, mk_ap, mk_panel, mk_tile, {NR}, 0)")])
 
 
+    def _straight_cols(self) -> list[cgen.Generable]:
+        """The output's column indices (`mk_o{d}`) of the tile's column mk_c, for a tile
+        inside one output row (`mk_straight`): the tile's own above the innermost dim, 0
+        below it."""
+        view, q = self.view, self.rows.inner
+        after = [cgen.Statement(f"const long mk_o{d} = 0") for d in view.cols[q + 1:]]
+        fixed = [cgen.Statement(f"const long mk_o{d} = mk_j{d}") for d in view.cols[:q]]
+        d = view.cols[q]
+        return fixed + after + [cgen.Statement(f"const long mk_o{d} = mk_j{d} + mk_c")]
+
     def _virtual_rows_cols(self, rows_decl, col_loop, nest) -> cgen.Generable:
         """The write-back over virtual columns (B read by rows): a tile inside one
         output row as a plain full tile; any other by runs, each the columns up to the
@@ -145,9 +155,7 @@ class BRowsMixin:
             cols = [cgen.Statement(f"const long {n} = 0") for n in names]
             return nest("mk_mr", cols, "0", "mk_nr")
         after = [cgen.Statement(f"const long {names[k]} = 0") for k in range(q + 1, len(names))]
-        fixed = [cgen.Statement(f"const long {names[k]} = mk_j{view.cols[k]}") for k in range(q)]
-        straight = nest(str(MR), fixed + after + [
-            cgen.Statement(f"const long {names[q]} = mk_j{view.cols[q]} + mk_c")], "0", str(self.mk.nr))
+        straight = nest(str(MR), self._straight_cols(), "0", str(self.mk.nr))
         radix = next((W[k] for k in reversed(range(q)) if W[k]), None)
         outer = virtual(names[:q], W[:q], "mk_jt + mk_c0")
         valid = " && ".join(f"{names[k]} < {ext[k]}" for k in range(q) if W[k]) or "1"

@@ -187,8 +187,7 @@ class WriteBackMixin:
 
     def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
         view, MR, NR = self.view, self.mk.mr, self.mk.nr
-        rows = decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
-                          "mk_it + mk_r")
+        rows = self._tile_rows()
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
                      pragma: str = "omp simd") -> cgen.Generable:
             inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++",
@@ -243,16 +242,11 @@ class WriteBackMixin:
             cols = decompose([f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols],
                              "mk_jt + mk_c")
         elif self.rows.inner is not None:  # a tile inside one output row (`mk_straight`)
-            q = self.rows.inner
-            cols = [cgen.Statement(f"const long mk_o{d} = " + (
-                f"mk_j{d} + mk_c" if k == q else f"mk_j{d}" if k < q else "0"))
-                for k, d in enumerate(view.cols)]
+            cols = self._straight_cols()
             guard = "mk_straight" if last == "1" else f"{last} && mk_straight"
         else:
             return []
         plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
-        rows = decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
-                         "mk_it + mk_r")
         fetch = [cgen.Statement(f"__builtin_prefetch(&{plain.access(e.target, e.index)}, 1, 3)")
                  for e in targets]
         # every 64-byte line of a row of the tile: one point in each 16 floats, and its end
@@ -261,8 +255,14 @@ class WriteBackMixin:
             cgen.Statement(f"const long mk_c = {f'min({c}, mk_nr - 1)' if c else 0}"), *cols, *fetch]))
             for c in at]
         nest = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++",
-                        cgen.Block(_read_only(rows + points)))
+                        cgen.Block(_read_only(self._tile_rows() + points)))
         return [nest] if guard == "1" else [if_(guard, nest)]
+
+    def _tile_rows(self) -> list[cgen.Generable]:
+        """The output's row indices (`mk_o{d}`) of the tile's row mk_r."""
+        view = self.view
+        return decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
+                         "mk_it + mk_r")
 
     def _col(self) -> str:
         """The flat output column of the write-back's element (mk_c of the tile)."""

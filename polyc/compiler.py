@@ -266,17 +266,16 @@ def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
 
 def _check_kernel_edits(options: CommonOptions, kernels: tuple[Kernel, ...],
                         backend: Backend) -> None:
-    """Every kernel named by `kernel_tile_sizes` exists, and a pass of this target reads
-    the option (the chip targets size their tiles from the scratchpads)."""
-    if not options.kernel_tile_sizes:
-        return
-    if TILE not in backend.passes():
+    """Every kernel an option names exists (`Options.named_kernels`), and a pass of this
+    target reads `kernel_tile_sizes` (the chip targets size their tiles from the
+    scratchpads)."""
+    if options.kernel_tile_sizes and TILE not in backend.passes():
         raise GraphError(Problem(f"does not apply to target {backend.name!r}: its tiles are "
                                  "sized from its scratchpads", field="options.kernel_tile_sizes"))
     names = [k.name for k in kernels]
     problems = [Problem(f"no kernel is named {name!r} (kernels: {', '.join(names)})",
-                        field=f"options.kernel_tile_sizes.{k}")
-                for k, (name, _) in enumerate(options.kernel_tile_sizes) if name not in names]
+                        field=f"options.{field}")
+                for field, name in options.named_kernels() if name not in names]
     if problems:
         raise GraphError(problems)
 

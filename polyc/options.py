@@ -35,6 +35,9 @@ class Options:
     tile: bool = True  # tile permutable bands to fit the target's tile level
     tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
     microkernels: bool = True  # contractions and reductions onto hand-written kernels
+    # kernels, by name, compiled without them (the portable loops): where a symbolic
+    # compile's probes plan one kernel's microkernel by its sizes, that kernel alone
+    portable_kernels: tuple[str, ...] = ()
     # edits a person makes in the browser view, as options so that they are cached and
     # reproducible: (kernel, sizes) tiles that kernel's permutable bands with the sizes;
     # (node, node) pairs of primitive nodes the fusion must merge (when isl finds a legal
@@ -66,7 +69,21 @@ class Options:
                "must be pairs of two different primitive node names")
               for name in ("fuse_force", "fuse_forbid")),
             ("fuse_force", self.fuse or not self.fuse_force, "needs options.fuse (fusion is off)"),
+            ("portable_kernels", all(isinstance(n, str) and n for n in self.portable_kernels)
+             and len(set(self.portable_kernels)) == len(self.portable_kernels),
+             "must be different kernel names"),
         ]
+
+    def named_kernels(self) -> list[tuple[str, str]]:
+        """(field, kernel name) for every kernel an option names: each must exist."""
+        return ([(f"kernel_tile_sizes.{k}", name)
+                 for k, (name, _) in enumerate(self.kernel_tile_sizes)]
+                + [(f"portable_kernels.{k}", name)
+                   for k, name in enumerate(self.portable_kernels)])
+
+    def uses_microkernels(self, kernel: str) -> bool:
+        """Are microkernels on for the kernel named `kernel`?"""
+        return self.microkernels and kernel not in self.portable_kernels
 
     def __post_init__(self):
         for stage in STAGES:  # 20 and 20.0 are one key

@@ -17,10 +17,12 @@ at the base probe, sizes of about a thousand; they are kept only when the other 
 make the very same ones. Microkernel marks carry sizes (`gemm ... m=N`), generalised
 like the rest. When the probes differ, the graph is compiled again with tiles and gemm
 blocks that do not follow the extents (`CpuOptions.balance_tiles`: a tile of 127 cuts
-1019 evenly, 1009 not); when they still differ, or a microkernel's emitter decides by a
-size it cannot compare, without microkernels (the portable loops, with `omp simd`);
-the report says which. A parallel loop whose work depends on
-the symbols runs its threads only when a call has enough work (an OpenMP `if`).
+1019 evenly, 1009 not); when one kernel's plan still differs, or its microkernel's
+emitter decides by a size it cannot compare, that kernel without microkernels
+(`Options.portable_kernels`: the portable loops, with `omp simd`), then the next such
+kernel; the report says which. Each kernel's gemm kernel is the one the base probe chose
+(`CpuOptions.kernel_gemm`). A parallel loop whose work depends on the symbols runs its
+threads only when a call has enough work (an OpenMP `if`).
 
 Versions by size: the ranges of a graph's one or two symbols are cut into regimes
 (`SPLITS`), boxes each decided at probes inside it, the largest first. A regime whose
@@ -32,6 +34,7 @@ after `MAX_PROBE_RUNS`, joins its parent's version, and the report says why.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import re
@@ -73,7 +76,7 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
     for ranges, parent in lower:  # each its own version, or its parent's (sizes above)
         above = versions[home[parent]]
         decision, why = (_own_decision(probes, ranges, above.decision, first.decision, options)
-                         if len(probes.done) < MAX_PROBE_RUNS else
+                         if probes.compiles < MAX_PROBE_RUNS else
                          (None, f"the compile's {MAX_PROBE_RUNS} probes are spent"))
         if why is None:
             try:
@@ -177,14 +180,27 @@ class _ProbeRuns:
     def _key(probe: dict[str, int], options):
         return tuple(sorted(probe.items())), options
 
+    @property
+    def compiles(self) -> int:
+        """The compiles made so far (a base probe's is also kept under its pinned options)."""
+        return len({id(r) for r in self.done.values()})
+
     def run(self, probe: dict[str, int], options):
         key = self._key(probe, options)
         if key not in self.done:
             trace = self.trace if not self.done else self.quiet_trace()
             # unverified: the tree the probes agree on is proved for every value (`_emit`)
-            self.done[key] = self.compile_graph(bind_graph(self.loaded, probe), self.backend,
-                                                self.machine, replace(options, verify=False),
-                                                trace, codegen=False)[:3]
+            try:
+                self.done[key] = self.compile_graph(bind_graph(self.loaded, probe),
+                                                    self.backend, self.machine,
+                                                    replace(options, verify=False), trace,
+                                                    codegen=False)[:3]
+            except GraphError as e:
+                # kernels the first version's options name (`portable_kernels`), which
+                # another range's fusion does not make
+                if not all((p.field or "").startswith(_KERNEL_OPTIONS) for p in e.problems):
+                    raise
+                raise NotGeneral("the kernels", [p.message for p in e.problems]) from None
         return self.done[key]
 
     def decide(self, ranges: dict[str, tuple[int, int]], options, note=()) -> _Decision:
@@ -198,9 +214,24 @@ class _ProbeRuns:
         runs = [base] + [self.run(p, pinned) for p in full[1:]]
         g, plan, kernels, trees, promotions = _generalise(runs, fit)
         for k, tree in zip(kernels, trees):
-            _check_gemm_loops(k.name, tree, ranges)
+            with _kernel_at_fault(k.name):
+                _check_gemm_loops(k.name, tree, ranges)
         return _Decision(g, plan, tuple(kernels), tuple(trees), tuple(promotions),
                          tuple(base[2]), tuple(fit), tuple(full), pinned, note)
+
+    def base(self, ranges: dict[str, tuple[int, int]], options):
+        """The compile at the first probe of `ranges` with `options`."""
+        return self.run(_probes(_within(self.loaded, ranges))[1][0], options)
+
+    def folds(self, ranges: dict[str, tuple[int, int]], options) -> bool:
+        """Does a contraction fold a batch into its columns at the first probe?"""
+        return any(m.b == "folded" for r in self.base(ranges, options)[2]
+                   for m in r.marks(mk.Gemm))
+
+    def maps(self, ranges: dict[str, tuple[int, int]], options, kernel: str | None) -> bool:
+        """Is `kernel` mapped onto microkernels at the first probe?"""
+        return kernel is not None and any(r.kernel.name == kernel and r.microkernels
+                                          for r in self.base(ranges, options)[2])
 
     def decides_alike(self, ranges: dict[str, tuple[int, int]], above: _Decision, options) -> bool:
         """Whether the first probe of `ranges` makes `above`'s decisions, its sizes the
@@ -223,23 +254,39 @@ class _ProbeRuns:
         if version.emitted:
             return version
         d = version.decision
-        out = tuple(self.trace.run(f"symbolic {k.name}{suffix}", _emit,
-                                   replace(k, name=k.name + suffix), tree, promoted,
-                                   version.boxes, self.backend, self.machine, d.options,
-                                   show=lambda e: e[1])
-                    for k, tree, promoted in zip(d.kernels, d.trees, d.promotions))
-        return replace(version, emitted=out)
+        out = []
+        for k, tree, promoted in zip(d.kernels, d.trees, d.promotions):
+            with _kernel_at_fault(k.name):
+                out.append(self.trace.run(f"symbolic {k.name}{suffix}", _emit,
+                                          replace(k, name=k.name + suffix), tree, promoted,
+                                          version.boxes, self.backend, self.machine, d.options,
+                                          show=lambda e: e[1]))
+        return replace(version, emitted=tuple(out))
+
+
+@contextlib.contextmanager
+def _kernel_at_fault(name: str):
+    """A NotGeneral raised inside names kernel `name` as the one whose decisions differ."""
+    try:
+        yield
+    except NotGeneral as e:
+        e.kernel = e.kernel or name
+        raise
 
 
 def _pinned(options, run):
-    """`options` with the gemm kernel `run` chose for its contractions, when it chose one:
-    the probes of a range then agree on it. Left to itself, each probe picks by how
-    evenly its rows fill the kernel's tiles (1009 rows, 503, 499: 14x32 or 8x48), which
-    says nothing of the sizes between them."""
-    chosen = {m.kernel for r in run[2] for m in r.marks(mk.Gemm)}
-    if options.gemm_kernel or len(chosen) != 1:
+    """`options` with the gemm kernel `run` chose for each kernel's contraction: the
+    probes of a range then agree on it. Left to itself, each probe picks by how evenly
+    its rows fill the kernel's tiles (1009 rows, 503, 499: 14x32 or 8x48), which says
+    nothing of the sizes between them."""
+    if options.gemm_kernel:
         return options
-    return replace(options, gemm_kernel=chosen.pop())
+    pins = dict(options.kernel_gemm)
+    for r in run[2]:
+        chosen = {m.kernel for m in r.marks(mk.Gemm)}
+        if len(chosen) == 1:
+            pins.setdefault(r.kernel.name, chosen.pop())
+    return replace(options, kernel_gemm=tuple(sorted(pins.items())))
 
 
 # what a compile changes, in turn, when the probes decide differently: a symbolic batch
@@ -248,6 +295,8 @@ def _pinned(options, run):
 # not; a microkernel's emitter may decide by a size it cannot compare
 _FALLBACKS = ({}, {"fold_batch": False}, {"fold_batch": False, "balance_tiles": False},
               {"fold_batch": False, "balance_tiles": False, "microkernels": False})
+# the options naming kernels, which the first version's decisions set
+_KERNEL_OPTIONS = ("options.portable_kernels", "options.kernel_gemm")
 _CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents",
             "fold_batch": "no batch folded into a contraction's columns",
             "microkernels": "microkernels off, the portable loops instead"}
@@ -256,24 +305,42 @@ _CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents"
 def _first_version(probes: _ProbeRuns, ranges, options, suffix) -> tuple[_Version, object]:
     """The largest sizes' version and the options it was decided with: when its probes
     disagree, it is compiled again with the fallbacks' options in turn (the other
-    versions keep those options)."""
+    versions keep those options). A fallback that changes nothing the probes decided is
+    skipped (no batch was folded); before microkernels are turned off everywhere, each
+    kernel whose own plan differs, one at a time, is compiled without them."""
     tried, failure = [], None
     for change in _FALLBACKS:
+        if tried and "fold_batch" in change and not probes.folds(ranges, tried[0]):
+            change = {k: v for k, v in change.items() if k != "fold_batch"}  # none folded
         attempt = replace(options, **change)
         if attempt in tried:
             continue
-        note = () if failure is None else (
-            f"symbolic shapes: {', '.join(_CHANGED[k] for k in change)} (before, "
-            f"{failure.where} depended on the sizes)",)
-        try:
-            return probes.emitted(_Version((ranges,), probes.decide(ranges, attempt, note)),
-                                  suffix), attempt
-        except NotGeneral as e:
-            tried.append(attempt)
-            failure = e
-            if e.final:
-                raise _refusal(probes.loaded, e) from None
+        while True:
+            note = () if failure is None else _fallback_note(attempt, options, failure)
+            try:
+                return probes.emitted(_Version((ranges,), probes.decide(ranges, attempt, note)),
+                                      suffix), attempt
+            except NotGeneral as e:
+                tried.append(attempt)
+                failure = e
+                if e.final:
+                    raise _refusal(probes.loaded, e) from None
+            if attempt.balance_tiles or not probes.maps(ranges, attempt, failure.kernel):
+                break
+            attempt = replace(attempt, portable_kernels=(*attempt.portable_kernels,
+                                                         failure.kernel))
     raise _refusal(probes.loaded, failure)
+
+
+def _fallback_note(attempt, options, failure: NotGeneral) -> tuple[str, ...]:
+    """The report's line on what `attempt` changed from `options`, and why."""
+    changed = [text for k, text in _CHANGED.items() if getattr(attempt, k) != getattr(options, k)]
+    portable = attempt.portable_kernels[len(options.portable_kernels):]
+    if portable and attempt.microkernels:
+        changed.append(f"kernel{'s' * (len(portable) > 1)} {', '.join(portable)} without "
+                       "microkernels, the portable loops instead")
+    return (f"symbolic shapes: {', '.join(changed)} (before, {failure.where} depended on "
+            "the sizes)",)
 
 
 def _probes(graph: Graph) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
@@ -344,16 +411,19 @@ def _own_decision(probes: _ProbeRuns, ranges, above: _Decision, first: _Decision
     factor of 32, no one extent. The versions of a kernel are functions behind one
     signature, so they must agree on the graph, its kernels and their arrays."""
     options = replace(options, balance_tiles=False)
-    if probes.decides_alike(ranges, above, options):
-        return None, "its first probe decides the same"
+    fusion_differs = "its fusion differs (the versions of a kernel need the same kernels)"
     try:
+        if probes.decides_alike(ranges, above, options):
+            return None, "its first probe decides the same"
+        if probes.base(ranges, options)[1].groups != first.plan.groups:
+            return None, fusion_differs  # known before the other probes are compiled
         mine = probes.decide(ranges, options)
     except NotGeneral as e:
         return None, f"the compiles in it differ in {e}"
     if mine.kernels == above.kernels and mine.trees == above.trees:
         return None, "its probes decide the same"
     if mine.graph != first.graph or mine.plan.groups != first.plan.groups:
-        return None, "its fusion differs (the versions of a kernel need the same kernels)"
+        return None, fusion_differs
     if [(k.name, k.params, k.symbols) for k in mine.kernels] != \
             [(k.name, k.params, k.symbols) for k in first.kernels]:
         return None, "its kernels take other arrays"
@@ -405,27 +475,28 @@ def _generalise(runs, probes):
     kernels, trees, promotions = [], [], []
     for results in zip(*(r[2] for r in runs)):
         name = results[0].kernel.name
-        trees.append(_general_tree([str(r.schedule) for r in results], probes, name, c_names))
-        # the cpu's copies are a microkernel's packed panels: a tile's rows, or all the
-        # rows when fewer (`N` below a block of 512), an affine box like the rest;
-        # only their size is read on the cpu (their isl footprints stay the base probe's)
-        plain = [tuple((p.buffer, p.array, p.layout, p.pad, p.element_bytes)
-                       for p in r.promotions) for r in results]
-        if any(p != plain[0] for p in plain):
-            raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
-        promotions.append(tuple(
-            replace(p, box=generalise([r.promotions[i].box for r in results], probes,
-                                      f"kernel {name}'s copy {p.buffer}", c_names))
-            for i, p in enumerate(results[0].promotions)))
-        # a contracted buffer as long as a symbol is allocated per call (and per thread)
-        kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
-        for s in kernel.statements:  # isl divides by constants only
-            divisors = [e.d for index in (s.index, *(ld.index for ld, _ in loads(s.expr)))
-                        for e in index for e in _divisions(e) if type(e.d) is not int]
-            if divisors:
-                raise NotGeneral(f"kernel {name}'s statement {s.name}, whose index divides "
-                                 "by a size", divisors, final=True)
-        kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
+        with _kernel_at_fault(name):
+            trees.append(_general_tree([str(r.schedule) for r in results], probes, name, c_names))
+            # the cpu's copies are a microkernel's packed panels: a tile's rows, or all the
+            # rows when fewer (`N` below a block of 512), an affine box like the rest;
+            # only their size is read on the cpu (their isl footprints stay the base probe's)
+            plain = [tuple((p.buffer, p.array, p.layout, p.pad, p.element_bytes)
+                           for p in r.promotions) for r in results]
+            if any(p != plain[0] for p in plain):
+                raise NotGeneral(f"kernel {name}'s copies between memory levels", ["differ"])
+            promotions.append(tuple(
+                replace(p, box=generalise([r.promotions[i].box for r in results], probes,
+                                          f"kernel {name}'s copy {p.buffer}", c_names))
+                for i, p in enumerate(results[0].promotions)))
+            # a contracted buffer as long as a symbol is allocated per call (and per thread)
+            kernel = generalise([r.kernel for r in results], probes, f"kernel {name}", c_names)
+            for s in kernel.statements:  # isl divides by constants only
+                divisors = [e.d for index in (s.index, *(ld.index for ld, _ in loads(s.expr)))
+                            for e in index for e in _divisions(e) if type(e.d) is not int]
+                if divisors:
+                    raise NotGeneral(f"kernel {name}'s statement {s.name}, whose index divides "
+                                     "by a size", divisors, final=True)
+            kernels.append(replace(kernel, symbols=tuple(sorted(c_names.values()))))
     return g, plan, kernels, trees, promotions
 
 

@@ -170,6 +170,36 @@ def test_a_kernel_the_target_lacks_is_refused_naming_the_option():
     assert e.value.problems[0].field == "options.gemm_kernel" and "avx2" in str(e.value)
 
 
+def _two_matmuls():
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("two")
+    x, w1, w2 = b.input("x", (130, 70)), b.input("w1", (70, 90)), b.input("w2", (90, 60))
+    graph = b.build(outputs=[b.matmul(b.relu(b.matmul(x, w1)), w2)])
+    inputs = {"x": _rand(rng, (130, 70)), "w1": _rand(rng, (70, 90)), "w2": _rand(rng, (90, 60))}
+    return graph, inputs
+
+
+def test_options_name_one_kernel_without_microkernels_or_on_its_own_gemm_kernel():
+    graph, inputs = _two_matmuls()
+    first, second = (k.name for k in compile(graph, build=False).kernels)
+    compiled = _check(graph, inputs, Options(portable_kernels=(first,)))
+    assert [k.microkernels for k in compiled.kernels][0] == []
+    assert compiled.kernels[1].microkernels
+    compiled = _check(graph, inputs, Options(kernel_gemm=((second, PORTABLE),)))
+    assert compiled.kernels[1].microkernels == [PORTABLE]
+    assert any("asked for by options.kernel_gemm" in x for x in compiled.kernels[1].fusion_report)
+    assert not any("asked for" in x for x in compiled.kernels[0].fusion_report)
+    for options, field in ((Options(portable_kernels=("polyc_k9",)), "portable_kernels.0"),
+                           (Options(kernel_gemm=((first, PORTABLE), ("k", PORTABLE))),
+                            "kernel_gemm.1")):
+        with pytest.raises(GraphError) as e:
+            compile(graph, build=False, options=options)
+        assert e.value.problems[0].field == f"options.{field}"
+        assert "no kernel is named" in str(e.value)
+    with pytest.raises(GraphError, match="options.kernel_gemm"):
+        Options(kernel_gemm=((first, "sgemm_nope"),))
+
+
 def test_avx512_kernel_compiles():
     """This machine may lack AVX-512: the kernel must at least build for a target with it."""
     src = registry.c_source([registry.by_name("sgemm_avx512_14x32")])

@@ -199,6 +199,9 @@ def test_transformer_block_over_a_dynamic_length_compiles_once():
             torch.testing.assert_close(fn(x), block(x), rtol=1e-4, atol=1e-5)
     [p] = backend.partitions
     assert p.symbolic is not None and not p.kernels
+    # the four linear layers and P @ V keep their microkernels: only the scores with
+    # their softmax (all the columns of a row in one block) run the portable loops
+    assert sum(bool(k.microkernels) for k in p.symbolic.compiled.kernels) == 5
 
 
 def test_what_polyc_cannot_write_with_symbols_is_compiled_per_shape():

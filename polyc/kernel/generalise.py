@@ -27,12 +27,15 @@ BASE = 1009  # the first probe: about a thousand, and prime (see `choose_probes`
 
 class NotGeneral(Exception):
     """The probes disagree in a way no affine function of the symbols explains;
-    `final` when compiling again with other options cannot help."""
+    `final` when compiling again with other options cannot help; `kernel` the kernel
+    whose own decisions differ (its tree, marks, copies, code), when one does."""
 
-    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False):
+    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False,
+                 kernel: str | None = None):
         super().__init__(f"{where}: {', '.join(map(str, values))} at the probes")
         self.where = where
         self.final = final
+        self.kernel = kernel
 
 
 def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:

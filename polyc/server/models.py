@@ -100,6 +100,12 @@ _OPTION_FIELDS: dict[str, dict] = {
                                   "the cost; 422 naming the dependence when no shared loop "
                                   "is legal"},
     "fuse_forbid": {"description": "[node, node] pairs of primitive nodes never to fuse"},
+    "kernel_gemm": {"description": "[kernel, gemm kernel] pairs: that kernel's contraction "
+                                   "on that registry kernel, over gemm_kernel (cpu); 422 "
+                                   "naming a kernel that does not exist"},
+    "portable_kernels": {"description": "kernels, by name, compiled without microkernels "
+                                        "(the portable loops); 422 naming one that does "
+                                        "not exist"},
     "threads": {"ge": 0, "le": 1024,
                 "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
 }
@@ -112,6 +118,8 @@ _OPTION_TYPES: dict[str, Any] = {
     "kernel_tile_sizes": list[tuple[StrictStr, list[StrictInt]]],
     "fuse_force": list[tuple[StrictStr, StrictStr]],
     "fuse_forbid": list[tuple[StrictStr, StrictStr]],
+    "portable_kernels": list[StrictStr],
+    "kernel_gemm": list[tuple[StrictStr, StrictStr]],
 }
 
 

@@ -15,6 +15,9 @@ GEMM_KERNELS = ("", *(m.name for m in registry.REGISTRY if m.kind == "gemm" and 
 class CpuOptions(Options):
     microkernel_isa: str = ""  # '' the fastest measured, else 'avx512' | 'avx2' | 'portable'
     gemm_kernel: str = ""  # '' the fastest measured for the shape, else a registry name
+    # (kernel, gemm kernel) pairs: that kernel's contraction on that one, over gemm_kernel
+    # (a symbolic compile's probes keep each kernel's choice at its first probe)
+    kernel_gemm: tuple[tuple[str, str], ...] = ()
     microkernel_tiles: tuple[tuple[str, int], ...] = ()  # (("kc", 256),): over model and tuning
     # the OpenMP team of every parallel loop (0: OMP_NUM_THREADS; column sums are then
     # blocked for one thread per core)
@@ -28,6 +31,10 @@ class CpuOptions(Options):
     # columns would be a block that grows with it)
     fold_batch: bool = True
 
+    def named_kernels(self) -> list[tuple[str, str]]:
+        return super().named_kernels() + [(f"kernel_gemm.{k}", name)
+                                          for k, (name, _) in enumerate(self.kernel_gemm)]
+
     def checks(self) -> list[tuple[str, bool, str]]:
         tiles_ok = all(len(t) == 2 and t[0] in ("mc", "nc", "kc") and 1 <= t[1] <= MAX_TILE
                        for t in self.microkernel_tiles)
@@ -38,6 +45,11 @@ class CpuOptions(Options):
              f"must be one of {', '.join(map(repr, ISAS))}, got {self.microkernel_isa!r}"),
             ("gemm_kernel", self.gemm_kernel in GEMM_KERNELS,
              f"must be one of {', '.join(map(repr, GEMM_KERNELS))}, got {self.gemm_kernel!r}"),
+            ("kernel_gemm", all(len(p) == 2 and isinstance(p[0], str) and p[0]
+                                and p[1] in GEMM_KERNELS[1:] for p in self.kernel_gemm)
+             and len({p[0] for p in self.kernel_gemm}) == len(self.kernel_gemm),
+             f"must be pairs of a kernel name, each once, and one of "
+             f"{', '.join(map(repr, GEMM_KERNELS[1:]))}"),
             ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
              f"1 to {MAX_TILE}, got {[list(t) for t in self.microkernel_tiles]}"),
         ]

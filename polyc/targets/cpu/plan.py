@@ -122,15 +122,18 @@ def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int
 
 def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options,
                        streaming: bool = False) -> tuple[registry.Microkernel, str]:
-    """The gemm kernel for this contraction and why: the one `options.gemm_kernel`
-    names, else the one `polyc tune` measured fastest for this kernel, else the fastest
-    the calibration measured for the shape (`registry.choose`, `streaming` as in
-    `streams_b`); within `options.microkernel_isa` when it names one."""
+    """The gemm kernel for this contraction and why: the one `options.kernel_gemm` names
+    for this kernel, else the one `options.gemm_kernel` names, else the one `polyc tune`
+    measured fastest for this kernel, else the fastest the calibration measured for the
+    shape (`registry.choose`, `streaming` as in `streams_b`); within
+    `options.microkernel_isa` when it names one."""
     isa = options.microkernel_isa
     allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
                and set(m.features) <= machine.features
                and (not isa or m.name in registry.ISAS[isa])]
-    asked = options.gemm_kernel
+    mine = [k for k, (name, _) in enumerate(options.kernel_gemm) if name == kernel.name]
+    field = f"kernel_gemm.{mine[0]}" if mine else "gemm_kernel"
+    asked = options.kernel_gemm[mine[0]][1] if mine else options.gemm_kernel
     if asked:
         mk = registry.by_name(asked)
         if mk not in allowed:
@@ -138,8 +141,8 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
                 f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
                 f"{machine.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
                 f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
-                field="options.gemm_kernel"))
-        return mk, "asked for by options.gemm_kernel"
+                field=f"options.{field}"))
+        return mk, f"asked for by options.{field.split('.')[0]}"
     tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
     name = tuned.get("microkernel")
     if name and any(m.name == name for m in allowed):

@@ -132,7 +132,7 @@ def gemm_tree(model, view: GemmView, plan: marks.Gemm) -> isl.Schedule:
 
 def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
     kernel = state.kernel
-    if not options.microkernels or microkernel_name(kernel) is None:
+    if not options.uses_microkernels(kernel.name) or microkernel_name(kernel) is None:
         return state
     view = gemm_view(kernel)
     capacity = machine.tile_level.capacity

@@ -296,7 +296,7 @@ def with_store(kernel: Kernel, view: GemmView) -> Kernel:
 
 def cube_pass(state: KernelState, machine: Machine, options) -> KernelState:
     kernel = state.kernel
-    if not options.microkernels or (dtype := cube_dtype(kernel)) is None:
+    if not options.uses_microkernels(kernel.name) or (dtype := cube_dtype(kernel)) is None:
         return state
     view = gemm_view(kernel)
     if not view.epilogue:

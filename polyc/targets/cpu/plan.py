@@ -1,6 +1,7 @@
 """The cpu backend's plan for a contraction: which microkernel, which tiles, which threads.
 
-The kernel is the one `options.gemm_kernel` names, else the one `polyc tune` measured
+The kernel is the one `options.kernel_gemm` names for this kernel, or else
+`options.gemm_kernel` for every kernel, else the one `polyc tune` measured
 fastest for this contraction, else the fastest the host's calibration measured for C's
 shape (`registry.choose` on `calibrate.rates`); tiles come from the memory model
 (`tiles.py`), then the tuning cache, then `options.microkernel_tiles`. The plan is the

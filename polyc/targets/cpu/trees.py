@@ -85,9 +85,8 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     Before: band(i, j) -> sequence[S0_init, S0 -> band(k), S1 (bias), S2 (gelu) ...].
     After: the tree in the module docstring; a kernel with no match is returned as is.
     Options read: `microkernels` and `portable_kernels` (off for this kernel: no change),
-    `microkernel_isa`, `gemm_kernel`,
-    `microkernel_tiles`, `parallel`, `threads`, `fold_batch`. Why a gemm kernel was
-    chosen is appended to `report`.
+    `microkernel_isa`, `kernel_gemm`, `gemm_kernel`, `microkernel_tiles`, `parallel`,
+    `threads`, `fold_batch`. Why a gemm kernel was chosen is appended to `report`.
     """
     if not options.uses_microkernels(kernel.name):
         return model

@@ -247,6 +247,13 @@ def compile_kernel(kernel: Kernel, fusion: tuple[str, ...], backend: Backend, ma
                         state.promotions), code
 
 
+def fusion_options(options: CommonOptions) -> tuple:
+    """What `plan_fusion` and the backend's `microkernels` read of the options: compiles of
+    one graph that agree on it fuse alike."""
+    return (options.fuse, options.fuse_force, options.fuse_forbid, options.max_operations,
+            options.fuse_seconds, options.microkernels)
+
+
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
                 options: CommonOptions, ledger: Ledger, models: GroupModels) -> FusionPlan:
     """The graph layer's partition, every proposal answered by the oracle within the
@@ -298,20 +305,29 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str,
 
 
 def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
-                  trace: Trace, codegen: bool = True
+                  trace: Trace, codegen: bool = True, fused: dict | None = None
                   ) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
     """A static graph through every pass up to C: the primitive graph, the fusion plan,
-    each kernel's result and its C function (see `compile_kernel` for `codegen`)."""
-    g = trace.run("widen", widen_storage, loaded)
-    g = trace.run("decompose", decompose_graph, g)
-    g = trace.run("simplify", simplify_graph, g)
-    g = trace.run("unshare", unshare_widening, g)
-    if options.verify:
-        verify_graph(g, "decompose/simplify")
-    # fusion needs the primitive graph: only opened composites can share loops
-    models = GroupModels(g)
-    plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
-                     options, trace.ledger, models)
+    each kernel's result and its C function (see `compile_kernel` for `codegen`).
+    `fused` keeps the primitive graph, its group models and fusion plan by the options
+    fusion reads (`fusion_options`), for the next compile of this graph: a symbolic
+    compile's probe compiled again with other tiles or kernels fuses as before."""
+    key = fusion_options(options)
+    if fused is not None and key in fused:
+        g, models, plan = fused[key]
+    else:
+        g = trace.run("widen", widen_storage, loaded)
+        g = trace.run("decompose", decompose_graph, g)
+        g = trace.run("simplify", simplify_graph, g)
+        g = trace.run("unshare", unshare_widening, g)
+        if options.verify:
+            verify_graph(g, "decompose/simplify")
+        # fusion needs the primitive graph: only opened composites can share loops
+        models = GroupModels(g)
+        plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
+                         options, trace.ledger, models)
+        if fused is not None:
+            fused[key] = g, models, plan
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
                         show=lambda ks: "\n\n".join(map(str, ks)))
     _check_kernel_edits(options, kernels, backend)

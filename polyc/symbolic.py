@@ -175,6 +175,7 @@ class _ProbeRuns:
         self.loaded, self.backend, self.machine = loaded, backend, machine
         self.trace, self.compile_graph, self.quiet_trace = trace, compile_graph, quiet_trace
         self.done: dict = {}
+        self.fused: dict = {}  # per probe: its fusions (`compiler.compile_graph`)
 
     @staticmethod
     def _key(probe: dict[str, int], options):
@@ -191,10 +192,10 @@ class _ProbeRuns:
             trace = self.trace if not self.done else self.quiet_trace()
             # unverified: the tree the probes agree on is proved for every value (`_emit`)
             try:
-                self.done[key] = self.compile_graph(bind_graph(self.loaded, probe),
-                                                    self.backend, self.machine,
-                                                    replace(options, verify=False), trace,
-                                                    codegen=False)[:3]
+                self.done[key] = self.compile_graph(
+                    bind_graph(self.loaded, probe), self.backend, self.machine,
+                    replace(options, verify=False), trace, codegen=False,
+                    fused=self.fused.setdefault(key[0], {}))[:3]
             except GraphError as e:
                 # kernels the first version's options name (`portable_kernels`), which
                 # another range's fusion does not make

@@ -162,10 +162,13 @@ def test_compile_past_its_time_limit_is_504_and_kills_gcc(tmp_path, monkeypatch)
         key = service.prepare(json.dumps(body).encode()).key
         t, out = in_thread(lambda: c.post("/v1/compile", json=body))
         worker = wait_busy(service.pool)
+        tmp = Path(next(w.tmp for w in service.pool._all if w.pid == worker))
         seen: set[str] = set()
         health_ms = []
+        building = False  # the worker's build directory is in its own TMPDIR
         while t.is_alive():
             seen.update(group_members(worker))
+            building = building or any(tmp.glob("polyc-build-*"))
             start = time.perf_counter()
             assert c.get("/healthz").status_code == 200  # liveness never waits on a compile
             health_ms.append((time.perf_counter() - start) * 1e3)
@@ -179,6 +182,9 @@ def test_compile_past_its_time_limit_is_504_and_kills_gcc(tmp_path, monkeypatch)
         while group_members(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert group_members(worker) == []  # the worker and its compiler are all gone
+        while tmp.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert building and not tmp.exists()  # and so are its build's files
         assert sorted(health_ms)[len(health_ms) // 2] < 50, health_ms
         assert c.get(f"/v1/kernels/{key}").status_code == 404  # nothing was cached
         # the time-out is remembered: the same request is answered at once

@@ -20,10 +20,12 @@ import asyncio
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -65,11 +67,17 @@ OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, sign
 
 
 class _Worker:
-    def __init__(self, proc, conn):
+    def __init__(self, proc, conn, tmp: str):
         self.proc = proc
         self.conn = conn
         self.pid = proc.pid
+        self.tmp = tmp  # its TMPDIR
         self.jobs = 0
+
+    def remove_files(self) -> None:
+        """Its temporary files, once it is gone: a worker killed in a build (time-out,
+        memory, an operator) leaves its build directory and gcc's files behind."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group: the worker, its gcc, gcc's cc1 and as."""
@@ -139,6 +147,7 @@ class WorkerPool:
                 w.kill()
                 await loop.run_in_executor(self._receivers, w.join, 5)
             w.conn.close()
+            w.remove_files()
         self._all.clear()
         self._spawner.shutdown(wait=True)
         self._receivers.shutdown(wait=False, cancel_futures=True)
@@ -147,16 +156,22 @@ class WorkerPool:
         ours, theirs = socket.socketpair()
         # one BLAS thread: the worker does no linear algebra, and each thread reserves
         # address space that would count against RLIMIT_AS
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        # its temporary files, and gcc's, in a directory the pool removes once it is gone
+        tmp = tempfile.mkdtemp(prefix="polyc-worker-")
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "TMPDIR": tmp}
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "polyc.server.worker_main", str(theirs.fileno()),
                  str(self.memory_bytes), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), start_new_session=True, env=env,
                 stdin=subprocess.DEVNULL)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         finally:
             theirs.close()  # only the worker holds this end: its death is our EOF
-        return _Worker(proc, Connection(ours.detach()))
+        return _Worker(proc, Connection(ours.detach()), tmp)
 
     async def _spawn(self) -> _Worker:
         loop = asyncio.get_running_loop()
@@ -167,15 +182,18 @@ class WorkerPool:
                                            READY_TIMEOUT_S)
         except (EOFError, OSError):
             w.kill()
+            w.remove_files()
             self._all.discard(w)
             raise RuntimeError("a compile worker exited while starting (its error is in "
                                "the server's log)") from None
         except BaseException:
             w.kill()
+            w.remove_files()
             self._all.discard(w)
             raise
         if ready[0] != "ready":
             w.kill()
+            w.remove_files()
             raise RuntimeError(f"compile worker sent {ready!r} instead of 'ready'")
         return w
 
@@ -195,6 +213,7 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._receivers, old.join, 10)  # reap the zombie
         old.conn.close()
+        old.remove_files()
         while not self._closing:
             try:
                 new = await self._spawn()

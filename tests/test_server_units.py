@@ -251,6 +251,33 @@ def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
     assert reply[0] == "error" and reply[1] == worker_main.DISK_FULL
 
 
+@pytest.mark.parametrize("at_limit", [True, False])
+def test_an_error_at_the_memory_limit_is_out_of_memory(monkeypatch, at_limit):
+    # isl failing to allocate inside islpy's conversion of an argument raises a TypeError
+    # that does not say so: at the limit it is the graph's size, elsewhere a polyc bug
+    def conversion(source, target, *, timeout_s):
+        raise TypeError("union(): incompatible function arguments")
+    monkeypatch.setattr(worker_main, "build_object", conversion)
+    monkeypatch.setattr(worker_main, "near_memory_limit", lambda: at_limit)
+    job = {"key": "k" * 64, "graph": canonical_graph(load_graph(graph_doc())), "target": "cpu",
+           "options": Options().to_json(), "limits": __import__("polyc").Limits(),
+           "timeout_s": 30, "notes": [], "toolchain": TOOLCHAIN.to_json("cpu")}
+    reply = worker_main.run_job(job)
+    assert reply[1] == (worker_main.OUT_OF_MEMORY if at_limit else worker_main.INTERNAL)
+
+
+def test_the_memory_limit_is_read_from_the_address_space_and_its_rlimit():
+    import subprocess
+    import sys
+    code = ("import resource; from pathlib import Path; from polyc.server import worker_main as w\n"
+            "print(w.near_memory_limit())\n"
+            "size = int(Path('/proc/self/status').read_text().split('VmSize:')[1].split()[0])\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (size * 1024 + (8 << 20),) * 2)\n"
+            "print(w.near_memory_limit(), w.near_memory_limit(margin=1 << 20))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "False"], out.stdout
+
+
 def test_metrics_render_prometheus_text():
     m = Metrics()
     m.requests.inc(method="GET", route="/x", status="200")

@@ -92,10 +92,22 @@ def run_job(job: dict) -> tuple:
         return ("error", INTERNAL, str(e), [])
     except Exception as e:  # any other escape is a polyc bug; the message names it
         text = str(e).lower()
-        if "allocation failure" in text or "out of memory" in text:  # isl's isl.Error
+        # isl's isl.Error names the failed allocation; one inside islpy's conversion of
+        # an argument (a Map passed as a UnionMap) arrives as a TypeError that does not,
+        # while the compile's memory is still held here, at the limit
+        if "allocation failure" in text or "out of memory" in text or near_memory_limit():
             return ("error", OUT_OF_MEMORY, "compiling this graph needs more memory than "
                     f"a worker may use ({type(e).__name__}: {e})", [])
         return ("error", INTERNAL, f"{type(e).__name__}: {e}", [])
+
+
+def near_memory_limit(margin: int = 16 << 20) -> bool:
+    """Is this process's address space within `margin` bytes of its RLIMIT_AS?"""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return False
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmSize:")[1].split()[0]) * 1024 + margin > soft
 
 
 def _compile_bundle(job: dict) -> bytes:

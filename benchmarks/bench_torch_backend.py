@@ -3,7 +3,10 @@
     python benchmarks/bench_torch_backend.py [--threads 1] [--no-inductor]
 
 Cases: the transformer block of `examples/torch_block.py` (batch 2, 64 tokens, width
-128), and the fused ops alone: softmax, layer_norm and linear + gelu. Each is compiled
+128), and the fused ops alone: softmax, layer_norm and linear + gelu; then the block over
+a dynamic length (one image, `mark_dynamic` on the tokens), compiled at 64 tokens and
+timed at 200, which neither compile saw (polyc's one symbolic compile, Inductor's dynamic
+one). Each is compiled
 with `backend=polyc.torch_backend` and with Inductor (`torch.compile`'s default), checked
 against eager, then timed in turns (`machine.best_times`) under `torch.no_grad()`. The
 ratios are eager's or Inductor's time over polyc's (above 1: polyc is faster); the
@@ -29,6 +32,8 @@ def cases(torch):
     torch.manual_seed(0)
     block = Block().eval()
     linear = torch.nn.Linear(1024, 1024)
+    dynamic = torch.randn(1, 64, 128)
+    torch._dynamo.mark_dynamic(dynamic, 1)
     return {
         "transformer block 2x64x128": (block, (torch.randn(2, 64, 128),)),
         "softmax 1024x1024": (lambda x: torch.softmax(x, -1), (torch.randn(1024, 1024),)),
@@ -36,6 +41,7 @@ def cases(torch):
                                  (torch.randn(1024, 1024), torch.randn(1024),
                                   torch.randn(1024))),
         "linear+gelu 256x1024x1024": (lambda x: F.gelu(linear(x)), (torch.randn(256, 1024),)),
+        "block 1xTx128, T=200 dyn.": (block, (dynamic,), (torch.randn(1, 200, 128),)),
     }
 
 
@@ -62,12 +68,13 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     with torch.no_grad():
-        for name, (fn, inputs) in cases(torch).items():
-            fns = {"eager": lambda: fn(*inputs)}
+        for name, (fn, inputs, *timed) in cases(torch).items():
+            torch._dynamo.reset()  # a dynamic case's compiles start from its own inputs
             polyc_fn, seconds = _compiled(torch, fn, inputs, backend=polyc.torch_backend)
-            fns["polyc"] = lambda: polyc_fn(*inputs)
-            if not args.no_inductor:
-                inductor, _ = _compiled(torch, fn, inputs)
+            inductor = None if args.no_inductor else _compiled(torch, fn, inputs)[0]
+            inputs = timed[0] if timed else inputs  # a dynamic case: sizes not compiled for
+            fns = {"eager": lambda: fn(*inputs), "polyc": lambda: polyc_fn(*inputs)}
+            if inductor is not None:
                 fns["inductor"] = lambda: inductor(*inputs)
             expected = fn(*inputs)
             err = (polyc_fn(*inputs) - expected).abs().max().item()

@@ -315,3 +315,40 @@ def test_simplify_keeps_results_and_reaches_a_fixed_point(g):
     assert not any(n.op in ("reshape", "cast") and s.types[n.inputs[0]] == s.types[n.output]
                    and n.output not in outputs for n in s.nodes)
     assert simplify_graph(g) == s  # deterministic
+
+
+# --- reshapes around elementwise work ---------------------------------------------------
+
+def _around(shape_in, shape_mid, shape_back, *, other=None, output_mid=False, reduce=False):
+    """x: shape_in -> reshape to shape_mid -> gelu-like work -> reshape to shape_back."""
+    b = GraphBuilder("around")
+    x = b.input("x", shape_in)
+    r = b.reshape(x, shape=list(shape_mid))
+    h = b.mul(r, b.constant("half", (), [0.5]))
+    e = b.erf(b.mul(r, b.constant("k", (1, 1), [0.7])))
+    y = b.mul(h, b.add(e, b.constant("one", (), [1.0])))
+    if other is not None:
+        y = b.add(y, b.input("o", other))
+    if reduce:
+        y = b.reduce_sum(y, axes=[-1], keepdims=True)
+    outs = [b.relu(b.reshape(y, shape=list(shape_back)))] + ([y] if output_mid else [])
+    return b.build(outputs=outs)
+
+
+def test_elementwise_work_between_a_reshape_and_its_way_back_keeps_the_first_shape():
+    g = _around((6, 8), (2, 3, 8), (6, 8))
+    s = simplified(decompose_graph(g))
+    assert "reshape" not in ops(s)
+    assert all(s.types[n.output].shape == (6, 8) for n in s.nodes)
+
+
+@pytest.mark.parametrize("case", [
+    dict(shape_back=(3, 16)),                  # back to another shape
+    dict(other=(2, 3, 8)),                     # reads a tensor of the second shape
+    dict(output_mid=True),                     # the second shape is an output
+    dict(reduce=True, shape_back=(2, 3, 1)),   # a reduction over the second shape
+])
+def test_reshapes_stay_where_the_work_needs_the_second_shape(case):
+    kw = dict(shape_in=(6, 8), shape_mid=(2, 3, 8), shape_back=(6, 8)) | case
+    s = simplified(decompose_graph(_around(**kw)))
+    assert "reshape" in ops(s)

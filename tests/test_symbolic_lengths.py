@@ -88,27 +88,22 @@ PROJ_ATT = {"name": "proj_att", "inputs": [{"name": "x", "shape": ["L", 64]},
             "outputs": ["y"], "symbols": {"L": {"min": 1, "max": 4096}}}
 
 
-def test_a_kernel_planned_by_its_length_alone_runs_the_portable_loops():
+def test_a_kernel_planned_by_its_length_alone_runs_the_portable_loops(monkeypatch):
     """Attention's scores with their softmax keep all L columns in one block, which no
     block of the memory model holds for every L up to 4096: that kernel, not the whole
-    graph, runs without microkernels; the projection before it and P @ V keep theirs."""
+    graph, runs without microkernels; the projection before it and P @ V keep theirs.
+    The probes at L = 1009, 1013, 1019 are compiled with balanced tiles, then without,
+    then with the scores kernel portable: fusion reads none of that, and runs once each."""
+    fused = []
+    real = compiler.plan_fusion
+    monkeypatch.setattr(compiler, "plan_fusion", lambda g, *rest: fused.append(
+        tuple(t.type.shape for t in g.inputs)) or real(g, *rest))
     compiled = _check(PROJ_ATT, [{"L": 1}, {"L": 100}, {"L": 1100}])
     mapped = {k.name: bool(k.microkernels) for k in compiled.kernels}
     assert mapped == {"polyc_k0_q": True, "polyc_k1_y_scores": False, "polyc_k2_y": True}
     report = "\n".join(compiled.kernels[0].fusion_report)
     assert "kernel polyc_k1_y_scores without microkernels, the portable loops instead " \
            "(before, kernel polyc_k1_y_scores's gemm plan depended on the sizes)" in report
-
-
-def test_a_probe_compiled_again_with_other_options_is_fused_once(monkeypatch):
-    """The probes at L = 1009, 1013, 1019 are compiled with balanced tiles, then without,
-    then with the scores kernel portable: fusion reads none of that, and runs once each."""
-    fused = []
-    real = compiler.plan_fusion
-    monkeypatch.setattr(compiler, "plan_fusion", lambda g, *rest: fused.append(
-        tuple(t.type.shape for t in g.inputs)) or real(g, *rest))
-    compiled = polyc.compile(PROJ_ATT)
-    assert "polyc_k1_y_scores without microkernels" in "\n".join(compiled.kernels[0].fusion_report)
     assert {(1009, 64), (1013, 64), (1019, 64)} <= {shapes[0] for shapes in fused}
     assert len(fused) == len(set(fused))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import re
 
 import time
@@ -276,6 +277,21 @@ def test_the_memory_limit_is_read_from_the_address_space_and_its_rlimit():
             "print(w.near_memory_limit(), w.near_memory_limit(margin=1 << 20))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True", "False"], out.stdout
+
+
+def test_worker_dirs_of_servers_that_are_gone_are_removed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    from polyc.server import workers
+    monkeypatch.setattr(workers.tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = tmp_path / f"{workers.WORKER_DIR_PREFIX}{gone.stdout.strip()}-abc"
+    mine = tmp_path / f"{workers.WORKER_DIR_PREFIX}{os.getpid()}-def"
+    for d in (stale, mine):
+        (d / "polyc-build-x").mkdir(parents=True)
+    workers.remove_stale_worker_dirs()
+    assert not stale.exists() and mine.exists()
 
 
 def test_metrics_render_prometheus_text():

@@ -29,6 +29,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from . import worker_main
 from .fairness import FairDispatcher
@@ -64,6 +65,28 @@ class WorkerCrashed(Exception):
 
 
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+WORKER_DIR_PREFIX = "polyc-worker-"  # then the server's pid: polyc-worker-1234-...
+
+
+def remove_stale_worker_dirs() -> None:
+    """The workers' directories of servers that are gone: a server killed outside
+    (SIGKILL, the OOM killer) could not remove its workers' (their files and gcc's)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKER_DIR_PREFIX}*-*"):
+        pid = path.name[len(WORKER_DIR_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 class _Worker:
@@ -124,6 +147,7 @@ class WorkerPool:
 
     # -- life cycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        remove_stale_worker_dirs()
         workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for w in workers:
             self._idle.put(w)
@@ -157,7 +181,7 @@ class WorkerPool:
         # one BLAS thread: the worker does no linear algebra, and each thread reserves
         # address space that would count against RLIMIT_AS
         # its temporary files, and gcc's, in a directory the pool removes once it is gone
-        tmp = tempfile.mkdtemp(prefix="polyc-worker-")
+        tmp = tempfile.mkdtemp(prefix=f"{WORKER_DIR_PREFIX}{os.getpid()}-")
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                "TMPDIR": tmp}
         try:

@@ -208,7 +208,7 @@ class _ProbeRuns:
         """The decisions the probes inside `ranges` agree on and that hold for all of
         them (`_check_gemm_loops`), else a NotGeneral. The other probes use the gemm
         kernel the first chose (`_pinned`)."""
-        fit, full = _probes(_within(self.loaded, ranges))
+        fit, full = self.probes(ranges)
         base = self.run(full[0], options)
         pinned = _pinned(options, base)
         self.done.setdefault(self._key(full[0], pinned), base)
@@ -220,9 +220,13 @@ class _ProbeRuns:
         return _Decision(g, plan, tuple(kernels), tuple(trees), tuple(promotions),
                          tuple(base[2]), tuple(fit), tuple(full), pinned, note)
 
+    def probes(self, ranges: dict[str, tuple[int, int]]):
+        """`_probes` of the graph with its free symbols in `ranges`."""
+        return _probes(_within(self.loaded, ranges))
+
     def base(self, ranges: dict[str, tuple[int, int]], options):
         """The compile at the first probe of `ranges` with `options`."""
-        return self.run(_probes(_within(self.loaded, ranges))[1][0], options)
+        return self.run(self.probes(ranges)[1][0], options)
 
     def folds(self, ranges: dict[str, tuple[int, int]], options) -> bool:
         """Does a contraction fold a batch into its columns at the first probe?"""
@@ -238,7 +242,7 @@ class _ProbeRuns:
         """Whether the first probe of `ranges` makes `above`'s decisions, its sizes the
         affine functions `above`'s probes fitted (it takes the place of their check):
         then the range needs no probes of its own."""
-        fit, full = _probes(_within(self.loaded, ranges))
+        fit, full = self.probes(ranges)
         runs = [self.run(p, above.options) for p in above.probes[:-1]]
         runs.append(self.run(full[0], options))
         try:

@@ -30,12 +30,11 @@ class NotGeneral(Exception):
     `final` when compiling again with other options cannot help; `kernel` the kernel
     whose own decisions differ (its tree, marks, copies, code), when one does."""
 
-    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False,
-                 kernel: str | None = None):
+    def __init__(self, where: str, values: Sequence[Any], *, final: bool = False):
         super().__init__(f"{where}: {', '.join(map(str, values))} at the probes")
         self.where = where
         self.final = final
-        self.kernel = kernel
+        self.kernel: str | None = None  # set where it is raised about one kernel
 
 
 def choose_probes(ranges: Mapping[str, tuple[int, int]]) -> list[dict[str, int]]:

@@ -66,6 +66,9 @@ class Trace:
     dump_dir: Path | None = None
     ledger: Ledger = field(default_factory=lambda: Ledger.of(CommonOptions()))
     passes: list[tuple[str, str, float]] = field(default_factory=list)
+    # a list: `run_passes` leaves its trees' dependence checks there, for `compile` to
+    # make while gcc builds the unit (they were a tenth of linear+gelu's compile)
+    checks: list[tuple[PolyModel, isl.Schedule, str]] | None = None
 
     def run(self, name: str, fn: Callable[..., Any], *args, show=str, **kw) -> Any:
         start = time.perf_counter()
@@ -211,8 +214,9 @@ class CompiledGraph:
 def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
                options: CommonOptions, trace: Trace) -> KernelState:
     """Every pass in order; each tree a pass changed is kept under its name and, with
-    `options.verify`, checked against every dependence. A pass that rewrote the
-    statements (`state.restart`) has them run again from the first."""
+    `options.verify`, checked against every dependence (now, or by `compile` later:
+    `Trace.checks`). A pass that rewrote the statements (`state.restart`) has them run
+    again from the first."""
     k = state.kernel.name
     checked = None  # the last tree's check, for `_verify`
     for p in passes:
@@ -224,7 +228,10 @@ def run_passes(state: KernelState, passes: tuple[Pass, ...], machine: Machine,
         if p.changes_schedule and not (before is not None and before.plain_is_equal(state.schedule)):
             state = replace(state, trees=state.trees + ((p.name, state.schedule),))
             if options.verify and p.verify:
-                checked = _verify(state.model, state.schedule, f"{p.name} {k}", checked)
+                if trace.checks is not None:
+                    trace.checks.append((state.model, state.schedule, f"{p.name} {k}"))
+                else:
+                    checked = _verify(state.model, state.schedule, f"{p.name} {k}", checked)
     return state
 
 
@@ -304,6 +311,13 @@ def _verify(model: PolyModel, schedule: isl.Schedule, where: str,
     return deps, order
 
 
+def _verify_all(checks: list[tuple[PolyModel, isl.Schedule, str]]) -> None:
+    """`_verify` on each tree in the order the passes made them."""
+    checked = None
+    for model, schedule, where in checks:
+        checked = _verify(model, schedule, where, checked)
+
+
 def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
                   trace: Trace, codegen: bool = True, fused: dict | None = None
                   ) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
@@ -350,20 +364,28 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
     backend = targets.backend(target.name if isinstance(target, Machine) else target)
     machine = target if isinstance(target, Machine) else backend.machine()
     options = backend.options(options)
-    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None, Ledger.of(options))
+    trace = Trace(print_after_all, Path(dump_dir) if dump_dir else None, Ledger.of(options),
+                  checks=[])
     loaded = graph if isinstance(graph, Graph) else trace.run("load", load_graph, graph, limits=limits)
-    if loaded.symbols:  # one compile for every value of the symbols
-        g, plan, parts, functions, options = compile_symbolic(
-            loaded, backend, machine, options, trace, compile_graph=compile_graph,
-            quiet_trace=lambda: Trace(ledger=trace.ledger.for_probe()))
-        results = [KernelResult(kernel, model, model.schedule, report, trees)
-                   for kernel, model, report, trees in parts]
-    else:
-        g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
+    try:
+        if loaded.symbols:  # one compile for every value of the symbols
+            g, plan, parts, functions, options = compile_symbolic(
+                loaded, backend, machine, options, trace, compile_graph=compile_graph,
+                quiet_trace=lambda: Trace(ledger=trace.ledger.for_probe()))
+            results = [KernelResult(kernel, model, model.schedule, report, trees)
+                       for kernel, model, report, trees in parts]
+        else:
+            g, plan, results, functions = compile_graph(loaded, backend, machine, options, trace)
+    except Exception:
+        _verify_all(trace.checks)  # a schedule that broke a dependence is the first fault
+        raise
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
     program = None
     if build:
-        so = trace.run("build", build_shared_object, source, backend.toolchain(machine))
+        so = trace.run("build", build_shared_object, source, backend.toolchain(machine),
+                       during=lambda: _verify_all(trace.checks))
         program = backend.program(g, tuple(r.kernel for r in results), so, machine, options)
+    else:
+        _verify_all(trace.checks)
     return CompiledGraph(loaded, g, backend.name, options, plan, tuple(results), source, trace,
                          machine, program)

@@ -47,6 +47,22 @@ def test_a_unit_without_the_prelude_is_built_from_its_own_text(tmp_path, monkeyp
     assert not list((tmp_path / "cache").rglob("*.gch"))
 
 
+def test_work_done_while_gcc_runs_is_done_and_its_failure_stops_the_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
+    toolchain = _toolchain()
+    done = []
+    out = tmp_path / "unit.so"
+    compile_c("int polyc_two(void) { return 2; }\n", toolchain, out, during=lambda: done.append(1))
+    assert done == [1] and ctypes.CDLL(str(out)).polyc_two() == 2
+
+    def fail():
+        raise ValueError("a schedule check failed")
+    out = tmp_path / "other.so"
+    with pytest.raises(ValueError, match="schedule check"):
+        compile_c("int polyc_three(void) { return 3; }\n", toolchain, out, during=fail)
+    assert not out.exists()  # gcc was killed before it wrote the object
+
+
 def test_gcc_errors_name_the_lines_of_the_unit(tmp_path, monkeypatch):
     """The unit gcc reads starts with an #include of the prelude, not the prelude: its
     messages still name the line of the source polyc generated (and a user downloads)."""

@@ -184,6 +184,31 @@ def test_reversed_reduction_loop_is_detected():
     assert _violations(replace(k, schedule=schedule))
 
 
+def _reverse_the_sums(state, machine, options):
+    """A broken pass: the row sum's updates with the reduction loop backwards."""
+    bad = isl.UnionMap.read_from_str(state.schedule.get_ctx(),
+                                     "{ S0_init[i0] -> [i0, 0, 0]; S0[i0, i1] -> [i0, 1, 5 - i1] }")
+    return state.with_schedule(isl.Schedule.from_domain(state.model.domain)
+                               .insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(bad)))
+
+
+@pytest.mark.parametrize("build", [False, True])
+def test_a_pass_that_breaks_a_dependence_fails_the_compile_by_name(monkeypatch, build):
+    # with the build, the checks run while gcc compiles the unit: they must still fail it
+    from polyc.schedule_tree.state import Pass
+    from polyc.targets.cpu import CpuBackend
+    from polyc.errors import InternalError
+    passes = CpuBackend.passes
+    monkeypatch.setattr(CpuBackend, "passes", lambda self: (
+        Pass("reverse-sums", _reverse_the_sums, changes_schedule=True),) + passes(self))
+    b = GraphBuilder("row_sum")
+    graph = b.build([b.reduce_sum(b.input("x", [4, 6]), axes=[1])])
+    with pytest.raises(InternalError, match="reverse-sums.*violates dependences"):
+        compile(graph, build=build)
+    # the same pass unchecked compiles (to wrong code): the check is what failed it
+    compile(graph, options={"verify": False}, build=False)
+
+
 def test_the_original_order_is_legal():
     k = _row_sum()
     schedule = isl.Schedule.from_domain(k.model.domain).insert_partial_schedule(

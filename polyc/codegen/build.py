@@ -36,6 +36,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -117,16 +118,27 @@ class Toolchain:
 
 
 def _run(command: list[str], cc: str, *, timeout_s: float, new_session: bool,
-         preexec_fn: Callable[[], None] | None) -> None:
-    """Run one compiler command (see the module docstring for the failures)."""
+         preexec_fn: Callable[[], None] | None, during: Callable[[], None] | None = None
+         ) -> None:
+    """Run one compiler command (see the module docstring for the failures), and
+    `during` it the caller's own work, if any: an exception of that work kills the
+    compiler and is raised."""
     try:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
                                 start_new_session=new_session, preexec_fn=preexec_fn)
     except OSError as e:
         raise BuildError(f"cannot run the C compiler {cc!r}: {e.strerror}") from None
+    start = time.monotonic()
+    if during is not None:
+        try:
+            during()
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
     try:
-        _, stderr = proc.communicate(timeout=timeout_s)
+        _, stderr = proc.communicate(timeout=max(0.0, timeout_s - (time.monotonic() - start)))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
@@ -144,8 +156,10 @@ def _run(command: list[str], cc: str, *, timeout_s: float, new_session: bool,
 
 
 def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float = BUILD_TIMEOUT_S,
-              new_session: bool = True, preexec_fn: Callable[[], None] | None = None) -> None:
-    """Build `source` into `out` (see the module docstring for the failures)."""
+              new_session: bool = True, preexec_fn: Callable[[], None] | None = None,
+              during: Callable[[], None] | None = None) -> None:
+    """Build `source` into `out` (see the module docstring for the failures), doing
+    `during` while the unit's compiler runs (`_run`)."""
     run = functools.partial(_run, cc=toolchain.cc, timeout_s=timeout_s,
                             new_session=new_session, preexec_fn=preexec_fn)
     objects = tuple(_part_object(text, toolchain, run) for _, text in toolchain.linked(source))
@@ -158,7 +172,8 @@ def compile_c(source: str, toolchain: Toolchain, out: Path, *, timeout_s: float 
     with tempfile.TemporaryDirectory(prefix="polyc-build-") as tmp:
         c_file = Path(tmp) / "kernels.c"
         c_file.write_text(source, encoding="utf-8")
-        run(toolchain.command(c_file, out, objects, header.parent if header else None))
+        run(toolchain.command(c_file, out, objects, header.parent if header else None),
+            during=during)
 
 
 def _parts_dir() -> Path:
@@ -211,15 +226,19 @@ def _private_dir() -> Path:
     return path
 
 
-def build_shared_object(source: str, toolchain: Toolchain) -> Path:
-    """Compile `source` (or reuse the cached object) and return the .so path."""
+def build_shared_object(source: str, toolchain: Toolchain,
+                        during: Callable[[], None] | None = None) -> Path:
+    """Compile `source` (or reuse the cached object) and return the .so path; `during`
+    is done while gcc runs, or first if there is no need to run it."""
     out_dir = cache_dir() / "build"
     out_dir.mkdir(parents=True, exist_ok=True)
     so = out_dir / f"{toolchain.key(source)}.so"
     if so.exists():
+        if during is not None:
+            during()
         return so
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_so = Path(tmp) / "kernels.so"
-        compile_c(source, toolchain, tmp_so)
+        compile_c(source, toolchain, tmp_so, during=during)
         os.replace(tmp_so, so)
     return so

@@ -103,6 +103,57 @@ def test_pointwise_shortcut_leaves_other_groups_to_isl():
         assert oracle._pointwise_answer(g, tuple(names[:2]), tuple(names[2:3]), machine) is None
 
 
+def _epilogue_graphs():
+    def linear_gelu(b):
+        return b.gelu(b.linear(b.input("x", [64, 96]), b.input("w", [96, 80]), b.input("c", [80])),
+                      approximate="tanh")
+
+    def batched_residual(b):
+        x = b.input("x", [3, 20, 24])
+        y = b.matmul(x, b.input("w", [3, 24, 40]))
+        return b.mul(b.add(b.relu(y), b.input("r", [3, 20, 40])), b.sigmoid(y))
+
+    def transposed(b):
+        return b.exp(b.matmul(b.input("x", [30, 16]), b.input("w", [50, 16]), transpose_b=True))
+
+    def conv(b):
+        y = b.conv2d(b.input("x", [2, 8, 12, 12]), b.input("k", [16, 8, 3, 3]),
+                     b.input("c", [16]), pads=[1, 1, 1, 1])
+        return b.tanh(b.relu(y))
+
+    def then_a_reduction(b):  # isl answers the proposals with the reduction
+        return b.reduce_sum(b.exp(b.matmul(b.input("x", [64, 96]), b.input("w", [96, 80]))),
+                            axes=[1])
+
+    def half(b):  # float16 storage: widening casts recomputed where read, isl's to count
+        y = b.matmul(b.input("x", [64, 96]), b.input("w", [96, 80]))
+        return b.relu(b.add(y, b.cast(b.input("h", [64, 80], "float16"), to="float32")))
+    return [linear_gelu, batched_residual, transposed, conv, then_a_reduction, half]
+
+
+@pytest.mark.parametrize("make", _epilogue_graphs(), ids=lambda f: f.__name__)
+def test_epilogue_answers_are_isls(make, monkeypatch):
+    """The oracle's shortcut for a contraction with elementwise work on its result says
+    what isl's model of the merged kernel says, on every proposal along the graph."""
+    from polyc import targets
+    from polyc.options import Options
+    b = GraphBuilder(make.__name__)
+    g = compile(b.build([make(b)]), "cpu", build=False).primitive
+    machine = cpu_machine()
+    microkernels = targets.backend("cpu").microkernels(machine, Options())
+    names = [n.name for n in g.nodes]
+    pairs = [(tuple(names[:k]), tuple(names[k:k + j])) for k in range(1, len(names))
+             for j in (1, 2) if k + j <= len(names)]
+    shortcut, taken = oracle._epilogue_answer, []
+    monkeypatch.setattr(oracle, "_epilogue_answer",
+                        lambda *args: taken.append(shortcut(*args)) or taken[-1])
+    quick = [oracle._isl_answer(g, a, b_, machine, microkernels) for a, b_ in pairs]
+    monkeypatch.setattr(oracle, "_epilogue_answer", lambda *args: None)
+    assert quick == [oracle._isl_answer(g, a, b_, machine, microkernels) for a, b_ in pairs]
+    answered = sum(answer is not None for answer in taken)
+    assert answered == 0 if make.__name__ == "half" else answered > 0
+
+
 def test_a_long_chain_is_cut_into_kernels_within_the_fusion_budget():
     n = 3 * MAX_GROUP_NODES + 5
     result = compile(chain(n), "cpu")

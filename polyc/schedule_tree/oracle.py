@@ -36,8 +36,10 @@ import islpy as isl
 from ..budget import OutOfOperations, isl_operations
 from ..graph.fuse import group_label, pointwise
 from ..graph.ir import Graph
+from ..graph.ops import OPS
+from ..graph.storage import STORAGE
 from ..kernel import Kernel
-from ..kernel.comprehension import first_sum
+from ..kernel.comprehension import first_sum, loads
 from ..machine import Machine
 from .dependences import compute_dependences
 from .fusion_tree import column_block, independent_parts, shared_depth
@@ -208,6 +210,42 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     return _loop_answer(graph, a, b, machine, depth, True, sum(tensors.values()), 0)
 
 
+def _epilogue_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
+                     kernel: Kernel, blocked: frozenset[str]) -> FusionAnswer | None:
+    """The answer for a contraction on its microkernel's nest (`blocked`) with
+    elementwise work on its result, without isl (None for any other groups, or a merge
+    too large for the fusion level, whose other answers isl gives). Every other node is
+    unary or binary over the contraction's output shape, reading each tensor of the
+    groups at its own point (a tensor from outside them may be broadcast). Then every
+    statement but the update has the output's loops, all shared and permutable, and one
+    iteration touches one element of each array it names. It is what isl answers (a
+    test compares them), without the model of the merged kernel: two thirds of the fuse
+    stage of linear+gelu."""
+    contractions = [n for n in a + b if graph.node(n).op in ("matmul", "conv2d")]
+    if len(contractions) != 1 or not blocked:
+        return None
+    shape = graph.types[graph.node(contractions[0]).output].shape
+    inside = {graph.node(n).output for n in a + b}
+    for n in a + b:
+        node = graph.node(n)
+        if n == contractions[0]:
+            continue
+        if OPS[node.op].family not in ("unary", "binary") or graph.types[node.output].shape != shape:
+            return None
+        if any(graph.types[t].dtype in STORAGE or (t in inside and graph.types[t].shape != shape)
+               for t in (*node.inputs, node.output)):
+            return None
+    statements = [s for s in kernel.statements if s.name not in blocked]
+    if any(s.extents != shape for s in statements):
+        return None
+    size = {x.tensor: x.type.itemsize for x in kernel.arrays}
+    named = {s.target for s in statements} | {load.tensor for s in statements
+                                              for load, _ in loads(s.expr)}
+    answer = _loop_answer(graph, a, b, machine, len(shape), True,
+                          sum(size[t] for t in named), 0)
+    return answer if answer.profitable else None
+
+
 def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
                 microkernels: Microkernels, max_operations: int = 0,
                 models: GroupModels | None = None) -> FusionAnswer:
@@ -231,11 +269,13 @@ def _isl_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: M
         return FusionAnswer(True, 0, True, 0, capacity, saved,
                             f"folded into {where.format(group_label(kept))}; "
                             f"saves {_mib(saved)}")
+    blocked = _nest_blocked(kernel, microkernels)
+    if (answer := _epilogue_answer(graph, a, b, machine, kernel, blocked)) is not None:
+        return answer
     try:
         with isl_operations(models.ctx, max_operations):
             return _shared_loop_answer(graph, a, b, machine, kernel, kept_a, kept_b,
-                                       models.merged(kernel, a, b),
-                                       _nest_blocked(kernel, microkernels))
+                                       models.merged(kernel, a, b), blocked)
     except OutOfOperations as e:
         return FusionAnswer(False, 0, False, 0, capacity, 0, f"{e} before answering",
                             over_budget=True)

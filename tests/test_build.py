@@ -52,7 +52,8 @@ def test_work_done_while_gcc_runs_is_done_and_its_failure_stops_the_build(tmp_pa
     toolchain = _toolchain()
     done = []
     out = tmp_path / "unit.so"
-    compile_c("int polyc_two(void) { return 2; }\n", toolchain, out, during=lambda: done.append(1))
+    compile_c("int polyc_two(void) { return 2; }\n", toolchain, out,
+              during=lambda: done.append(1))
     assert done == [1] and ctypes.CDLL(str(out)).polyc_two() == 2
 
     def fail():

@@ -230,7 +230,8 @@ def _epilogue_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machi
         node = graph.node(n)
         if n == contractions[0]:
             continue
-        if OPS[node.op].family not in ("unary", "binary") or graph.types[node.output].shape != shape:
+        if (OPS[node.op].family not in ("unary", "binary")
+                or graph.types[node.output].shape != shape):
             return None
         if any(graph.types[t].dtype in STORAGE or (t in inside and graph.types[t].shape != shape)
                for t in (*node.inputs, node.output)):

@@ -220,7 +220,8 @@ class PackMixin:
         # with one)
         def row(v: str) -> cgen.Block:
             return cgen.Block([cgen.Pragma("omp simd"), cgen.For(
-                "long mk_x = 0", f"mk_x < {tile}", "mk_x++", cgen.Block(x_vars + [cgen.Assign(dst, v)]))])
+                "long mk_x = 0", f"mk_x < {tile}", "mk_x++",
+                cgen.Block(x_vars + [cgen.Assign(dst, v)]))])
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long mk_nv = min({tile}, {total} - ({start} + mk_xp))"),

@@ -352,3 +352,15 @@ def test_reshapes_stay_where_the_work_needs_the_second_shape(case):
     kw = dict(shape_in=(6, 8), shape_mid=(2, 3, 8), shape_back=(6, 8)) | case
     s = simplified(decompose_graph(_around(**kw)))
     assert "reshape" in ops(s)
+
+
+def test_a_reshape_of_a_reshape_reads_the_first_ones_input():
+    # PyTorch's head merge: transpose, view [2, 64, 4, 32] -> [2, 64, 128] -> [128, 128]
+    b = GraphBuilder("heads")
+    t = b.transpose(b.input("x", (2, 4, 64, 32)), perm=[0, 2, 1, 3])
+    mid = b.reshape(t, shape=[2, 64, 128])
+    g = b.build(outputs=[b.reshape(mid, shape=[128, 128]), b.reshape(mid, shape=[2, 8192])])
+    s = simplified(g)
+    reshapes = [n for n in s.nodes if n.op == "reshape"]
+    assert len(reshapes) == 2 and {n.inputs[0] for n in reshapes} == {s.nodes[0].output}
+    assert_same_results(g, s)

@@ -137,12 +137,20 @@ def _is_noop(node: Node, graph: Graph) -> bool:
 
 def remove_noops(graph: Graph) -> Graph:
     """Make consumers of a node that copies its input unchanged read that input instead;
-    drop the copy unless it produces a graph output, which must be materialised."""
+    drop the copy unless it produces a graph output, which must be materialised. A
+    reshape of a reshape reads the first one's input (row-major, it is the same data):
+    fused, each reshape was a statement and a buffer of its own (PyTorch's head merge
+    `view [2, 64, 4, 32] -> [2, 64, 128] -> [128, 128]`)."""
     outputs = set(graph.outputs)
     alias: dict[str, str] = {}
+    reshaped: dict[str, str] = {}  # a reshape's output -> its input
     nodes = []
     for node in graph.nodes:
         node = _renamed(node, alias)
+        if node.op == "reshape" and node.inputs[0] in reshaped:
+            node = replace(node, inputs=(reshaped[node.inputs[0]],) + node.inputs[1:])
+        if node.op == "reshape":
+            reshaped[node.output] = node.inputs[0]
         if _is_noop(node, graph):
             alias[node.output] = node.inputs[0]
             if node.output not in outputs:

@@ -66,8 +66,8 @@ class Trace:
     dump_dir: Path | None = None
     ledger: Ledger = field(default_factory=lambda: Ledger.of(CommonOptions()))
     passes: list[tuple[str, str, float]] = field(default_factory=list)
-    # a list: `run_passes` leaves its trees' dependence checks there, for `compile` to
-    # make while gcc builds the unit (they were a tenth of linear+gelu's compile)
+    # a list: `run_passes` leaves its trees' dependence checks there, made while gcc
+    # builds the unit (`translate`; they were a tenth of linear+gelu's compile)
     checks: list[tuple[PolyModel, isl.Schedule, str]] | None = None
 
     def run(self, name: str, fn: Callable[..., Any], *args, show=str, **kw) -> Any:
@@ -354,13 +354,15 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
     return g, plan, results, functions
 
 
-def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
-            options: CommonOptions | Mapping[str, Any] | None = None,
-            limits: Limits = Limits(), build: bool = True,
-            print_after_all: Callable[[str], None] | None = None,
-            dump_dir: str | Path | None = None) -> CompiledGraph:
-    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
-    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
+def translate(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
+              options: CommonOptions | Mapping[str, Any] | None = None,
+              limits: Limits = Limits(),
+              print_after_all: Callable[[str], None] | None = None,
+              dump_dir: str | Path | None = None) -> tuple[CompiledGraph, Callable[[], None]]:
+    """Everything `compile` does up to the C (the result has no program), and the check
+    of its schedules against their dependences still to make: a caller that builds the
+    C makes it while gcc runs (`codegen.build.compile_c(during=)`), before it uses what
+    gcc built."""
     backend = targets.backend(target.name if isinstance(target, Machine) else target)
     machine = target if isinstance(target, Machine) else backend.machine()
     options = backend.options(options)
@@ -380,12 +382,25 @@ def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
         _verify_all(trace.checks)  # a schedule that broke a dependence is the first fault
         raise
     source = backend.prelude(machine) + "\n" + "\n\n".join(functions) + "\n"
-    program = None
-    if build:
-        so = trace.run("build", build_shared_object, source, backend.toolchain(machine),
-                       during=lambda: _verify_all(trace.checks))
-        program = backend.program(g, tuple(r.kernel for r in results), so, machine, options)
-    else:
-        _verify_all(trace.checks)
-    return CompiledGraph(loaded, g, backend.name, options, plan, tuple(results), source, trace,
-                         machine, program)
+    return (CompiledGraph(loaded, g, backend.name, options, plan, tuple(results), source, trace,
+                          machine), lambda: _verify_all(trace.checks))
+
+
+def compile(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,
+            options: CommonOptions | Mapping[str, Any] | None = None,
+            limits: Limits = Limits(), build: bool = True,
+            print_after_all: Callable[[str], None] | None = None,
+            dump_dir: str | Path | None = None) -> CompiledGraph:
+    """Compile a subgraph for `target` (a name from `targets.names()`, or a machine
+    description such as `cpu_machine("x86-64-v3")`); the result runs on numpy arrays."""
+    result, check = translate(graph, target, options=options, limits=limits,
+                              print_after_all=print_after_all, dump_dir=dump_dir)
+    if not build:
+        check()
+        return result
+    backend = targets.backend(result.target)
+    so = result.trace.run("build", build_shared_object, result.c_source,
+                          backend.toolchain(result.machine), during=check)
+    result.program = backend.program(result.primitive, tuple(r.kernel for r in result.kernels),
+                                     so, result.machine, result.options)
+    return result

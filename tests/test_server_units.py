@@ -242,7 +242,7 @@ def test_pointing_at_many_problems_takes_one_pass():
 # -- worker error mapping ------------------------------------------------------------------------
 
 def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
-    def full(source, target, *, timeout_s):
+    def full(source, target, *, timeout_s, during):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(worker_main, "build_object", full)
     job = {"key": "k" * 64, "graph": canonical_graph(load_graph(graph_doc())), "target": "cpu",
@@ -256,7 +256,7 @@ def test_disk_full_in_the_worker_is_reported_as_such(monkeypatch):
 def test_an_error_at_the_memory_limit_is_out_of_memory(monkeypatch, at_limit):
     # isl failing to allocate inside islpy's conversion of an argument raises a TypeError
     # that does not say so: at the limit it is the graph's size, elsewhere a polyc bug
-    def conversion(source, target, *, timeout_s):
+    def conversion(source, target, *, timeout_s, during):
         raise TypeError("union(): incompatible function arguments")
     monkeypatch.setattr(worker_main, "build_object", conversion)
     monkeypatch.setattr(worker_main, "near_memory_limit", lambda: at_limit)

@@ -21,6 +21,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 # error kinds a worker reports; the service maps each to an HTTP status
 INVALID_GRAPH = "invalid-graph"  # GraphError: the client's graph (422)
@@ -114,15 +115,15 @@ def _compile_bundle(job: dict) -> bytes:
     import orjson
 
     from .. import targets
-    from ..compiler import compile
+    from ..compiler import translate
     from ..graph.load import load_graph
     from .bundle import OBJECT, RECORD, SOURCE, encode_bundle
 
     graph = load_graph(orjson.loads(job["graph"]), limits=job["limits"])
-    result = compile(graph, job["target"], options=job["options"], build=False)
+    result, check = translate(graph, job["target"], options=job["options"])
     start = time.perf_counter()
     toolchain = targets.backend(job["target"]).toolchain(result.machine)
-    obj = build_object(result.c_source, toolchain, timeout_s=job["timeout_s"])
+    obj = build_object(result.c_source, toolchain, timeout_s=job["timeout_s"], during=check)
     timings = {**result.trace.timings, "build": time.perf_counter() - start}
     record = {
         "target": job["target"],
@@ -149,8 +150,10 @@ def _limit_gcc(cpu_seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def build_object(source: str, toolchain, *, timeout_s: float) -> bytes:
-    """gcc `source` into a shared object and return its bytes.
+def build_object(source: str, toolchain, *, timeout_s: float,
+                 during: Callable[[], None] | None = None) -> bytes:
+    """gcc `source` into a shared object and return its bytes, doing `during` while gcc
+    runs (the compile's schedule checks: `compiler.translate`).
 
     Unlike the in-process build (`codegen.build.build_shared_object`), gcc stays in the
     worker's process group (no new session), so killing the group on a time-out kills
@@ -162,7 +165,7 @@ def build_object(source: str, toolchain, *, timeout_s: float) -> bytes:
         so = Path(tmp) / "kernels.so"
         cpu = max(1, int(timeout_s) + 1)
         compile_c(source, toolchain, so, timeout_s=timeout_s, new_session=False,
-                  preexec_fn=lambda: _limit_gcc(cpu))
+                  preexec_fn=lambda: _limit_gcc(cpu), during=during)
         return so.read_bytes()
 
 

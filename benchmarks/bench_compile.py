@@ -1,7 +1,7 @@
 """Cold compile time over the examples and the differential tests' graphs, by stage, and
 against torch.compile's cold compile.
 
-    python benchmarks/bench_compile.py [--repeat 3] [--no-torch] [--out DIR]
+    python benchmarks/bench_compile.py [--repeat 5] [--no-torch] [--out DIR]
 
 Every graph of `examples/` and of `tests/test_differential.py` (each op of the registry
 on edge-case shapes) is compiled for the cpu target `--repeat` times, gcc included, each
@@ -112,7 +112,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="compiles per graph (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="compiles per graph (median)")
     parser.add_argument("--no-torch", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -423,8 +423,8 @@ def _exact(e: Index, extents: tuple) -> Index:
     j % 32], whose inner loop is a contiguous row, not x[(128i + j) / 8192, (128i + j) /
     128 % 64, (128i + j) / 32 % 4, (128i + j) % 32], which gcc computed element by
     element (a transformer block's merge of its heads: 1 GB/s)."""
-    if isinstance(e, Aff) or not all(isinstance(n, int) for n in extents):
-        return e
+    if isinstance(e, Aff) or not all(isinstance(n, int) for n in (*extents, *_divisors(e))):
+        return e  # a symbolic size: left to isl
     if isinstance(e, FloorDiv) and isinstance(e.arg, Aff):
         return _floor_div(e.arg, e.d, extents)
     if isinstance(e, Mod) and isinstance(e.arg, Aff):
@@ -440,6 +440,10 @@ def _exact(e: Index, extents: tuple) -> Index:
             low, high = _range(inner.arg, extents)
             return inner if 0 <= low // inner.d and high // inner.d < e.d else Mod(inner, e.d)
     return type(e)(_exact(e.arg, extents), e.d)
+
+
+def _divisors(e: Index) -> list:
+    return [] if isinstance(e, Aff) else [e.d, *_divisors(e.arg)]
 
 
 def _range(a: Aff, extents: tuple) -> tuple[int, int]:

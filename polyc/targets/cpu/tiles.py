@@ -5,13 +5,16 @@ overrides from the options and from `polyc tune`.
         while A and C stream through (deeper blocks halve the passes over C: measured
         faster on every benchmark shape than the textbook 3/4 of L1 for A and B together).
         Each K block past the first is a pass over C, read and written again: where C
-        cannot stay in cache (over 4 x L2) or B is read in place (conv2d's window rows,
-        `in_place`: no panel to keep in L1), the passes cost more than L1 saves, and a
-        B micro-panel (or a tile's rows) fills an eighth of L2 instead (on a 2 MiB L2,
-        1 thread, avx512: linear+gelu 1024x1024x4096 in one K block 24% faster than in
-        3, matmul alone 9%; ResNet-50's 3x3 convs: K = 576 whole 5% faster than in 3
-        blocks, K = 2304 in 2 blocks 14% faster than in 9; 1024^3, whose C stays in
-        cache, 3% slower, so it keeps the L1 rule)
+        cannot stay in cache (over 4 x L2) the passes cost more than L1 saves, and a B
+        micro-panel fills an eighth of L2 instead (on a 2 MiB L2, 1 thread, avx512:
+        linear+gelu 1024x1024x4096 in one K block 24% faster than in 3, matmul alone
+        9%; 1024^3, whose C stays in cache, 3% slower, so it keeps the L1 rule). Where
+        B is read in place (conv2d's window rows, `in_place`: no panel to keep in L1) a
+        tile's rows fill a quarter of L2 (2 MiB L2: ResNet-50's 3x3 convs with K = 576
+        whole 5% faster than in 3 blocks, K = 2304 in 2 blocks 14% faster than in 9; on
+        Zen 3's 512 KiB, 1 thread, in turns either way round, K = 1152 whole rather
+        than in 2 blocks: 1x128x28x28 to 128 3x3 +4-13%, batch 8 +13-34%; K = 2304 in 2
+        blocks rather than 4, 8x256x28x28 /2: +4-9%)
     mc: the packed A block (mc x kc) fills a quarter of L2 (the B micro-panel and the C
         tiles stream through it too: on a 2 MiB L2, 1024^3 with the 14x32 kernel ran at
         185 GFLOP/s with half, 199-203 with a quarter to an eighth)
@@ -52,8 +55,7 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
-    deep = in_place or M * N * elem > 4 * l2
-    kc = (l2 // 8 if deep else l1) // (mk.nr * elem)
+    kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
     kc = _balanced(K, kc, 4, balance)
     mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
     nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr, balance)

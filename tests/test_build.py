@@ -115,3 +115,29 @@ def test_an_else_after_a_nested_if_stays_with_its_own_if(tmp_path):
     lib = ctypes.CDLL(str(tmp_path / "unit.so"))
     for f in (lib.f0, lib.f1):
         assert (f(1, 0), f(0, 0), f(1, 1)) == (0, 2, 1)
+
+
+def test_bound_calls_keep_their_buffers_alive_after_the_inputs_are_gone():
+    # bind hands the kernels raw addresses: the contiguous copy it makes of a transposed
+    # input, and the outputs, must live as long as the calls do
+    import gc
+
+    import numpy as np
+
+    from polyc import GraphBuilder
+    b = GraphBuilder("keep")
+    graph = b.build([b.exp(b.add(b.input("x", [64, 48]), b.input("y", [64, 48])))])
+    compiled = compile(graph, "cpu")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((48, 64), dtype=np.float32), rng.standard_normal((64, 48),
+                                                                                 dtype=np.float32)
+    want = np.exp(x.T + y)
+    results, calls = compiled.program.bind({"x": x.T, "y": y.copy()})
+    del x
+    gc.collect()
+    junk = [np.full((64, 48), 7.0, np.float32) for _ in range(8)]  # reuse freed memory
+    for call in calls:
+        call()
+    (got,) = results.values()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(junk) == 8

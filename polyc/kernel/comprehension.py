@@ -411,8 +411,7 @@ class _Lowering:
 
 
 def _always_within(b: Bound, extents: tuple[int, ...]) -> bool:
-    lo = b.aff.const + sum(min(0, c * (extents[p] - 1)) for p, c in b.aff.terms)
-    hi = b.aff.const + sum(max(0, c * (extents[p] - 1)) for p, c in b.aff.terms)
+    lo, hi = _range(b.aff, extents)
     return lo >= b.lo and hi < b.hi
 
 

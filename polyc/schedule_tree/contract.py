@@ -20,17 +20,11 @@ from dataclasses import replace
 import islpy as isl
 
 from ..kernel import Array, Kernel
-from .model import PolyModel
+from .model import PolyModel, statement_names
 
 _BAND = isl.schedule_node_type.band
 _SPLIT = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
 MAX_BUFFER_BYTES = 64 << 10  # a thread's private copy lives on its stack
-
-
-def _names(uset: isl.UnionSet) -> set[str]:
-    out: list[str] = []
-    uset.foreach_set(lambda s: out.append(s.get_tuple_name()))
-    return set(out)
 
 
 def _path(schedule: isl.Schedule, statements: set[str]) -> list[isl.ScheduleNode]:
@@ -42,7 +36,7 @@ def _path(schedule: isl.Schedule, statements: set[str]) -> list[isl.ScheduleNode
             bands.append(node)
         if kind in _SPLIT:
             holding = [i for i in range(node.n_children())
-                       if statements <= _names(node.child(i).filter_get_filter())]
+                       if statements <= statement_names(node.child(i).filter_get_filter())]
             if not holding:
                 return bands
             node = node.child(holding[0])
@@ -89,7 +83,7 @@ def _plan(accesses: isl.UnionMap, schedule: isl.Schedule, array: Array, prefixes
     touching = accesses.intersect_range(
         isl.UnionSet.from_set(isl.Set.read_from_str(
             accesses.get_ctx(), f"{{ {array.c_name}[{', '.join(f'e{k}' for k in range(array.type.ndim))}] }}")))
-    bands = _path(schedule, _names(touching.domain()))
+    bands = _path(schedule, statement_names(touching.domain()))
     depth = sum(b.band_n_member() for b in bands)
     for d in range(depth, 0, -1):
         when = touching.reverse().apply_range(prefixes.of(bands, d))  # element -> iterations

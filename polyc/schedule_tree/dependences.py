@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from .model import PolyModel
+from .model import PolyModel, statement_names
 
 
 def _flow(sink: isl.UnionMap, order: isl.UnionMap, *, must: isl.UnionMap | None = None,
@@ -81,7 +81,7 @@ def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel
     flow, anti, output, reuse = a.flow.union(b.flow), a.anti.union(b.anti), \
         a.output.union(b.output), a.input.union(b.input)
     position = _positions(model.order)
-    ranks = [[position[name] for name in _names(p.domain)] for p in (a, b)]
+    ranks = [[position[name] for name in statement_names(p.domain)] for p in (a, b)]
     for (reads, writes), (src_reads, src_writes), (mine, theirs) in (
             (sides[0], sides[1], ranks), (sides[1], sides[0], ranks[::-1])):
         if max(mine) < min(theirs):
@@ -95,12 +95,6 @@ def cross_dependences(model: PolyModel, a: PolyModel, b: PolyModel) -> PolyModel
         reuse = reuse.union(_crossing(reads, src_reads, model.order, must=False))
     # a fused kernel's, as `compute_dependences(siblings_only=True)` finds it
     return replace(model, flow=flow, anti=anti, output=output, input=between_statements(reuse))
-
-
-def _names(domain: isl.UnionSet) -> list[str]:
-    sets: list[isl.Set] = []
-    domain.foreach_set(sets.append)
-    return [one.get_tuple_name() for one in sets]
 
 
 def _positions(order: isl.UnionMap) -> dict[str, int]:

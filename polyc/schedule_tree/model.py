@@ -84,6 +84,13 @@ def _access(s: Statement, array: str, index, guards: tuple[Guard, ...]) -> str:
     return f"{s.name}[{iters}] -> {array}[{idx}]" + (f" : {cond}" if cond else "")
 
 
+def statement_names(uset: isl.UnionSet) -> set[str]:
+    """The names of the statements (tuples) of `uset`."""
+    out: list[str] = []
+    uset.foreach_set(lambda s: out.append(s.get_tuple_name()))
+    return set(out)
+
+
 def _union_map(parts: list[str], domain: isl.UnionSet, ctx: isl.Context,
                prefix: str = "") -> isl.UnionMap:
     text = prefix + ("{ " + "; ".join(parts) + " }" if parts else "{ }")

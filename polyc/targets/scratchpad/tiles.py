@@ -31,18 +31,12 @@ from ...kernel.comprehension import loads
 from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
-from ...schedule_tree.model import PolyModel
+from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.promotion import Promotion, box, footprint, promote
 from ...schedule_tree.state import KernelState
 
 _BAND = isl.schedule_node_type.band
 MIN_TILE_BYTES = 8 << 10  # a tile's data, below which more tiles for more cores stop
-
-
-def _names(uset: isl.UnionSet) -> set[str]:
-    out: list[str] = []
-    uset.foreach_set(lambda s: out.append(s.get_tuple_name()))
-    return set(out)
 
 
 def _of(umap: isl.UnionMap, array: str) -> isl.UnionMap:
@@ -64,7 +58,7 @@ def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, leve
     input every tile reads alike is got once, before them, unless the kernel writes it
     on chip before each tile (`written_before`: a contraction's C)."""
     below = node.get_domain()
-    inside = _names(below)
+    inside = statement_names(below)
     by_name = {s.name: s for s in kernel.statements}
     out = []
     for a in kernel.arrays:

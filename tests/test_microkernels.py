@@ -657,6 +657,35 @@ def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
     assert "pack_b" not in compiled.kernels[0].to_json()["schedule_text"]
 
 
+@pytest.mark.parametrize("xs,threads,sliced,loops", [
+    ((3, 16, 17, 17), 1, False, "loops=pc,ic,b0,"),  # one copy of every image
+    ((3, 16, 17, 17), 1, True, "loops=b0,pc,"),  # each image's copy in turn
+    ((4, 32, 33, 33), 2, False, "par=batch"),  # each thread's images
+], ids=["images-inside", "images-outside", "team"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_k_blocks_of_a_b_read_in_place_add_up_in_its_virtual_columns(xs, threads, sliced,
+                                                                     loops, isa, monkeypatch):
+    """A strided conv2d's partial sums (a local result, K in blocks) keep B's virtual
+    columns and whole row tiles: each K block but the last accumulates in them through
+    the kernel call; the last adds the bias and the sums to its tile and writes back the
+    output's columns only. 14 output channels (a short row tile)."""
+    from polyc.microkernels import analysis
+    if sliced:
+        monkeypatch.setattr(analysis, "SLICED_COPY", 1024)
+    graph, inputs = _conv(xs, (14, xs[1], 3, 3), bias_relu=True, strides=[2, 2],
+                          pads=[1] * 4)
+    options = replace(_isa(isa), threads=threads, microkernel_tiles=(("kc", 40), ("mc", 8)))
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert "b=rows" in mark and loops in mark, mark
+    mk = registry.by_name(marks.parse(mark).kernel)
+    side = (xs[2] + 1) // 2  # outputs a side; phase rows as wide, sharing their pad
+    n = -(-(side * side + side - 1) // mk.nr) * mk.nr
+    assert f"mk_acc + mk_vboff + mk_it * {n} + mk_jt, {n}, " in compiled.c_source
+    rows = -(-14 // mk.mr) * mk.mr
+    assert f"polyc_scratch(2, {4 * xs[0] * rows * n})" in compiled.c_source
+
+
 @pytest.mark.parametrize("xs,ws,pads,layout", [
     ((1, 24, 32, 32), (12, 24, 1, 1), [0] * 4, "1,24,32,33"),  # 4 KiB planes, no guard
     ((1, 16, 30, 31), (8, 16, 3, 3), [1] * 4, "1,16,32,33"),  # padded to 32x32 (shared pad)

@@ -37,6 +37,7 @@ from ....microkernels.analysis import BRows, GemmView, b_rows
 from ....schedule_tree import marks
 from ..plan import plan_view
 from .brows import BRowsMixin
+from .common import up
 from .pack import PackMixin
 from .writeback import WriteBackMixin
 
@@ -118,8 +119,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
                                        f"{b.c_name}, {c_size(math.prod(b.type.shape))})"))
         if self._acc_local():
             self.partial_sums.add(view.stmt.target)
+            m, n = self._acc_shape()
             body.append(cgen.Statement(
-                f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * plan.m * plan.n})"))
+                f"float *restrict mk_acc = polyc_scratch(2, {4 * view.batches * m * n})"))
         if plan.a == "once":
             body += self.pack_once()
         body += [s for side in "ab" if getattr(plan, side) == "const"
@@ -146,6 +148,23 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
         """Partial sums of a result no one outside reads go to a scratch buffer, and so
         do those of a C that is no M x N matrix (`GemmView.c_matrix`)."""
         return "pc" in self.plan.loops and (not self._c_in_place() or not self.view.c_matrix)
+
+    def _virtual_acc(self) -> bool:
+        """Do the partial sums of a B read in place keep its virtual columns, rows
+        padded to whole tiles (`_acc_shape`)? Every tile of a K block but the last then
+        accumulates in them through the kernel itself, with nothing to write back; in the
+        output's own columns, a tile across a row wrap (all of them where an output row
+        is narrower than a tile: the 14x14 outputs of strided 3x3 convolutions) went
+        through a scratch tile scattered by runs at every K block. Only into a padded
+        copy, which has room for the last tile's columns past the width."""
+        return (self.rows is not None and self.rows.copy and self._acc_local()
+                and self.plan.depth == "-")
+
+    def _acc_shape(self) -> tuple[int, int]:
+        """Rows and columns of one batch point's partial sums."""
+        if self._virtual_acc():
+            return up(self.plan.m, self.mk.mr), up(self.rows.width, self.mk.nr)
+        return self.plan.m, self.plan.n
 
     def _c_in_place(self) -> bool:
         """Is the contraction's result stored whole in its own array: an output, or what

@@ -60,6 +60,12 @@ class WriteBackMixin:
         out.append(cgen.Statement(f"const long mk_boff = {boff}"))
         for d, v in batch_vals.items():
             out.append(cgen.Statement(f"const long mk_o{d} = {v}"))
+        vacc = self._virtual_acc()
+        if vacc:  # the batch point's block of partial sums
+            m, n = self._acc_shape()
+            flat = " + ".join(f"{v} * {math.prod(view.shape[e] for e in view.batch if e > d)}"
+                              for d, v in batch_vals.items() if v != "0") or "0"
+            out.append(cgen.Statement(f"const long mk_vboff = ({flat}) * {m * n}"))
         call = mk.c_function
         first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")
         # the direct path: a full tile accumulated in memory (C += A B), nothing to apply
@@ -108,6 +114,19 @@ class WriteBackMixin:
                     *self._fetch_stores(last),
                     whole if rows.copy else if_(f"mk_nr == {NR}", whole, self._edge_panel(call))]
             kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
+        if vacc:
+            # a K block but the last adds to the partial sums in place; the last one's
+            # tile is computed apart, the sums so far read beside it
+            n = self._acc_shape()[1]
+            at = f"mk_acc + mk_vboff + mk_it * {n} + mk_jt"
+            partial = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {at}, {n}, !{first})")
+            fetch = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block([
+                cgen.Statement(f"__builtin_prefetch({at} + mk_r * {n} + {c}, 0, 3)")
+                for c in sorted({*range(0, NR, 16), NR - 1})]))
+            out.append(if_(f"!{last}", cgen.Block([if_(f"!{first}", fetch), partial]), cgen.Block([
+                slow[0], *self._fetch_stores("1"), if_(f"!{first}", fetch), whole,
+                self._final(first, acc_name)])))
+            return cgen.Block(_read_only(out))
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),
                             self._final(first, acc_name)))
@@ -280,6 +299,9 @@ class WriteBackMixin:
         init = p.value(view.init.expr)
         if first == "1":
             return init
+        if self._virtual_acc():  # the sums of the K blocks before, init not in them
+            n = self._acc_shape()[1]
+            return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + (mk_it + mk_r) * {n} + mk_jt + mk_c])"
         mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
         return f"({first} ? {init} : {mem})"
 

@@ -334,8 +334,15 @@ def _silu_erf_gelu(b, y, inputs, rng, shape):
     return b.add(b.silu(y), b.gelu(y, approximate="none"))
 
 
-@pytest.mark.parametrize("epilogue", [_bias_gelu, _residual_relu_scale, _silu_erf_gelu],
-                         ids=["bias-gelu", "residual-relu-scale", "silu-plus-erf-gelu"])
+def _row_scale_gelu(b, y, inputs, rng, shape):
+    inputs["s"] = _rand(rng, (*shape[:-1], 1))
+    return b.gelu(b.mul(y, b.input("s", (*shape[:-1], 1))), approximate="tanh")
+
+
+@pytest.mark.parametrize("epilogue", [_bias_gelu, _residual_relu_scale, _silu_erf_gelu,
+                                      _row_scale_gelu],
+                         ids=["bias-gelu", "residual-relu-scale", "silu-plus-erf-gelu",
+                              "row-scale-gelu"])
 @pytest.mark.parametrize("tiles", [(), (("kc", 24), ("mc", 28), ("nc", 32))],
                          ids=["model-tiles", "small-tiles"])
 @pytest.mark.parametrize("isa", ISAS)
@@ -344,6 +351,19 @@ def test_epilogues_at_write_back(epilogue, tiles, isa):
     graph, inputs = _matmul((70, 90), (90, 100), epilogue)
     compiled = _check(graph, inputs, options)
     assert len(compiled.kernels) == 1 and _gemm_marks(compiled)
+
+
+@pytest.mark.parametrize("tiles", [(), (("kc", 24),)], ids=["one-k-block", "k-blocks"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_heavy_epilogue_is_written_back_two_rows_at_a_time(tiles, isa):
+    """A full tile whose epilogue calls an inlined polynomial (gelu's sigmoid) is written
+    back two rows per vector loop, each row with its own indices (a per-row scale of
+    C) and, past the first K block, its own partial sums; edge tiles one row at a time."""
+    options = replace(_isa(isa), microkernel_tiles=tiles)
+    graph, inputs = _matmul((2, 71, 90), (2, 90, 100), _row_scale_gelu)
+    compiled = _check(graph, inputs, options)
+    assert "mk_r += 2" in compiled.c_source and "mk_e0_1" in compiled.c_source
+    assert ("pc" in _gemm_marks(compiled)[0]) == bool(tiles)
 
 
 @pytest.mark.parametrize("isa,kernel", [("avx2", "sgemm_avx2_6x16"), ("avx2", "sgemm_avx2_4x24"),

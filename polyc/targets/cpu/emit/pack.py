@@ -163,8 +163,9 @@ class PackMixin:
                              cgen.Block([cgen.Assign(dst, value), step])),
                     cgen.For("", f"mk_x < {tile}", "mk_x++", cgen.Assign(dst, "0.0f"))]))])
         elif inner_is_own:
+            block = t.nc if side == "b" else t.mc
             return self._panel_rows(dst, value, x_vars, k_vars, tile, total, start, size, buf,
-                                    share)
+                                    share, edge=bool(total % tile or block % tile))
         else:
             if len(red_names) > 1:
                 # K flattens several dims (conv2d's channels x window): decompose the
@@ -204,8 +205,8 @@ class PackMixin:
         return share + [cgen.For("long mk_xp = 0", f"mk_xp < {size}", f"mk_xp += {tile}", panel)]
 
     def _panel_rows(self, dst: str, value: str, x_vars, k_vars, tile: int, total: int,
-                    start: str, size: str, buf: str, share: list[cgen.Generable]
-                    ) -> list[cgen.Generable]:
+                    start: str, size: str, buf: str, share: list[cgen.Generable],
+                    edge: bool = True) -> list[cgen.Generable]:
         """Panels whose `tile` elements are contiguous in a row of the operand, filled K
         row by K row across a group of them (`GROUP`, or a thread's share if less): each K
         row is read as one run over the group's panels. Panel by panel down all K rows
@@ -217,7 +218,8 @@ class PackMixin:
         # its missing elements masked to zeros (a scalar edge loop, which gcc vectorised
         # with an alias check and an unrolled remainder, was a fifth of gcc's time on
         # linear+gelu); a full panel has no mask to pay (matmul 127x255x383: 5% slower
-        # with one)
+        # with one); where blocks and the operand are whole panels (`edge` False), there is
+        # no such panel to compile
         def row(v: str) -> cgen.Block:
             return cgen.Block([cgen.Pragma("omp simd"), cgen.For(
                 "long mk_x = 0", f"mk_x < {tile}", "mk_x++",
@@ -225,7 +227,9 @@ class PackMixin:
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long mk_nv = min({tile}, {total} - ({start} + mk_xp))"),
-            if_(f"mk_nv == {tile}", row(value), row(f"mk_x < mk_nv ? ({value}) : 0.0f"))])
+            if_(f"mk_nv == {tile}", row(value), row(f"mk_x < mk_nv ? ({value}) : 0.0f"))
+        ] if edge else [cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
+                        row(value)])
         rows = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
             cgen.For("long mk_xp = mk_g", "mk_xp < mk_ge", f"mk_xp += {tile}", panel)]))
         group = f"{GROUP * tile}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Callable
 
 import cgen
 
@@ -204,13 +205,15 @@ class WriteBackMixin:
     def _tail_reads(self) -> set[str]:
         return {x.tensor for t in self.view.tail for x in loads_of(t.expr)}
 
-    def _rows_cols(self, body: list[cgen.Generable], simd: bool) -> cgen.Generable:
+    def _rows_cols(self, body: Callable[[int], list[cgen.Generable]],
+                   simd: bool) -> cgen.Generable:
+        """The tile's elements, `body(j)` the statements of row mk_r + j."""
         view, MR, NR = self.view, self.mk.mr, self.mk.nr
         rows = self._tile_rows()
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
                      pragma: str = "omp simd") -> cgen.Generable:
             inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++",
-                             cgen.Block(_read_only(cols + body)))
+                             cgen.Block(_read_only(cols + body(0))))
             return cgen.Module([cgen.Pragma(pragma), inner]) if simd else inner
 
         def nest(mr: str, cols: list[cgen.Generable], lo: str, nr: str,
@@ -231,19 +234,31 @@ class WriteBackMixin:
         flat = decompose(names, extents, "mk_jt")[:k] + [
             cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
             cgen.Statement(f"const long {names[-1]} = {f'mk_jt % {run}' if k else 'mk_jt'} + mk_c")]
-        full = nest(str(MR), flat, "0", str(NR))
+        heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
+        full = self._row_pairs(flat, body) if heavy and MR % 2 == 0 else nest(str(MR), flat, "0", str(NR))
         if k:
             full = if_(f"mk_jt % {run} + {NR} <= {run}", full, nest(str(MR), cols, "0", str(NR)))
-        # a full tile with constant bounds: gcc unrolls it into independent vectors, so
-        # a long epilogue (gelu's exp and division) is not bound by one vector's latency.
-        # An edge tile (the last of a row or column of tiles) with such an epilogue stays
+        # An edge tile (the last of a row or column of tiles) with a heavy epilogue stays
         # scalar: vectorised, with its remainder loop, it was a quarter of gcc's time on
         # linear+gelu; a light one (attention's scale and mask) compiles faster vectorised
-        heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
         edge = "omp simd simdlen(1)" if heavy else "omp simd"
         return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
                    cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
 
+    def _row_pairs(self, cols: list[cgen.Generable],
+                   body: Callable[[int], list[cgen.Generable]]) -> cgen.Generable:
+        """A full tile two rows at a time: a heavy epilogue (gelu's exp and division) is
+        one long chain of dependent operations per vector, and a row of the tile, two
+        vectors, left the core waiting on it (linear+gelu 1024x1024x4096, 1 thread:
+        the epilogue 3-6% of the kernel's CPU samples over the bare matmul's, in pairs
+        about 1%; the whole tile unrolled about as fast, for 38% more gcc work, pairs
+        9%)."""
+        MR, NR = self.mk.mr, self.mk.nr
+        rows = self._tile_rows() + self._tile_rows(1)
+        inner = cgen.For("long mk_c = 0", f"mk_c < {NR}", "mk_c++",
+                         cgen.Block(_read_only(cols + body(0) + body(1))))
+        return cgen.For("long mk_r = 0", f"mk_r < {MR}", "mk_r += 2", cgen.Block(_read_only(
+            rows + [cgen.Pragma("omp simd"), inner])))
 
     def _fetch_stores(self, last: str) -> list[cgen.Generable]:
         """Prefetches of the lines the final write-back will store, issued before the
@@ -280,11 +295,15 @@ class WriteBackMixin:
             cgen.Block(_read_only(self._tile_rows() + points)))])
         return [nest] if guard == "1" else [if_(guard, nest)]
 
-    def _tile_rows(self) -> list[cgen.Generable]:
-        """The output's row indices (`mk_o{d}`) of the tile's row mk_r."""
+    def _tile_rows(self, j: int = 0) -> list[cgen.Generable]:
+        """The output's row indices (`mk_o{d}`) of the tile's row mk_r + j (`_o`)."""
         view = self.view
-        return decompose([f"mk_o{d}" for d in view.rows], [view.shape[d] for d in view.rows],
-                         "mk_it + mk_r")
+        return decompose([self._o(d, j) for d in view.rows], [view.shape[d] for d in view.rows],
+                         f"mk_it + mk_r{f' + {j}' if j else ''}")
+
+    def _o(self, d: int, j: int = 0) -> str:
+        """The C name of output dim d's index in the tile's row mk_r + j."""
+        return f"mk_o{d}_{j}" if j and d in self.view.rows else f"mk_o{d}"
 
     def _col(self) -> str:
         """The flat output column of the write-back's element (mk_c of the tile)."""
@@ -293,44 +312,53 @@ class WriteBackMixin:
         real = self.view.strides(self.view.cols)
         return " + ".join(f"mk_o{d} * {c_size(real[d])}" for d in self.view.cols)
 
-    def _init_value(self, first: str, acc_name: str) -> str:
+    def _init_value(self, first: str, acc_name: str, j: int = 0) -> str:
         view = self.view
-        p = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        p = ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
         init = p.value(view.init.expr)
         if first == "1":
             return init
+        row = f"(mk_it + mk_r{f' + {j}' if j else ''})"
         if self._virtual_acc():  # the sums of the K blocks before, init not in them
             n = self._acc_shape()[1]
-            return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + (mk_it + mk_r) * {n} + mk_jt + mk_c])"
-        mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
+            return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c])"
+        mem = f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]"
         return f"({first} ? {init} : {mem})"
 
     def _partial(self, first: str, acc_name: str) -> cgen.Generable:
         NR = self.mk.nr
         mem = f"{acc_name}[mk_boff + (mk_it + mk_r) * {self.plan.n} + {self._col()}]"
         body = [cgen.Assign(mem, f"mk_tile[mk_r * {NR} + mk_c] + {self._init_value(first, acc_name)}")]
-        return cgen.Block([self._rows_cols(body, simd=False)])
+        return cgen.Block([self._rows_cols(lambda j: body, simd=False)])
 
     def _final(self, first: str, acc_name: str) -> cgen.Generable:
+        return cgen.Block([self._rows_cols(lambda j: self._final_row(first, acc_name, j),
+                                           simd=True)])
+
+    def _final_row(self, first: str, acc_name: str, j: int) -> list[cgen.Generable]:
+        """The last K block's write-back of an element of the tile's row mk_r + j: its
+        value, the epilogue in scalars, the stores of what leaves."""
         view, NR = self.view, self.mk.nr
         s0 = view.stmt
         ctype = C_TYPE[s0.dtype]
-        body = [cgen.Statement(f"const {ctype} mk_v = mk_tile[mk_r * {NR} + mk_c] + "
-                               f"{self._init_value(first, acc_name)}")]
-        scalars = {s0.target: "mk_v"}
-        plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
+        row = f"(mk_r + {j})" if j else "mk_r"
+        v = f"mk_v_{j}" if j else "mk_v"
+        body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{row} * {NR} + mk_c] + "
+                               f"{self._init_value(first, acc_name, j)}")]
+        scalars = {s0.target: v}
+        plain = ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
         # what leaves the write-back: the kernel's outputs, and what its row tail reads
         stored = self._tail_reads()
         if self.b.arrays[s0.target].role == "out" or s0.target in stored:
-            body.append(cgen.Assign(plain.access(s0.target, view.init.index), "mk_v"))
+            body.append(cgen.Assign(plain.access(s0.target, view.init.index), v))
         for k, e in enumerate(view.epilogue):
-            p = Scalars(self.b.arrays, lambda pos: f"mk_o{pos}", scalars)
-            name = f"mk_e{k}"
+            p = Scalars(self.b.arrays, lambda pos: self._o(pos, j), scalars)
+            name = f"mk_e{k}_{j}" if j else f"mk_e{k}"
             body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name} = {p.value(e.expr)}"))
             scalars[e.target] = name
             if self.b.arrays[e.target].role == "out" or e.target in stored:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
-        return cgen.Block([self._rows_cols(body, simd=True)])
+        return body
 
 
 def _guarded(e) -> set[int]:

@@ -235,7 +235,8 @@ class WriteBackMixin:
             cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
             cgen.Statement(f"const long {names[-1]} = {f'mk_jt % {run}' if k else 'mk_jt'} + mk_c")]
         heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
-        full = self._row_pairs(flat, body) if heavy and MR % 2 == 0 else nest(str(MR), flat, "0", str(NR))
+        full = (self._row_pairs(flat, body) if heavy and MR % 2 == 0
+                else nest(str(MR), flat, "0", str(NR)))
         if k:
             full = if_(f"mk_jt % {run} + {NR} <= {run}", full, nest(str(MR), cols, "0", str(NR)))
         # An edge tile (the last of a row or column of tiles) with a heavy epilogue stays
@@ -299,7 +300,7 @@ class WriteBackMixin:
         """The output's row indices (`mk_o{d}`) of the tile's row mk_r + j (`_o`)."""
         view = self.view
         return decompose([self._o(d, j) for d in view.rows], [view.shape[d] for d in view.rows],
-                         f"mk_it + mk_r{f' + {j}' if j else ''}")
+                         f"mk_it + {_row(j)}")
 
     def _o(self, d: int, j: int = 0) -> str:
         """The C name of output dim d's index in the tile's row mk_r + j."""
@@ -318,7 +319,7 @@ class WriteBackMixin:
         init = p.value(view.init.expr)
         if first == "1":
             return init
-        row = f"(mk_it + mk_r{f' + {j}' if j else ''})"
+        row = f"(mk_it + {_row(j)})"
         if self._virtual_acc():  # the sums of the K blocks before, init not in them
             n = self._acc_shape()[1]
             return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c])"
@@ -341,9 +342,8 @@ class WriteBackMixin:
         view, NR = self.view, self.mk.nr
         s0 = view.stmt
         ctype = C_TYPE[s0.dtype]
-        row = f"(mk_r + {j})" if j else "mk_r"
         v = f"mk_v_{j}" if j else "mk_v"
-        body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{row} * {NR} + mk_c] + "
+        body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{_row(j)} * {NR} + mk_c] + "
                                f"{self._init_value(first, acc_name, j)}")]
         scalars = {s0.target: v}
         plain = ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
@@ -359,6 +359,11 @@ class WriteBackMixin:
             if self.b.arrays[e.target].role == "out" or e.target in stored:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
         return body
+
+
+def _row(j: int) -> str:
+    """The tile's row mk_r + j, in C."""
+    return f"(mk_r + {j})" if j else "mk_r"
 
 
 def _guarded(e) -> set[int]:

@@ -52,7 +52,7 @@ from .kernel.comprehension import FloorDiv, Index, Mod, loads
 from .kernel.generalise import NotGeneral, choose_probes, generalise
 from .schedule_tree import marks as mk
 from .schedule_tree.dependences import compute_dependences, respects_dependences
-from .schedule_tree.model import build_model
+from .schedule_tree.model import build_model, statement_names
 from .schedule_tree.state import KernelState
 
 _DOMAIN = re.compile(r'domain: "[^"]*"')
@@ -660,9 +660,7 @@ def _parallel_when(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
         mark = mk.parse(node.mark_get_id().get_name())
         if not isinstance(mark, mk.Parallel):
             return node
-        names: list[str] = []
-        node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
-        work = sum(extents[n] for n in names)
+        work = sum(extents[n] for n in statement_names(node.get_domain()))
         if isinstance(work, int) or not _affine(work):
             return node
         text = str(replace(mark, work=Tight(work)))

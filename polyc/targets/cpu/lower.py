@@ -38,7 +38,7 @@ from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.interchange import access_moves, step_pairs, unit_step
 from ...schedule_tree.loops import carried, equal_at, inner_loop_kind
-from ...schedule_tree.model import PolyModel
+from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.state import KernelState, Pass
 
 MIN_PARALLEL_INSTANCES = 1 << 15
@@ -48,9 +48,7 @@ _BAND, _LEAF = isl.schedule_node_type.band, isl.schedule_node_type.leaf
 
 def _instances(node: isl.ScheduleNode, sizes: dict[str, int]) -> int:
     """Statement instances below `node`, counting each statement whole."""
-    names: list[str] = []
-    node.get_domain().foreach_set(lambda s: names.append(s.get_tuple_name()))
-    return sum(sizes[n] for n in names)
+    return sum(sizes[n] for n in statement_names(node.get_domain()))
 
 
 def _runs_once(band: isl.ScheduleNode) -> bool:

@@ -65,7 +65,7 @@ from ...machine import Machine
 from ...microkernels import registry
 from ...microkernels.analysis import BRows, GemmView, b_rows, iterators, loads_of, row_views
 from ...schedule_tree import marks, text
-from ...schedule_tree.model import PolyModel
+from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
 from . import tuning
@@ -284,12 +284,6 @@ _BAND, _LEAF, _MARK = (isl.schedule_node_type.band, isl.schedule_node_type.leaf,
                        isl.schedule_node_type.mark)
 
 
-def _names(node: isl.ScheduleNode) -> list[str]:
-    out: list[str] = []
-    node.get_domain().foreach_set(lambda s: out.append(s.get_tuple_name()))
-    return out
-
-
 def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
     """A `microkernel row_*` mark above the innermost band of each matching reduction
     (split off its band so the mark holds exactly the row loop)."""
@@ -299,9 +293,9 @@ def _mark_rows(schedule: isl.Schedule, kernel: Kernel) -> isl.Schedule:
 
     def visit(node: isl.ScheduleNode) -> isl.ScheduleNode:
         if node.get_type() == _BAND and node.child(0).get_type() == _LEAF:
-            names = _names(node)
-            if len(names) == 1 and names[0] in rows:
-                r = rows[names[0]]
+            names = statement_names(node.get_domain())
+            if len(names) == 1 and (name := next(iter(names))) in rows:
+                r = rows[name]
                 n = node.band_n_member()
                 got = isl.UnionMap.from_union_pw_aff(node.band_get_partial_schedule().get_at(n - 1))
                 want = isl.UnionMap.read_from_str(

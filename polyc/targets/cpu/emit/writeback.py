@@ -123,7 +123,7 @@ class WriteBackMixin:
             partial = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {at}, {n}, !{first})")
             fetch = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block([
                 cgen.Statement(f"__builtin_prefetch({at} + mk_r * {n} + {c}, 0, 3)")
-                for c in sorted({*range(0, NR, 16), NR - 1})]))
+                for c in _line_points(NR)]))
             out.append(if_(f"!{last}", cgen.Block([if_(f"!{first}", fetch), partial]), cgen.Block([
                 slow[0], *self._fetch_stores("1"), if_(f"!{first}", fetch), whole,
                 self._final(first, acc_name)])))
@@ -284,8 +284,7 @@ class WriteBackMixin:
         plain = ExprPrinter(self.b.arrays, lambda pos: f"mk_o{pos}")
         fetch = [cgen.Statement(f"__builtin_prefetch(&{plain.access(e.target, e.index)}, 1, 3)")
                  for e in targets]
-        # every 64-byte line of a row of the tile: one point in each 16 floats, and its end
-        at = sorted({*range(0, NR, 16), NR - 1})
+        at = _line_points(NR)
         points = [cgen.Block(_read_only([
             cgen.Statement(f"const long mk_c = {f'min({c}, mk_nr - 1)' if c else 0}"), *cols, *fetch]))
             for c in at]
@@ -359,6 +358,12 @@ class WriteBackMixin:
             if self.b.arrays[e.target].role == "out" or e.target in stored:
                 body.append(cgen.Assign(plain.access(e.target, e.index), name))
         return body
+
+
+def _line_points(nr: int) -> list[int]:
+    """Columns of a tile row of `nr` floats, one in every 64-byte line it spans: one in
+    each 16 floats, and its end."""
+    return sorted({*range(0, nr, 16), nr - 1})
 
 
 def _row(j: int) -> str:

@@ -5,6 +5,7 @@ and must come out harmless in the generated code.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import warnings
@@ -12,6 +13,7 @@ import warnings
 import pytest
 
 from polyc.server import Settings, create_app
+from polyc.server.service import CompileService
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -243,3 +245,24 @@ def test_invalid_path_parameters_are_not_echoed(client):
     assert len(r.content) < 1000 and "pattern" in r.json()["detail"]
     r = client.get(f"/{junk}")
     assert r.status_code == 404 and len(r.content) < 1000
+
+
+def test_bodies_are_parsed_and_validated_off_the_event_loop(client, monkeypatch):
+    """Validation of a large body takes long enough to hold /healthz back if it ran
+    on the loop (the live hardening test replays that attack)."""
+    on_loop: list[bool] = []
+    prepare = CompileService.prepare
+
+    def recording(self, raw):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return prepare(self, raw)
+
+    monkeypatch.setattr(CompileService, "prepare", recording)
+    r = client.post("/v1/compile", content=body(g(nodes=[
+        {"op": "frobnicate", "inputs": ["x"], "outputs": ["y"]}])), headers=JSON)
+    assert r.status_code == 422 and "frobnicate" in r.json()["detail"]
+    assert on_loop == [False]

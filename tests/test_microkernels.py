@@ -657,23 +657,29 @@ def test_a_shared_a_folds_a_batched_b():
     assert plan.b == "folded" and (plan.m, plan.n, plan.k) == (37, 5 * 29, 50)
 
 
-@pytest.mark.parametrize("xs,ws,attrs,layout", [
-    ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7"),
+@pytest.mark.parametrize("xs,ws,attrs,layout,passes", [
+    ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7",
+     8 * 2 * 7),
     # 14 column tiles for 13: in place only by MAX_STRIDED_TILE_WASTE
-    ((1, 8, 28, 28), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,15,15"),
-    ((2, 5, 15, 65), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,33"),
-    ((1, 4, 20, 21), (8, 4, 3, 2), {"strides": [3, 2]}, "1,4,3,2,6,10"),
+    ((1, 8, 28, 28), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,15,15",
+     8 * 2 * 15),
+    ((2, 5, 15, 65), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,33",
+     2 * 5 * 2 * 9),
+    ((1, 4, 20, 21), (8, 4, 3, 2), {"strides": [3, 2]}, "1,4,3,2,6,10", 4 * 3 * 6),
     ((1, 4, 20, 21), (8, 4, 5, 3), {"strides": [2, 1], "pads": [1] * 4, "dilations": [2, 1]},
-     "1,4,2,11,22"),
+     "1,4,2,11,22", 4 * 2 * 11),
 ], ids=["resnet", "resnet-14x14-out", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, isa):
+def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, passes, isa):
     """A strided window: the copy splits each strided dim into its phases (analysis.b_rows),
-    so every K row is a unit-stride run of one phase; no packing of B."""
+    so every K row is a unit-stride run of one phase; no packing of B. The copy makes one
+    pass per row of P, or where the last dim is split, one per row of the tensor (filling
+    that row's phases); its edges (pads, a phase past the tensor's end) are zero."""
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
     compiled = _check(graph, inputs, _isa(isa), atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert f"padded to [{layout}]" in compiled.c_source
+    assert f"for (long mk_u = 0; mk_u < {passes}; mk_u++)" in compiled.c_source
     assert "pack_b" not in compiled.kernels[0].to_json()["schedule_text"]
 
 

@@ -48,10 +48,10 @@ LN_MM = {"name": "ln_mm_gelu", "inputs": [{"name": "x", "shape": [64, 128]},
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("browser")
     with ServerProcess(f"sqlite:///{tmp}/cache.sqlite3", workers=1, log_dir=tmp,
-                       env={"POLYC_CACHE_DIR": str(tmp)}) as s:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp)}) as s:
         yield s
 
 

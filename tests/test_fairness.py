@@ -97,11 +97,11 @@ SMALL = {"name": "small", "inputs": [{"name": "x", "shape": [4, 8]}],
          "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["y"]}], "outputs": ["y"]}
 
 
-def test_bombs_from_one_client_leave_a_worker_for_another(tmp_path):
+def test_bombs_from_one_client_leave_a_worker_for_another(tmp_path, seeded_cache):
     # each bomb holds its worker's gcc past the 5 s limit; two of them, from one address
     with ServerProcess(f"sqlite:///{tmp_path}/c.sqlite3", workers=2, log_dir=tmp_path,
                        args=("--compile-timeout", "5"),
-                       env={"POLYC_CACHE_DIR": str(tmp_path),
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp_path),
                             "POLYC_CC": slow_gcc(tmp_path)}) as server:
         bomber = httpx.Client(base_url=server.url, timeout=30,
                               transport=httpx.HTTPTransport(local_address="127.0.0.1"))

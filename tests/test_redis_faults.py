@@ -116,10 +116,10 @@ def test_frozen_redis_trips_the_breaker_after_one_short_time_out(redis_proc):
 
 
 def test_service_on_a_frozen_redis_compiles_locally_and_answers_503_for_stored_keys(
-        redis_proc, tmp_path):
+        redis_proc, tmp_path, seeded_cache):
     with ServerProcess(redis_proc.url, workers=1, log_dir=tmp_path,
                        args=("--cache-retry", "2"),
-                       env={"POLYC_CACHE_DIR": str(tmp_path)}) as server:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp_path)}) as server:
         client = httpx.Client(base_url=server.url, timeout=60)
         stored = client.post("/v1/compile", json={"graph": small_graph("stored")}).json()
         redis_proc.proc.send_signal(signal.SIGSTOP)
@@ -150,13 +150,15 @@ def test_service_on_a_frozen_redis_compiles_locally_and_answers_503_for_stored_k
         client.close()
 
 
-def test_lock_of_a_killed_replica_lapses_within_seconds(redis_proc, tmp_path):
+def test_lock_of_a_killed_replica_lapses_within_seconds(redis_proc, tmp_path, seeded_cache):
     import redis
 
     body = {"graph": json.loads((EXAMPLES / "attention.json").read_text())}
     common = dict(workers=1, log_dir=tmp_path, args=("--lock-ttl", "2"))
-    a = ServerProcess(redis_proc.url, env={"POLYC_CACHE_DIR": str(tmp_path / "a")}, **common)
-    b = ServerProcess(redis_proc.url, env={"POLYC_CACHE_DIR": str(tmp_path / "b")}, **common)
+    a = ServerProcess(redis_proc.url, env={"POLYC_CACHE_DIR": seeded_cache(tmp_path / "a")},
+                      **common)
+    b = ServerProcess(redis_proc.url, env={"POLYC_CACHE_DIR": seeded_cache(tmp_path / "b")},
+                      **common)
     r = redis.Redis.from_url(redis_proc.url)
 
     def post_to_a():

@@ -21,12 +21,12 @@ HEADER_TIMEOUT_S, BODY_TIMEOUT_S, MAX_CONNECTIONS = 1.0, 1.5, 20
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("connections")
     args = ("--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
             "--max-connections", str(MAX_CONNECTIONS), "--log-level", "info")
     with ServerProcess(f"sqlite:///{tmp}/cache.sqlite3", workers=1, log_dir=tmp, args=args,
-                       env={"POLYC_CACHE_DIR": str(tmp)}) as s:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp)}) as s:
         yield s
 
 

@@ -26,10 +26,10 @@ def unknown_op_body(n: int = 6100) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("hardening")
     with ServerProcess(f"sqlite:///{tmp}/cache.sqlite3", workers=1, log_dir=tmp,
-                       env={"POLYC_CACHE_DIR": str(tmp)}) as s:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp)}) as s:
         yield s
 
 

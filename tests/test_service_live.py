@@ -22,14 +22,14 @@ def counter(base: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
+def cache(tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("live")
-    return tmp, f"sqlite:///{tmp}/cache.sqlite3"
+    return tmp, f"sqlite:///{tmp}/cache.sqlite3", seeded_cache(tmp)
 
 
 def test_compile_hit_fetch_metrics_and_restart(cache):
-    tmp, url = cache
-    env = {"POLYC_CACHE_DIR": str(tmp)}
+    tmp, url, cache_dir = cache
+    env = {"POLYC_CACHE_DIR": cache_dir}
     with ServerProcess(url, workers=1, log_dir=tmp, env=env) as server:
         base = server.url
         assert httpx.get(base + "/healthz").json()["status"] == "ok"

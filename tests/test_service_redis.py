@@ -32,10 +32,12 @@ def redis_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def replicas(redis_url, tmp_path_factory):
+def replicas(redis_url, tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("replicas")
-    a = ServerProcess(redis_url, workers=1, log_dir=tmp, env={"POLYC_CACHE_DIR": str(tmp / "a")})
-    b = ServerProcess(redis_url, workers=1, log_dir=tmp, env={"POLYC_CACHE_DIR": str(tmp / "b")})
+    a = ServerProcess(redis_url, workers=1, log_dir=tmp,
+                      env={"POLYC_CACHE_DIR": seeded_cache(tmp / "a")})
+    b = ServerProcess(redis_url, workers=1, log_dir=tmp,
+                      env={"POLYC_CACHE_DIR": seeded_cache(tmp / "b")})
     with a, b:
         yield a.url, b.url
 

@@ -25,12 +25,12 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, seeded_cache):
     tmp = tmp_path_factory.mktemp("fuzz")
     # a short time limit: a fuzzed graph that happens to be big must not stall the run
     with ServerProcess(f"sqlite:///{tmp}/c.sqlite3", workers=2, log_dir=tmp,
                        args=("--compile-timeout", "20"),
-                       env={"POLYC_CACHE_DIR": str(tmp)}) as s:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp)}) as s:
         yield s
 
 

@@ -58,7 +58,7 @@ def table(redis_url):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
+def ray_cluster(tmp_path_factory, seeded_cache):
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -67,7 +67,7 @@ def ray_cluster(tmp_path_factory):
     dir = tempfile.mkdtemp(prefix="ray-")
     try:
         with RayHeadProcess(dir, cpus=2, pythonpath=str(ROOT), env={
-                "POLYC_CACHE_DIR": str(tmp_path_factory.mktemp("ray-workers"))}) as head:
+                "POLYC_CACHE_DIR": seeded_cache(tmp_path_factory.mktemp("ray-workers"))}) as head:
             yield head
     finally:
         shutil.rmtree(dir, ignore_errors=True)
@@ -148,7 +148,8 @@ def test_an_unreachable_cluster_is_one_line(tmp_path, capsys):
             err.count("\n") == 1, err
 
 
-def test_a_replica_pulls_the_shared_tunings(table, tmp_path, monkeypatch, capsys):
+def test_a_replica_pulls_the_shared_tunings(table, tmp_path, monkeypatch, capsys,
+                                            seeded_cache):
     """`polyc tune --cache` here, measured locally; a `polyc serve` replica on the same
     Redis, with a tuning file of its own, compiles with the shared choice."""
     graph = matmul_graph(tmp_path / "g.json")
@@ -158,7 +159,7 @@ def test_a_replica_pulls_the_shared_tunings(table, tmp_path, monkeypatch, capsys
     best = best_of(capsys.readouterr().out)
     body = {"graph": json.loads(graph.read_text()), "options": {"threads": 1}}
     with ServerProcess(table, log_dir=tmp_path,
-                       env={"POLYC_CACHE_DIR": str(tmp_path / "replica")}) as replica:
+                       env={"POLYC_CACHE_DIR": seeded_cache(tmp_path / "replica")}) as replica:
         answer = httpx.post(replica.url + "/v1/compile", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     report = [line for k in answer.json()["kernels"] for line in k["fusion_report"]]

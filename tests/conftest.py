@@ -14,10 +14,12 @@
 - A process a test starts with a cache of its own (a server, a replica) gets it from
   `seeded_cache`: the run's prebuilt parts, precompiled prelude and calibration, which
   every compile of the run shares, are copied in (a fresh cache made them again: 5-10 s
-  of gcc and timing per server); its built kernels and tunings stay its own.
+  of gcc and timing per server); its built kernels and tunings stay its own. The first
+  test to ask makes them, by compiling the examples in the run's cache.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -40,12 +42,38 @@ settings.register_profile("shrink", phases=list(Phase))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "polyc"))
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _warm(run: Path) -> None:
+    """The examples compiled in the run's cache, once in the run (the other processes
+    that ask meanwhile wait on the lock): the parts every compile shares are then there."""
+    from polyc import load_graph
+    from polyc.compiler import compile
+    with open(run / "warm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (run / "warm").exists():
+            return
+        mine = os.environ.get("POLYC_CACHE_DIR")
+        os.environ["POLYC_CACHE_DIR"] = str(run)
+        try:
+            for example in sorted(EXAMPLES.glob("*.json")):
+                compile(load_graph(example))
+        finally:
+            if mine is None:
+                del os.environ["POLYC_CACHE_DIR"]
+            else:
+                os.environ["POLYC_CACHE_DIR"] = mine
+        (run / "warm").touch()
+
+
 @pytest.fixture(scope="session")
 def seeded_cache() -> Callable[[Path], str]:
-    """`path` made a cache directory holding what the run has built of the shared parts
-    so far (every file there is complete: each is written aside and renamed in)."""
+    """`path` made a cache directory holding the run's shared parts (every file there is
+    complete: each is written aside and renamed in)."""
     def seed(path: Path) -> str:
         run = Path(_CACHE_DIR)
+        _warm(run)
         (path / "parts").mkdir(parents=True, exist_ok=True)
         for f in [run / "calibration.json", *(run / "parts").glob("*")]:
             if f.is_file():

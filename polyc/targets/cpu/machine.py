@@ -27,10 +27,14 @@ from .prelude import PRELUDE
 # reassociation lets gcc vectorise sums; infinities and NaN keep their IEEE meaning
 # (no -ffinite-math-only: reductions start from -inf, causal masks hold -inf); -pipe:
 # the assembly goes to `as` through a pipe, not a temporary file (the conv2d example's
-# build, median of 30 in turns: 243 -> 237 ms)
+# build, median of 30 in turns: 243 -> 237 ms); functions on 64-byte lines: a prebuilt
+# microkernel is linked after the unit's own code, and with gcc's 16-byte alignment its
+# loops sat wherever the unit's size put them (1x512x7x7 3x3 at 2 threads: two units
+# differing in one loop's form, the same kernel 12-18% slower in one, in turns; level
+# once aligned)
 CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
           "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-Wall",
-          "-Werror=implicit-function-declaration", "-pipe")
+          "-Werror=implicit-function-declaration", "-pipe", "-falign-functions=64")
 
 
 def _cache_size(level: int, default: int) -> int:

@@ -51,6 +51,12 @@ AHEAD_L3_SHARE = 8
 # against folded: 8x512x7x7 66 against 80, 8x512x14x14 /2 57 against 72, 8x256x14x14
 # 76 against 78
 FOLD_TEAM_COLUMNS = 64
+# with fewer column tiles than this per thread, each thread of a team takes whole row
+# blocks (par=rows) instead of sharing the tiles of every block (Zen 3, 2 threads:
+# conv5 512x7x7 3x3, 4 tiles: 93 GFLOP/s shared, 106 by row blocks; conv4 256x28x28
+# /2, 9 tiles: by row blocks 3-7% faster in three runs in turns; 14 tiles of a 14x14
+# image: shared 124, by row blocks 100)
+ROWS_TEAM_TILES = 5
 
 
 def measured(machine: Machine) -> dict[str, float]:
@@ -199,10 +205,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
         par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
     if par == "inner" and not view.tail and view.batches == 1 \
-            and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < 4 * team:
-        # too few column tiles to share (a 7x7 image has 4; Zen 3, conv5 512x7x7 3x3 at
-        # 2 threads: 93 GFLOP/s shared, 106 by row blocks; 14 tiles of a 14x14 image
-        # shared: 124, by row blocks 100): each thread takes whole row blocks instead,
+            and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < ROWS_TEAM_TILES * team:
+        # too few column tiles to share: each thread takes whole row blocks instead,
         # about four of them (mc rounded up to the kernel's rows; a packed B, that
         # narrow, packed by each thread). One image only: no batch loop, which the
         # per-image copies of B (`BRows.slices`) would share inside the blocks

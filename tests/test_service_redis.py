@@ -32,12 +32,14 @@ def redis_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def replicas(redis_url, tmp_path_factory, seeded_cache):
+def replicas(redis_url, tmp_path_factory):
+    # caches of their own, not seeded (conftest.seeded_cache): each replica's first
+    # compile builds the shared parts too, which holds it long enough that the six
+    # requests of the coalescing test all arrive while it runs (seeded, attention
+    # compiled in under a second and one request in a loaded run came after it)
     tmp = tmp_path_factory.mktemp("replicas")
-    a = ServerProcess(redis_url, workers=1, log_dir=tmp,
-                      env={"POLYC_CACHE_DIR": seeded_cache(tmp / "a")})
-    b = ServerProcess(redis_url, workers=1, log_dir=tmp,
-                      env={"POLYC_CACHE_DIR": seeded_cache(tmp / "b")})
+    a = ServerProcess(redis_url, workers=1, log_dir=tmp, env={"POLYC_CACHE_DIR": str(tmp / "a")})
+    b = ServerProcess(redis_url, workers=1, log_dir=tmp, env={"POLYC_CACHE_DIR": str(tmp / "b")})
     with a, b:
         yield a.url, b.url
 

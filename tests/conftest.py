@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import pytest
 from hypothesis import Phase, settings
@@ -54,16 +55,9 @@ def _warm(run: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (run / "warm").exists():
             return
-        mine = os.environ.get("POLYC_CACHE_DIR")
-        os.environ["POLYC_CACHE_DIR"] = str(run)
-        try:
+        with mock.patch.dict(os.environ, {"POLYC_CACHE_DIR": str(run)}):
             for example in sorted(EXAMPLES.glob("*.json")):
                 compile(load_graph(example))
-        finally:
-            if mine is None:
-                del os.environ["POLYC_CACHE_DIR"]
-            else:
-                os.environ["POLYC_CACHE_DIR"] = mine
         (run / "warm").touch()
 
 

@@ -766,6 +766,20 @@ def test_a_1x1_conv2d_over_small_planes_packs_b():
     assert "b=packed" in mark and "pack_b" in compiled.kernels[0].to_json()["schedule_text"]
 
 
+@pytest.mark.parametrize("xs,ws,threads,par", [((1, 40, 13, 13), (24, 40, 1, 1), 1, "none"),
+                                               ((1, 128, 23, 23), (48, 128, 1, 1), 2, "inner")])
+def test_a_1x1_conv2d_packs_its_pixels_as_rows_of_one_run(xs, ws, threads, par):
+    """A stride-1 1x1 window reads each input plane's pixels end to end: B's K rows are
+    contiguous across the image's row wraps, packed as a matmul's are, with no gathered
+    row between (169 and 529 pixels: the last panel partial)."""
+    graph, inputs = _conv(xs, ws, bias_relu=True)
+    options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("kc", 24),))
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    mark = _gemm_marks(compiled)[0]
+    assert "b=packed" in mark and f"par={par}" in mark
+    assert "mk_rows" not in compiled.c_source and "mk_g += mk_gs" in compiled.c_source
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_conv2d_b_rows_on_every_isa_with_the_variant(isa):
     options = _isa(isa)
@@ -1472,7 +1486,8 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
                           env={**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "OMP_NUM_THREADS": "2"})
 
 
-@pytest.mark.parametrize("case", ["conv-padded", "conv-in-place", "conv-a-once", "conv-a-const",
+@pytest.mark.parametrize("case", ["conv-padded", "conv-1x1", "conv-in-place", "conv-a-once",
+                                  "conv-a-const",
                                   "linear-b-const", "matmul-edges", "matmul-edges-portable",
                                   "linear-k-blocks"])
 def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
@@ -1483,6 +1498,9 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
         graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20),))
+    elif case == "conv-1x1":  # 169 pixels packed K row by K row, the last panel partial
+        graph, _ = _conv((1, 40, 13, 13), (24, 40, 1, 1), bias_relu=True)
+        options = Options(microkernel_tiles=(("kc", 24),))
     elif case == "conv-in-place":
         graph, _ = _conv((2, 4, 12, 30), (8, 4, 3, 3))
         options = Options()

@@ -396,21 +396,43 @@ def k_row_stride(expr: Expr, own: int, red: tuple[int, ...], red_ext: list[int],
     float32 load reading K at unit stride (its K dims flattened, each at its inner
     extents' weight: a row-major A, conv2d's weights O x C x KH x KW), the batch
     iterators aside: a row of a block is then `kc` consecutive floats. None otherwise."""
-    if (not isinstance(expr, Load) or expr.dtype != "float32"
-            or not all(isinstance(e, Aff) for e in expr.index)
-            or not iterators(expr) <= {own, *red} | batch):
+    if not _plain(expr) or not iterators(expr) <= {own, *red} | batch:
         return None
-    coef = dict.fromkeys((own, *red), 0)
-    for d, e in enumerate(expr.index):
+    coef = _address_weights(expr, shape)
+    if not _row_major(coef, red, red_ext):
+        return None
+    return coef.get(own, 0) if coef.get(own, 0) > 0 else None
+
+
+def flat_along(expr: Expr, dims: list[int], extents: list[int], shape: tuple[int, ...]) -> bool:
+    """Is `expr` one plain float32 load whose address steps by one along `dims` flattened
+    row-major (a 1x1 stride-1 conv2d's output pixels: the image's rows end to end)?"""
+    return _plain(expr) and _row_major(_address_weights(expr, shape), dims, extents)
+
+
+def _plain(expr: Expr) -> bool:
+    return (isinstance(expr, Load) and expr.dtype == "float32"
+            and all(isinstance(e, Aff) for e in expr.index))
+
+
+def _address_weights(load: Load, shape: tuple[int, ...]) -> dict[int, int]:
+    """Each iterator's step of the load's row-major address."""
+    coef: dict[int, int] = {}
+    for d, e in enumerate(load.index):
         for pos, c in e.terms:
-            if pos in coef:
-                coef[pos] += c * math.prod(shape[d + 1:])
+            coef[pos] = coef.get(pos, 0) + c * math.prod(shape[d + 1:])
+    return coef
+
+
+def _row_major(coef: dict[int, int], dims, extents) -> bool:
+    """Do `dims` step the address by their inner extents' weights (a dim of extent 1
+    never steps)?"""
     weight = 1
-    for pos, n in reversed(list(zip(red, red_ext))):
-        if coef[pos] != weight and n > 1:
-            return None
+    for pos, n in reversed(list(zip(dims, extents))):
+        if coef.get(pos, 0) != weight and n > 1:
+            return False
         weight *= n
-    return coef[own] if coef[own] > 0 else None
+    return True
 
 
 def a_row_stride(view: GemmView, kernel: Kernel) -> int | None:

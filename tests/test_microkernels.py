@@ -766,18 +766,20 @@ def test_a_1x1_conv2d_over_small_planes_packs_b():
     assert "b=packed" in mark and "pack_b" in compiled.kernels[0].to_json()["schedule_text"]
 
 
-@pytest.mark.parametrize("xs,ws,threads,par", [((1, 40, 13, 13), (24, 40, 1, 1), 1, "none"),
-                                               ((1, 128, 23, 23), (48, 128, 1, 1), 2, "inner")])
-def test_a_1x1_conv2d_packs_its_pixels_as_rows_of_one_run(xs, ws, threads, par):
+@pytest.mark.parametrize("xs,ws,threads,mark", [((1, 40, 13, 13), (24, 40, 1, 1), 1, "b=packed"),
+                                                ((1, 128, 23, 23), (48, 128, 1, 1), 2, "par=inner"),
+                                                ((2, 40, 13, 13), (24, 40, 1, 1), 1, "b=folded")])
+def test_a_1x1_conv2d_packs_its_pixels_as_rows_of_one_run(xs, ws, threads, mark):
     """A stride-1 1x1 window reads each input plane's pixels end to end: B's K rows are
     contiguous across the image's row wraps, packed as a matmul's are, with no gathered
-    row between (169 and 529 pixels: the last panel partial)."""
+    row between (169 and 529 pixels: the last panel partial). Two images folded into the
+    columns: a panel across the first image's end (at 160 + 9) is read column by column."""
     graph, inputs = _conv(xs, ws, bias_relu=True)
     options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("kc", 24),))
     compiled = _check(graph, inputs, options, atol=3e-4)
-    mark = _gemm_marks(compiled)[0]
-    assert "b=packed" in mark and f"par={par}" in mark
+    assert mark in _gemm_marks(compiled)[0]
     assert "mk_rows" not in compiled.c_source and "mk_g += mk_gs" in compiled.c_source
+    assert ("mk_jr + 16 <= 169" in compiled.c_source) == (xs[0] > 1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1498,9 +1500,9 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
         graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20),))
-    elif case == "conv-1x1":  # 169 pixels packed K row by K row, the last panel partial
-        graph, _ = _conv((1, 40, 13, 13), (24, 40, 1, 1), bias_relu=True)
-        options = Options(microkernel_tiles=(("kc", 24),))
+    elif case == "conv-1x1":  # 2 x 169 pixels packed K row by K row, two panels partial
+        graph, _ = _conv((2, 40, 13, 13), (24, 40, 1, 1), bias_relu=True)
+        options = Options(gemm_kernel=PORTABLE, threads=1, microkernel_tiles=(("kc", 24),))
     elif case == "conv-in-place":
         graph, _ = _conv((2, 4, 12, 30), (8, 4, 3, 3))
         options = Options()
@@ -1528,6 +1530,8 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     assert _gemm_marks(compiled)
     if case == "conv-a-once":
         assert marks.parse(_gemm_marks(compiled)[0]).a == "once"
+    if case == "conv-1x1":
+        assert "mk_jr + 16 <= 169" in compiled.c_source
     if case.endswith("-const"):
         assert getattr(marks.parse(_gemm_marks(compiled)[0]), case.split("-")[1]) == "const"
     if case.startswith("matmul-edges") and registry.by_name(

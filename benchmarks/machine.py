@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import statistics
 import subprocess
 import tempfile
 import time
@@ -118,6 +119,26 @@ def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, call
         if r and time.perf_counter() - start > budget_s:
             break
     return best
+
+
+def paired_ratio(a: Callable[[], object], b: Callable[[], object], *, pairs: int = 40,
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, float]:
+    """Time of `a` over time of `b`, call by call: each pair's two calls back to back (in
+    alternating order), the quartiles of the pairs' ratios. Best times taken apart miss
+    a few percent: a slow spell of a shared machine moves both calls of a pair, not one
+    row of a table against another (linear+gelu over its matmul alone, Zen 3: +5.9% at
+    1 thread and -6.9% at 2 in one run of separate rows)."""
+    a(), b()
+    ratios = []
+    for i in range(pairs):
+        times = {}
+        for name, fn in (("a", a), ("b", b)) if i % 2 else (("b", b), ("a", a)):
+            t = clock()
+            fn()
+            times[name] = clock() - t
+        ratios.append(times["a"] / times["b"])
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return median, q1, q3
 
 
 def spread_best_times(cases: Mapping[str, Mapping[str, Callable[[], object]]], *,

@@ -114,3 +114,24 @@ def test_each_case_has_its_rounds_spread_over_the_run(monkeypatch):
     assert turns == one_round * 2  # every case's round 1 before any case's round 2
     assert set(best) == {"conv", "matmul"} and all(
         0 < t < float("inf") for times in best.values() for t in times.values())
+
+
+def test_a_paired_ratio_holds_through_slow_spells():
+    """Both calls of a pair see the same spell: a 2% difference survives a machine that
+    runs half again slower every other few pairs, and neither function always goes first."""
+    machine = importlib.import_module("machine")
+    now, calls = [0.0], []
+
+    def fn(name, cost):
+        def call():
+            spell = 1.5 if (len(calls) // 10) % 2 else 1.0
+            calls.append(name)
+            now[0] += cost * spell
+        return call
+
+    median, q1, q3 = machine.paired_ratio(fn("a", 1.02), fn("b", 1.0), pairs=20,
+                                          clock=lambda: now[0])
+    assert median == pytest.approx(1.02) and q1 <= median <= q3
+    timed = calls[2:]
+    firsts = {timed[k] for k in range(0, len(timed), 2)}
+    assert firsts == {"a", "b"}

@@ -122,17 +122,22 @@ def best_times(fns: Mapping[str, Callable[[], object]], *, rounds: int = 5, call
 
 
 def paired_ratio(a: Callable[[], object], b: Callable[[], object], *, pairs: int = 40,
-                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, float]:
+                 clock: Callable[[], float] = time.perf_counter,
+                 settle_s: float = 0.0) -> tuple[float, float, float]:
     """Time of `a` over time of `b`, call by call: each pair's two calls back to back (in
     alternating order), the quartiles of the pairs' ratios. Best times taken apart miss
     a few percent: a slow spell of a shared machine moves both calls of a pair, not one
     row of a table against another (linear+gelu over its matmul alone, Zen 3: +5.9% at
-    1 thread and -6.9% at 2 in one run of separate rows)."""
+    1 thread and -6.9% at 2 in one run of separate rows). `settle_s` is slept before
+    each call: where a and b are libraries with thread pools of their own, the one that
+    ran last spins for a few milliseconds after its call (libgomp's default), on the
+    cores the other is timed on."""
     a(), b()
     ratios = []
     for i in range(pairs):
         times = {}
         for name, fn in (("a", a), ("b", b)) if i % 2 else (("b", b), ("a", a)):
+            time.sleep(settle_s)
             t = clock()
             fn()
             times[name] = clock() - t

@@ -135,3 +135,16 @@ def test_a_paired_ratio_holds_through_slow_spells():
     timed = calls[2:]
     firsts = {timed[k] for k in range(0, len(timed), 2)}
     assert firsts == {"a", "b"}
+
+
+def test_cases_are_counted_against_their_goal_in_pairs_of_calls():
+    bench_cpu = importlib.import_module("bench_cpu")
+    rows = [{"case": f"conv{k}", "threads": t, "goals": {"torch": 1.05},
+             "paired": {"peer": "torch", "pairs": 40, "ratio": ratio, "quartiles": [0.9, 1.2]}}
+            for k, (t, ratio) in enumerate([(1, 1.04), (1, 1.06), (2, 1.10), (2, 1.20)])]
+    rows.append({"case": "no torch", "threads": 1, "goals": {"torch": 1.05}})
+    lines = bench_cpu.paired_lines(rows)
+    assert "conv1 (1 thr): in pairs of calls 1.06x torch (median of 40" in "\n".join(lines)
+    assert lines[-2:] == [
+        "  in pairs of calls, 1 of 2 cases at 1 thread(s) meet their goal against torch",
+        "  in pairs of calls, 2 of 2 cases at 2 thread(s) meet their goal against torch"]

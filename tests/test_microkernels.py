@@ -1489,9 +1489,8 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("case", ["conv-padded", "conv-1x1", "conv-in-place", "conv-a-once",
-                                  "conv-a-const",
-                                  "linear-b-const", "matmul-edges", "matmul-edges-portable",
-                                  "linear-k-blocks"])
+                                  "conv-a-const", "linear-b-const", "matmul-edges",
+                                  "matmul-edges-portable", "linear-k-blocks"])
 def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     """The last virtual columns of a conv read B's rows whole from the padded copy (room
     is left past its end) or, in place, through a panel; edge tiles and K blocks of a

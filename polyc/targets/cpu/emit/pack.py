@@ -151,20 +151,22 @@ class PackMixin:
             # every float was copied twice: 1x512x28x28 to 128 1x1, 1 thread, 5% slower)
             run = math.prod(own_ext[-flat:])
 
-            def at(col: str) -> list[cgen.Generable]:  # column `col`'s own dims, the run's flat
-                return [*decompose(own_names[:-flat], own_ext[:-flat], f"({col}) / {run}"),
+            def at(outer: str, last: str) -> list[cgen.Generable]:
+                """The own dims: those above the run from column `outer`, the run's
+                flattened index `last`."""
+                return [*decompose(own_names[:-flat], own_ext[:-flat], f"({outer}) / {run}"),
                         *(cgen.Statement(f"const long {n} = 0") for n in own_names[-flat:-1]),
-                        cgen.Statement(f"const long {own_names[-1]} = "
-                                       + (f"({col}) % {run}" if flat < len(own) else col))]
+                        cgen.Statement(f"const long {own_names[-1]} = {last}")]
             if flat == len(own):
-                return self._panel_rows(dst, value, at(f"{start} + mk_xp + mk_x"), k_vars,
-                                        tile, total, start, size, buf, share, edge)
+                col = f"{start} + mk_xp + mk_x"
+                return self._panel_rows(dst, value, at(col, col), k_vars, tile, total, start,
+                                        size, buf, share, edge)
             # an image's run ends inside a few panels: those take each column apart
             head = [cgen.Statement(f"const long mk_j = {start} + mk_xp"),
                     cgen.Statement(f"const long mk_jr = mk_j % {run}")]
-            fast = at("mk_j")[:-1] + [cgen.Statement(f"const long {own_names[-1]} = mk_jr + mk_x")]
             return self._panel_rows(dst, value, x_vars, k_vars, tile, total, start, size, buf,
-                                    share, True, head, (f"mk_jr + {tile} <= {run}", fast))
+                                    share, True, head,
+                                    (f"mk_jr + {tile} <= {run}", at("mk_j", "mk_jr + mk_x")))
         runs = self._run_nest(expr, own_names, own_ext, [view.out_iter[d] for d in own], tile,
                               start, size, buf, k_vars,
                               up(min(t.nc if side == "b" else t.mc, total), tile)

@@ -258,7 +258,7 @@ def fusion_options(options: CommonOptions) -> tuple:
     """What `plan_fusion` and the backend's `microkernels` read of the options: compiles of
     one graph that agree on it fuse alike."""
     return (options.fuse, options.fuse_force, options.fuse_forbid, options.max_operations,
-            options.fuse_seconds, options.microkernels)
+            options.fuse_seconds, options.microkernels, options.tail_contraction)
 
 
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,

@@ -35,6 +35,10 @@ class Options:
     tile: bool = True  # tile permutable bands to fit the target's tile level
     tile_sizes: tuple[int, ...] | None = None  # explicit sizes instead of the memory model's
     microkernels: bool = True  # contractions and reductions onto hand-written kernels
+    # a contraction reading what a row tail computed runs in the tail's nest (the cpu's:
+    # attention's product with v on each block of softmax rows, one kernel); a symbolic
+    # compile turns it off, since its tail cannot block the rows of every length
+    tail_contraction: bool = True
     # kernels, by name, compiled without them (the portable loops): where a symbolic
     # compile's probes plan one kernel's microkernel by its sizes, that kernel alone
     portable_kernels: tuple[str, ...] = ()

@@ -69,6 +69,9 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
         raise GraphError(Problem(f"target {backend.name!r} does not compile symbolic shapes "
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
+    # the row tail's own contraction fused at a probe's lengths would leave the whole
+    # kernel to the portable loops when the tail's rows cannot be blocked for every length
+    options = replace(options, tail_contraction=False)
     probes = _ProbeRuns(loaded, backend, machine, trace, compile_graph, quiet_trace)
     (top, _), *lower = size_regimes(_free_ranges(loaded)[0])
     first, options = _first_version(probes, top, options, "_v0" if lower else "")

@@ -1072,8 +1072,10 @@ def test_row_operations_after_a_matmul_run_in_its_nest(after, tiles, parallel):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lq,lk", [(100, 100), (70, 130)])
-def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
-    # (each contraction large enough to keep its microkernel: 2^20 multiply-adds)
+def test_attention_is_one_kernel_its_softmax_and_product_with_v_in_the_scores_nest(causal, lq, lk):
+    # (each contraction large enough to keep its microkernel: 2^20 multiply-adds); at 2
+    # threads the 3 heads are shared by a team (par=inner): the tail's rows and the
+    # product's tiles are split among its threads
     rng = np.random.default_rng(6)
     b = GraphBuilder("att")
     q, k, v = b.input("q", (3, lq, 64)), b.input("k", (3, lk, 64)), b.input("v", (3, lk, 48))
@@ -1081,19 +1083,23 @@ def test_attention_runs_its_softmax_in_the_scores_nest(causal, lq, lk):
     inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
     for options in (Options(), Options(threads=2)):
         compiled = _check(graph, inputs, options)
-        assert len(compiled.kernels) == 2 and len(_gemm_marks(compiled)) == 2
-        assert "y.probs" in compiled.kernels[0].kernel.nodes
-        assert any("row tail (y.max, " in line and "y.probs)" in line
-                   for line in compiled.kernels[0].fusion_report)
+        (kernel,) = compiled.kernels
+        (plan,) = _gemm_marks(compiled)
+        assert "y.probs" in kernel.kernel.nodes and "y" in kernel.kernel.nodes
+        report = kernel.fusion_report
+        assert any("row tail (y.max, " in line and "y.probs)" in line for line in report)
+        assert any("row tail's contraction" in line and "y.probs, read in place" in line
+                   for line in report), report
+        assert f" then={registry.by_name(marks.parse(plan).then).name}" in plan
         # the causal mask's tiles of scores are not computed, nor the K steps of the
         # product with v past each tile's diagonal
-        scores, product = _gemm_marks(compiled)
-        assert ("masked=0" in scores) == causal and ("depth=0" in product) == causal
+        assert ("masked=0" in plan) == causal and ("then_depth=0" in plan) == causal, plan
 
 
 @pytest.mark.parametrize("kc", [0, 40])
 def test_causal_attention_with_an_inf_in_v_past_the_diagonal_is_nan_as_the_reference(kc):
-    # the K steps past the diagonal multiply v by 0: skipped only while v is finite
+    # the K steps past the diagonal multiply v by 0: skipped only while v is finite; K
+    # blocks of 40 for the scores: v is packed, and the product runs, at the last only
     rng = np.random.default_rng(11)
     b = GraphBuilder("att")
     q, k, v = b.input("q", (2, 150, 64)), b.input("k", (2, 150, 64)), b.input("v", (2, 150, 32))
@@ -1101,12 +1107,30 @@ def test_causal_attention_with_an_inf_in_v_past_the_diagonal_is_nan_as_the_refer
     inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
     options = Options(microkernel_tiles=(("kc", kc),) if kc else ())
     compiled = _check(graph, inputs, options)
-    assert "depth=0" in _gemm_marks(compiled)[1]
+    (plan,) = _gemm_marks(compiled)
+    assert "then_depth=0" in plan and ("pc" in plan) == bool(kc), plan
     inputs["v"][1, 140, 5] = np.inf  # a key only queries 140.. see
     got, want = compiled(**inputs)["y"], run_reference(compiled.graph, inputs)["y"]
     assert np.isnan(got[1, :140, 5]).all()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ["", "portable"])
+def test_one_head_of_attention_shared_by_a_team_with_edge_tiles(isa):
+    # one head (no batch loop: the team shares every tile loop), rows in several blocks
+    # and a last short one, v 40 wide (a last tile of 8 columns); the portable kernel
+    # reads its A in place too
+    rng = np.random.default_rng(12)
+    b = GraphBuilder("att1")
+    q, k, v = b.input("q", (1, 301, 64)), b.input("k", (1, 700, 64)), b.input("v", (1, 700, 40))
+    graph = b.build([b.attention(q, k, v, out="y")])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    compiled = _check(graph, inputs, Options(threads=2, microkernel_isa=isa))
+    (plan,) = _gemm_marks(compiled)
+    assert "par=inner" in plan and "ic" in plan and " then=" in plan, plan
+    if isa:
+        assert "then=sgemm_vec_6x16" in plan
 
 
 def _masked_scores(select_args, *, d: int = 0, fold: bool = False, out_scores: bool = False):
@@ -1175,11 +1199,11 @@ def test_a_row_tail_shared_by_a_team_may_stream_its_output():
     # tail's rows, shared by the team, store them with non-temporal stores (`stream`)
     rng = np.random.default_rng(7)
     b = GraphBuilder("att")
-    q, k, v = b.input("q", (1, 4608, 64)), b.input("k", (1, 1024, 64)), b.input("v", (1, 1024, 64))
-    graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+    q, k = b.input("q", (1, 4608, 64)), b.input("k", (1, 1024, 64))
+    graph = b.build([b.op("softmax", b.matmul(q, k, transpose_b=True), axis=-1)])
     inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
     compiled = _check(graph, inputs, Options(threads=2))
-    assert len(compiled.kernels) == 2 and "par=inner" in _gemm_marks(compiled)[0]
+    assert len(compiled.kernels) == 1 and "par=inner" in _gemm_marks(compiled)[0]
 
 
 def test_a_row_tail_over_a_symbolic_number_of_rows():
@@ -1220,11 +1244,11 @@ def _with_l2(capacity: int):
                                       for m in host.levels))
 
 
-@pytest.mark.parametrize("l2,kernels", [(256 << 10, 3), (2 << 20, 2)])
+@pytest.mark.parametrize("l2,kernels", [(256 << 10, 3), (2 << 20, 1)])
 def test_a_softmax_tail_needs_blocks_of_several_row_panels(l2, kernels):
     # 2048 scores a row: half of a 256 KiB L2 holds 16 rows, too few for B's panels to
     # be reused by any kernel's 8 row panels (the matmul would stream k from L3 every
-    # few tiles); 2 MiB holds 128
+    # few tiles); 2 MiB holds 128, and the product with v follows on each block
     b = GraphBuilder("att")
     q, k, v = (b.input(n, (2, 2048, 64)) for n in "qkv")
     graph = b.build([b.attention(q, k, v, out="y")])
@@ -1569,8 +1593,8 @@ def test_isl_builds_one_point_of_each_tile_and_the_c_is_the_same(case, monkeypat
 
 def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
     """The init and epilogue statements of a gemm mark are applied by the tile's
-    write-back: isl's AST is built without them, the contraction and a row tail (the
-    softmax of attention's scores) stay."""
+    write-back: isl's AST is built without them, the contraction, a row tail (the
+    softmax of attention's scores) and the tail's contraction (times v) stay."""
     from polyc.schedule_tree.tree import schedule_to_text
     from polyc.targets.cpu import without_tile_statements
     from polyc.targets.cpu.plan import plan_view
@@ -1588,11 +1612,11 @@ def test_isl_generates_no_loops_for_the_statements_a_gemm_tile_applies():
         names: list[str] = []
         without_tile_statements(r.schedule, r.kernel, r.marks(marks.Gemm)).get_domain().foreach_set(
             lambda s: names.append(s.get_tuple_name()))
-        assert set(names) == {view.stmt.name} | {t.name for t in view.tail}
-        assert view.init.name not in names
+        assert set(names) == {view.stmt.name, view.then.stmt.name} | {t.name for t in view.tail}
+        assert view.init.name not in names and view.then.init.name not in names
         gemms += 1
         tails += bool(view.tail)
-    assert gemms == 2 and tails == 1  # the scores kernel kept its softmax
+    assert gemms == 1 and tails == 1  # one kernel: scores, their softmax, the product with v
 
 
 @pytest.mark.parametrize("size,chunk", [(14, 1), (56, 4)])

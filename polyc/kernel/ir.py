@@ -121,7 +121,7 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
                         constant=digests.get(t, ""))
                   for t in read]
         arrays += [Array(t, c_names[t], graph.types[t], "out" if t in needed_outside else "local",
-                         nonpositive=t in nonpositive) for t in produced]
+                         nonpositive=t in nonpositive, masked=masked.get(t)) for t in produced]
         # named after its first node that left a statement (not a folded cast or prologue)
         first = next((n.name for n in nodes if n.output not in folded), group[0])
         name = c_ident(first, f"polyc_k{k}")

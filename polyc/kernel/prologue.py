@@ -102,11 +102,38 @@ def _operand_reader(statements: list[Statement], p: int) -> list[int]:
     if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
             and len(s.expr.args) == 2):
         return []
+    if _depends_on_first_sum(statements, p):
+        # attention's probabilities, read by the product with v after the softmax of the
+        # scores: kept, so the row tail writes their rows and the second contraction
+        # reads them in place (`GemmView.then`)
+        return []
     reads = [[ld for ld, _ in loads(arg) if ld.tensor == t] for arg in s.expr.args]
     if min(map(len, reads)) == 0 and all(isinstance(e, Aff) for ld in reads[0] + reads[1]
                                          for e in ld.index):
         return readers
     return []
+
+
+def _depends_on_first_sum(statements: list[Statement], p: int) -> bool:
+    """Does statement `p` read, directly or not, what the kernel's first sum computes?"""
+    c = first_sum(statements)
+    if c is None:
+        return False
+    after = {c.target}
+    for x in statements[statements.index(c) + 1:p + 1]:
+        if any(ld.tensor in after for ld, _ in loads(x.expr)):
+            after.add(x.target)
+    return statements[p].target in after
+
+
+def _operand_of_product(s: Statement, tensor: str) -> bool:
+    """Does the sum of a product `s` read `tensor` in one factor only (a contraction's
+    operand, not a row sum of squares)?"""
+    if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
+            and len(s.expr.args) == 2):
+        return False
+    reads = [any(ld.tensor == tensor for ld, _ in loads(a)) for a in s.expr.args]
+    return reads.count(True) == 1
 
 
 def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
@@ -215,6 +242,9 @@ def recomputable(statements: Iterable[Statement], tensor: str) -> bool:
     if (w.reduce is not None or w.index != identity(len(w.extents))
             or _cost(w.expr) > MAX_CALLS):
         return False
+    if _depends_on_first_sum(statements, statements.index(w)) and any(
+            _operand_of_product(s, tensor) for s in statements):
+        return False  # a second contraction reads its rows in place (`GemmView.then`)
     return all(all(isinstance(e, Aff) for e in ld.index)
                for s in statements for ld, _ in loads(s.expr) if ld.tensor == tensor)
 

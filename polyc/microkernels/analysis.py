@@ -12,8 +12,10 @@ J = output pixels, K = input channels x kernel window: the gather and its zero p
 are f and g, evaluated when packing). Asked for (`tail=True`, the cpu target), it
 also takes row operations after the epilogue, each over C's box or C's box with its
 columns reduced, reading what the kernel produces only in its own row (a softmax or a
-row sum of C): the view's `tail`. Codegen and the matcher both call it, so the roles
-are never stored twice.
+row sum of C): the view's `tail`; with `then=True` too, a second contraction after the
+tail whose A is one of the tail's results (attention's probabilities times v): the
+view's `then`. Codegen and the matcher both call it, so the roles are never stored
+twice.
 
 `row_view` finds a reduction along a contiguous innermost axis.
 """
@@ -85,6 +87,10 @@ class GemmView:
     # row operations after the epilogue (attention's softmax of the scores), in program
     # order: they read a block of C's rows once every column of it is final
     tail: tuple[Statement, ...] = ()
+    # a second contraction after the tail, its A a result of the tail read along C's
+    # columns (attention's probabilities times v): it runs on each block of rows too
+    # (`_then`)
+    then: "GemmView | None" = None
 
     @property
     def M(self) -> int:
@@ -151,13 +157,20 @@ class GemmView:
         return min(self.cols) > max(self.rows)
 
 
-def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False) -> GemmView | None:
+def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False,
+              then: bool = False) -> GemmView | None:
     """The kernel as one contraction with init and epilogue, or None (see the module
     docstring for the form); with `tail`, also one followed by row operations on C
     (`_row_tail`), which only the cpu target's nest places. With `fold`, the batch dims
     only B reads are columns too (conv2d's images: C[n, o, p] has the columns (n, p),
     so W is one A for all of them); C is then no M x N matrix (`c_matrix`)."""
-    s = first_sum(kernel.statements)
+    return _view(kernel.statements, lambda t: kernel.array(t).type.shape, tail, fold, then)
+
+
+def _view(statements: list[Statement], shape_of, tail: bool, fold: bool,
+          then: bool = False) -> GemmView | None:
+    """`gemm_view` of `statements`, `shape_of` giving an array's shape."""
+    s = first_sum(statements)
     if s is None:
         return None
     if not (s.dtype == "float32" and isinstance(s.expr, Call) and s.expr.fn == "mul"
@@ -166,7 +179,7 @@ def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False) -> GemmVie
     out_iter = _pure(s.index)
     if out_iter is None or not out_iter:
         return None
-    shape = kernel.array(s.target).type.shape
+    shape = shape_of(s.target)
     if tuple(s.extents[p] for p in out_iter) != shape:
         return None
     red = tuple(p for p in range(len(s.extents)) if p not in out_iter)
@@ -197,8 +210,8 @@ def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False) -> GemmVie
                       and shape[b] > 1)
         batch, cols = tuple(b for b in batch if b not in moved), moved + cols
     # the rest of the kernel: exactly one init before, elementwise epilogue after
-    pos = kernel.statements.index(s)
-    before, after = kernel.statements[:pos], kernel.statements[pos + 1:]
+    pos = statements.index(s)
+    before, after = statements[:pos], statements[pos + 1:]
     if len(before) != 1:
         return None
     init = before[0]
@@ -219,10 +232,42 @@ def gemm_view(kernel: Kernel, tail: bool = False, fold: bool = False) -> GemmVie
         produced.add(e.target)
         epilogue += 1
     rest = after[epilogue:]
-    if rest and not (tail and _row_tail(rest, shape, cols, produced)):
-        return None
-    return GemmView(s, init, tuple(after[:epilogue]), out_iter, batch, rows, cols,
+    view = GemmView(s, init, tuple(after[:epilogue]), out_iter, batch, rows, cols,
                     red, a_arg, shape, tuple(rest))
+    if not rest:
+        return view
+    if not tail:
+        return None
+    if _row_tail(rest, shape, cols, set(produced)):
+        return view
+    second = _view(rest[-2:], shape_of, False, False) if then and len(rest) > 2 else None
+    if second is None or not _row_tail(rest[:-2], shape, cols, produced):
+        return None
+    view = replace(view, tail=tuple(rest[:-2]), then=second)
+    return view if _then(view, produced) else None
+
+
+def _then(view: GemmView, produced: set[str]) -> bool:
+    """Can `view.then`, a contraction after the row tail, run on each block of C's rows
+    once the tail is done with it? Its A must be one of the tail's results over C's box,
+    read at the then's own batch point and row along C's single column dim as K (the
+    probabilities of attention, softmax(q k^T) v); its B must read nothing the kernel
+    produces; its result is zero-initialised, has no epilogue, and its batch and row dims
+    are C's."""
+    t = view.then
+    tail = {s.target: s for s in view.tail}
+    a, b = t.a_expr, t.b_expr
+    lead = view.batch + view.rows
+    if not (len(view.cols) == 1 and len(t.red) == 1 and t.batch == view.batch
+            and t.rows == view.rows and isinstance(a, Load) and a.tensor in tail
+            and t.shape[:len(lead)] == view.shape[:len(lead)] and t.K == view.N
+            and not t.epilogue and isinstance(t.init.expr, Const) and t.init.expr.value == 0
+            and t.stmt.target not in produced
+            and not any(x.tensor in produced for x in loads_of(b))):
+        return False
+    own = [t.out_iter[d] for d in lead] + [t.red[0]]
+    return (tail[a.tensor].extents == view.shape
+            and [_one(x) for x in a.index] == own)
 
 
 def _row_tail(tail: list[Statement], shape: tuple[int, ...], cols: tuple[int, ...],

@@ -6,7 +6,9 @@
  *   so packing buffers cost neither a malloc nor fresh page faults per call. Slots:
  *   0 = packed B block, 1 = packed A block, 2 = partial sums of a local result,
  *   3 = a group of gathered K rows of an operand packed by runs (emit.py: _run_nest),
- *   4 = the padded copy of a B read in place by rows, 5 = its K rows' offsets.
+ *   4 = the padded copy of a B read in place by rows, 5 = its K rows' offsets, 6 = the
+ *   panels of a row tail's contraction's B (emit/then.py), 7-10 = a kernel's locals
+ *   stored whole (the cpu builder's declare_local).
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
  *
  *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 16: a column panel from
@@ -36,8 +38,8 @@
 #include <immintrin.h>
 #endif
 
-static _Thread_local void *polyc_scratch_buf[6];
-static _Thread_local size_t polyc_scratch_cap[6];
+static _Thread_local void *polyc_scratch_buf[11];
+static _Thread_local size_t polyc_scratch_cap[11];
 
 POLYC_SUPPORT_ENTRY void *polyc_scratch(int slot, size_t bytes)
 {

@@ -185,6 +185,11 @@ class Gemm(Mark):
     # 'tile': with B read in place, each K step also fetches the next column tile's row
     # (the kernel's `b_rows_ahead_variant`: `plan.fetches_next_tile`)
     ahead: str = "-"
+    # the kernel of the row tail's contraction (`GemmView.then`: attention's
+    # probabilities times v), A read in place by its `a_rows_variant`
+    then: str = ""
+    # d: that contraction's A is 0 past K index row + d (as `depth`)
+    then_depth: str = "-"
 
     @property
     def tiles(self) -> Tiles:
@@ -208,7 +213,9 @@ class Gemm(Mark):
                 + (f" a={self.a}" if self.a != "packed" else "")
                 + (f" masked={self.masked}" if self.masked != "-" else "")
                 + (f" depth={self.depth}" if self.depth != "-" else "")
-                + (f" ahead={self.ahead}" if self.ahead != "-" else ""))
+                + (f" ahead={self.ahead}" if self.ahead != "-" else "")
+                + (f" then={self.then}" if self.then else "")
+                + (f" then_depth={self.then_depth}" if self.then_depth != "-" else ""))
 
 
 @dataclass(frozen=True)

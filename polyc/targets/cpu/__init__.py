@@ -42,7 +42,8 @@ class CpuBackend(Backend):
         return cpu_machine()
 
     def microkernels(self, machine, options):
-        return lambda kernel, min_flops: microkernel_name(kernel, machine, min_flops)
+        return lambda kernel, min_flops: microkernel_name(kernel, machine, min_flops,
+                                                          options.tail_contraction)
 
     def passes(self):
         return (MICROKERNELS, TILE, CONTRACT, RECOMPUTE, LOWER)
@@ -88,6 +89,8 @@ def without_tile_statements(schedule: isl.Schedule, kernel, gemms: list[marks.Ge
     Below each `microkernel` mark only a tile's first row at its K block's first step
     is kept (`_tile_points`)."""
     views = {mark.stmt: (mark, plan_view(kernel, mark)) for mark in gemms}
+    views |= {view.then.stmt.name: (mark, view.then) for mark, view in list(views.values())
+              if view.then is not None}
     dropped = [s.name for _, view in views.values() for s in (view.init, *view.epilogue)]
     if not dropped:
         return schedule
@@ -123,10 +126,14 @@ def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:
         rows = " + ".join(f"{w}*{view.out_name(s0, d)}" for d, w in view.strides(view.rows).items())
         depth = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
         iters = ", ".join(s0.iter_name(d) for d in range(len(s0.extents)))
-        mr = registry.by_name(mark.kernel).mr
+        if s0.name == mark.stmt:
+            condition = (f"({rows}) mod {registry.by_name(mark.kernel).mr} = 0 and "
+                         f"({depth or '0'}) mod {mark.tiles.kc} = 0")
+        else:  # the row tail's contraction: one point per row block, which its tiles cover
+            cols = " + ".join(view.out_name(s0, d) for d in view.cols)
+            condition = f"({rows}) mod {mark.mc} = 0 and {cols} = 0 and {depth} = 0"
         first = isl.UnionSet.read_from_str(
-            schedule.get_ctx(), f"{{ {s0.name}[{iters}] : ({rows}) mod {mr} = 0 and "
-                                f"({depth or '0'}) mod {mark.tiles.kc} = 0 }}")
+            schedule.get_ctx(), f"{{ {s0.name}[{iters}] : {condition} }}")
         schedule = node.child(0).insert_filter(first).get_schedule()
     return schedule
 

@@ -65,16 +65,18 @@ def measured(machine: Machine) -> dict[str, float]:
                                           and set(m.features) <= machine.features))
 
 
-def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0) -> str | None:
+def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0,
+                     then: bool = True) -> str | None:
     """The fusion oracle's question: the microkernel that computes `kernel`'s contraction
-    (at least `min_flops` of it), or None."""
-    view = cpu_gemm_view(kernel)
+    (at least `min_flops` of it), or None; `then` as in `cpu_gemm_view`."""
+    view = cpu_gemm_view(kernel, then=then)
     mk = gemm_microkernel(view, machine, min_flops=min_flops,
                           streaming=view is not None and streams_b(view, kernel, machine))
     return mk.name if mk else None
 
 
-def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView | None:
+def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True,
+                  then: bool = True) -> GemmView | None:
     """`gemm_view` with the row tail the cpu nest places (`trees._tail_tree`), except
     after a contraction whose B is read in place (conv2d, `analysis.b_rows`): packing it
     for the tail's single column block would cost more than the tail's kernel saves.
@@ -84,8 +86,9 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView 
     empty (49 columns in 64); images that small are folded and packed even where B
     could be read in place. Not for a `team` of several threads when an image has
     FOLD_TEAM_COLUMNS columns or more: each thread's own images (par=batch) beat a team
-    sharing every block. `fold` False: never folded (`CpuOptions.fold_batch`)."""
-    view = gemm_view(kernel, tail=True)
+    sharing every block. `fold` False: never folded (`CpuOptions.fold_batch`). `then`: a
+    contraction after the tail is taken too (`Options.tail_contraction`)."""
+    view = gemm_view(kernel, tail=True, then=then)
     if view is None or (not view.tail and not fold):
         return view
     in_place = b_rows(view, kernel) is not None
@@ -100,7 +103,8 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True) -> GemmView 
 def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
     """The view `plan` was made for: the plan records whether it folded (`b=folded`),
     so the decision is not taken again."""
-    return gemm_view(kernel, fold=True) if plan.b == "folded" else cpu_gemm_view(kernel, fold=False)
+    return (gemm_view(kernel, fold=True) if plan.b == "folded"
+            else cpu_gemm_view(kernel, fold=False, then=bool(plan.then)))
 
 
 def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
@@ -115,6 +119,21 @@ def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
     mk = registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
                          rates=measured(machine), streaming=streaming)
     return None if mk is None or (view.tail and not tail_rows(view, mk, machine)) else mk
+
+
+def then_kernel(view: GemmView, machine: Machine, isa: str = "") -> registry.Microkernel:
+    """The kernel of a row tail's contraction (`GemmView.then`): its A, rows the tail has
+    just written, is read in place, so a kernel with an `a_rows_variant` (on an avx512
+    host, an avx2 one), within `isa` if one there has it (the portable kernel has it, so
+    there is always one): by rank, then the share of its tiles inside the result (64
+    columns: all of 6x16's, 89% of 4x24's), then the host's measured rate."""
+    rates = measured(machine)
+    fits = [m for m in registry.REGISTRY if m.kind == "gemm" and m.a_rows_variant
+            and set(m.features) <= machine.features]
+    asked = [m for m in fits if isa and m.name in registry.ISAS[isa]]
+    shape = (view.then.M, view.then.N)
+    return max(asked or fits, key=lambda m: (m.rank, round(registry.tile_efficiency(m, *shape), 2),
+                                            rates.get(m.name, 0.0)))
 
 
 def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int:
@@ -238,9 +257,12 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     if b == "packed" and constant_operand(view, kernel, "b"):
         b = "const"
     ahead = "tile" if rows and fetches_next_tile(view, mk, machine) else "-"
+    then = then_kernel(view, machine, options.microkernel_isa).name if view.then else ""
+    then_depth = masked_depth(view.then, kernel) if view.then else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
-                "-" if depth is None else str(depth), a, ahead)
+                "-" if depth is None else str(depth), a, ahead, then,
+                "-" if then_depth is None else str(then_depth))
 
 
 def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine) -> bool:

@@ -20,12 +20,15 @@ every loop a band of the tree and every decision a mark:
 A contraction followed by row operations on its result (`GemmView.tail`: attention's
 softmax of the scores, a row sum) keeps every column in one block (no jc loop) and rows
 in blocks of at most half of L2; the row operations run beside `pack_a`, on the block's
-rows once its tiles are final, while they are still in cache (`_tail_tree`):
+rows once its tiles are final, while they are still in cache (`_tail_tree`). A second
+contraction reading what the tail wrote (`GemmView.then`: the probabilities times v)
+follows on the same rows, its tiles reading them in place (`_then_tree`, `emit/then.py`):
 
               band [ic]
                 sequence
                   filter [init, S0, E..]  mark "pack_a S0" ...   (as above)
                   filter [tail]           band [i] -> sequence [ band [j] ... ]
+                  filter [S9_init, S9]    mark "microkernel sgemm_avx2_6x16 S9" -> ...
 
 The statements stay in the tree below the microkernel mark, so the tree is checked
 against every dependence like any other; codegen replaces that subtree by the kernel
@@ -90,7 +93,8 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.uses_microkernels(kernel.name):
         return model
-    view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch)
+    view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch,
+                         options.tail_contraction)
     streaming = view is not None and streams_b(view, kernel, machine)
     if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming)
@@ -116,6 +120,12 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
                           f"rows of C once its {view.N} columns are final, while the block is "
                           f"in cache (one column block; rows filling at most half of "
                           f"{machine.fusion_level.name})")
+        if view.then and report is not None:
+            t = view.then
+            report.append(f"{view.stmt.name} row tail's contraction {t.stmt.name} "
+                          f"({t.M}x{t.N}x{t.K}) on {plan.then}: on each block of rows once the "
+                          f"tail has written their {t.a_expr.tensor}, read in place while in "
+                          f"cache; its B packed once per batch point")
         return model.with_schedule(gemm_schedule(model, view, plan, rows))
     rows = [r for r in row_views(kernel) if r.length >= MIN_ROW]
     if len(rows) == 1 and len(kernel.statements) == 2:
@@ -134,17 +144,21 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     the batch band prepares B once, and there is no pack_b."""
     s0, mk = view.stmt, registry.by_name(plan.kernel)
     others = (view.init,) + view.epilogue
+    then = (view.then.init, view.then.stmt) if view.then else ()
     t = plan.tiles
+
+    def out(s: Statement, d: int) -> str:
+        return (view.then if s in then else view).out_name(s, d)
 
     def flat(s: Statement, dims: tuple[int, ...]) -> str:
         w = dict(zip(view.cols, rows.col_weights)) if rows and dims == view.cols else view.strides(dims)
-        return " + ".join(f"{w[d]}*{view.out_name(s, d)}" for d in dims) or "0"
+        return " + ".join(f"{w[d]}*{out(s, d)}" for d in dims) or "0"
 
     kflat = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
     last_pc = t.kc * ((view.K - 1) // t.kc)
 
     def member(expr_of, tail: bool = True) -> str:
-        return text.member((s0,) + others + (view.tail if tail else ()), expr_of)
+        return text.member((s0,) + others + ((*view.tail, *then) if tail else ()), expr_of)
 
     def band(members: list[str], child: str, coincident: bool = False, options: bool = True) -> str:
         return text.band(members, child, coincident=coincident, permutable=False,
@@ -173,12 +187,13 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     if plan.par == "inner":
         tree = mark(marks.TeamFor(s0.name), tree)
     batch = [d for d in view.batch if view.shape[d] > 1]
-    members = [member(lambda s, d=d: view.out_name(s, d)) for d in batch]
+    members = [member(lambda s, d=d: out(s, d)) for d in batch]
     if plan.batch_inside:  # B, which has the batch dim, packed per image below it
         tree = band(members, mark(marks.PackB(s0.name), tree) if not rows else tree)
     tree = mark(marks.PackA(s0.name), tree)
     if view.tail:
-        tree = text.sequence([((s0,) + others, tree), (view.tail, _tail_tree(view, plan))])
+        tree = text.sequence([((s0,) + others, tree), (view.tail, _tail_tree(view, plan))]
+                             + ([(then, _then_tree(view.then, plan))] if then else []))
     if "ic" in loops:
         tree = band([member(tiled["ic"])], tree)
         if plan.par == "rows":
@@ -246,6 +261,20 @@ def _tail_tree(view: GemmView, plan: marks.Gemm) -> str:
     rows = [text.member(view.tail, lambda s, d=d: s.iter_name(d)) for d in view.rows]
     tree = text.band(rows, text.sequence(parts), permutable=False)
     return text.mark(marks.TeamFor(view.stmt.name), tree) if plan.par == "inner" else tree
+
+
+def _then_tree(then: GemmView, plan: marks.Gemm) -> str:
+    """The row tail's contraction (`GemmView.then`) on the block's rows, after the tail:
+    codegen replaces it by the tiles of `plan.then`'s kernel.
+
+        mark "microkernel sgemm_avx2_6x16 S9" -> band [i, j] -> sequence [ S8, S9 band [k] ]
+    """
+    init, s = then.init, then.stmt
+    point = [text.member((init, s), lambda x, d=d: then.out_name(x, d))
+             for d in then.rows + then.cols]
+    red = text.band([text.member([s], lambda x: x.iter_name(then.red[0]))], permutable=False)
+    tree = text.band(point, text.sequence([([init], None), ([s], red)]), permutable=False)
+    return text.mark(marks.Microkernel(plan.then, s.name), tree)
 
 
 # --- row reductions ------------------------------------------------------------------

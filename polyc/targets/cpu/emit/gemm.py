@@ -39,6 +39,7 @@ from ..plan import plan_view
 from .brows import BRowsMixin
 from .common import up
 from .pack import PackMixin
+from .then import ThenMixin
 from .writeback import WriteBackMixin
 
 _T = isl.ast_node_type
@@ -49,7 +50,7 @@ def handles(mark: marks.Mark) -> bool:
     return isinstance(mark, _KINDS)
 
 
-class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
+class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
     def __init__(self, builder):
         self.b = builder  # the CpuBuilder: node(), loops, arrays, kernel
         self.used: list[registry.Microkernel] = []
@@ -85,6 +86,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             return self.pack(child, outer, "b")
         if isinstance(mark, marks.PackA):
             return self.pack(child, outer, "a")
+        if self.view.then is not None and mark.stmt == self.view.then.stmt.name:
+            return self.then_tiles(child, outer)
         return self.tile(child)
 
     def _tile_loops(self, allowed: set[str]) -> dict[str, str]:
@@ -117,6 +120,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             b = self.b.arrays[view.b_expr.tensor]
             body.append(cgen.Statement(f"const int mk_bfinite = polyc_all_finite("
                                        f"{b.c_name}, {c_size(math.prod(b.type.shape))})"))
+        body += self.then_finite() if plan.then else []
         if self._acc_local():
             self.partial_sums.add(view.stmt.target)
             m, n = self._acc_shape()
@@ -134,7 +138,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             threads = [f"num_threads({plan.threads})"] if plan.threads else []
             # the row tail's contracted buffers (a row of exp) are each thread's own; a
             # block of C (and of its epilogue) is filled by the team for the tail to read
-            shared = frozenset({view.stmt.target} | {e.target for e in view.epilogue})
+            # and the rows of the then's A the tail writes, for the team's tiles to read
+            shared = frozenset({view.stmt.target} | {e.target for e in view.epilogue}
+                               | ({view.then.a_expr.tensor} if view.then else set()))
             takes, releases = self.b.thread_heap_buffers(shared)
             private = self.b.private_buffers(shared)
             body += [cgen.Pragma(" ".join(["omp parallel", *threads, *private])),
@@ -181,6 +187,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin):
             if self.plan.b != "const":  # else packed whole on the first call (`pack_const`)
                 out.append(cgen.Statement(f"float *restrict mk_pb = polyc_scratch(0, "
                                           f"{c_size(self.b.promotion('mk_pb').bytes)})"))
+            if self.plan.then:
+                out.append(self.then_buffer())
         elif "b" in side:
             # the copy runs `nr` floats past P: the last tile reads its rows whole
             size = math.prod(rows.shape) // math.prod(self.view.shape[d] for _, d in rows.slices)

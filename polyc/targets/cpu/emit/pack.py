@@ -42,8 +42,10 @@ class PackMixin:
                 cgen.Statement(f"const long mk_mc = min({t.mc}, {plan.m} - mk_i0)")]
             tile, total, own = mk.mr, plan.m, view.rows
             expr, start, size, buf = view.a_expr, "mk_i0", "mk_mc", "mk_pa"
+        then = self.then_pack(loops, plan.par == "inner") if side == "b" and plan.then else []
         if plan.whole(side):
-            return cgen.Block(head + [  # packed whole: `pack_once`, `pack_const`
+            mine = [self.then_buffer()] if then and plan.par != "inner" else []
+            return cgen.Block(head + mine + then + [  # packed whole: `pack_once`, `pack_const`
                 cgen.Statement(f"float *restrict {buf} = {buf}w + {self._whole_offset(side)}"),
                 self.b.node(child, outer)])
         if plan.par != "inner" and not in_place:
@@ -58,7 +60,7 @@ class PackMixin:
                 cgen.Statement(f"const float *restrict mk_A = {start}"),
                 self.b.node(child, outer)])
         fill = self._fill(side, expr, tile, total, own, start, size, buf, plan.par == "inner")
-        return cgen.Block(head + batch + fill + [self.b.node(child, outer)])
+        return cgen.Block(head + batch + fill + then + [self.b.node(child, outer)])
 
     def pack_once(self) -> list[cgen.Generable]:
         """A packed whole, before the loop over images that would repack it for each

@@ -1091,6 +1091,9 @@ def test_attention_is_one_kernel_its_softmax_and_product_with_v_in_the_scores_ne
         assert any("row tail's contraction" in line and "y.probs, read in place" in line
                    for line in report), report
         assert f" then={registry.by_name(marks.parse(plan).then).name}" in plan
+        # the scores and probabilities live one block of rows at a time
+        assert any(line.startswith(("y.scores (", "y.probs (")) and "a block of" in line
+                   for line in report), report
         # the causal mask's tiles of scores are not computed, nor the K steps of the
         # product with v past each tile's diagonal
         assert ("masked=0" in plan) == causal and ("then_depth=0" in plan) == causal, plan
@@ -1514,12 +1517,13 @@ def _run_under_asan(compiled, tmp_path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("case", ["conv-padded", "conv-1x1", "conv-in-place", "conv-a-once",
                                   "conv-a-const", "linear-b-const", "matmul-edges",
-                                  "matmul-edges-portable", "linear-k-blocks"])
+                                  "matmul-edges-portable", "linear-k-blocks", "attention"])
 def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     """The last virtual columns of a conv read B's rows whole from the padded copy (room
     is left past its end) or, in place, through a panel; edge tiles and K blocks of a
     matmul, its A read in place (29 columns: `a=rows`), touch no element outside A, B, C
-    and the scratch."""
+    and the scratch; attention's scores and probabilities stay in their block buffers
+    (a last short block, a last tile of v 8 columns wide, causal K steps)."""
     if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
         graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20),))
@@ -1546,6 +1550,11 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
         graph, _ = _matmul((13, 37), (37, 29))
         options = Options(microkernel_tiles=(("kc", 8), ("mc", 6), ("nc", 16)),
                           gemm_kernel=PORTABLE if case.endswith("portable") else "")
+    elif case == "attention":
+        b = GraphBuilder("att")
+        q, k, v = b.input("q", (2, 301, 64)), b.input("k", (2, 700, 64)), b.input("v", (2, 700, 40))
+        graph = b.build([b.attention(q, k, v, causal=True, out="y")])
+        options = Options(threads=2)
     else:
         graph, _ = _matmul((2, 19, 40), (40, 35), epilogue=lambda b, y, i, r, s: b.relu(y))
         options = Options(microkernel_tiles=(("kc", 16),))
@@ -1555,6 +1564,11 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
         assert marks.parse(_gemm_marks(compiled)[0]).a == "once"
     if case == "conv-1x1":
         assert "mk_jr + 16 <= 169" in compiled.c_source
+    if case == "attention":
+        plan = marks.parse(_gemm_marks(compiled)[0])
+        assert plan.then and plan.then_depth == "0" and "ic" in plan.loops, plan
+        assert {a.tensor for a in compiled.kernels[0].kernel.arrays if a.block} == {
+            "y.scores", "y.probs"}
     if case.endswith("-const"):
         assert getattr(marks.parse(_gemm_marks(compiled)[0]), case.split("-")[1]) == "const"
     if case.startswith("matmul-edges") and registry.by_name(

@@ -226,10 +226,14 @@ class ExprPrinter:
         if a.kept == ():
             return a.c_name  # a buffer of one element is a C scalar
         dims = range(a.type.ndim) if a.kept is None else a.kept  # a buffer drops pinned dims
+        if a.block is not None:  # one block of rows: the dims before dropped, the rows wrapped
+            dims = range(a.block[0], a.type.ndim)
         terms = []
         stride = 1
         for d in reversed(dims):
             e = c_index(index[d], self.iters)
+            if a.block is not None and d == a.block[0] and e != "0":
+                e = f"({e}) % {a.block[1]}"
             if e != "0":
                 e = e if e.replace("_", "").isalnum() else f"({e})"
                 # a symbolic stride (64*N, N + 1) is an expression: parenthesised

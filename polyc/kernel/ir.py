@@ -52,9 +52,16 @@ class Array:
     # (a contraction's operand packed on the first call) names it, so that the unit, and
     # the object cached for it, are this data's alone
     constant: str = ""
+    # (dim, rows): a local a row tail's nest touches one block of rows at a time (a gemm's
+    # C and the probabilities a second contraction reads, `trees.block_buffers`): its
+    # buffer holds one block, the dims before `dim` dropped, `dim` taken modulo `rows`
+    block: tuple[int, int] | None = None
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
+        if self.block is not None:
+            dim, rows = self.block
+            return (rows,) + self.type.shape[dim + 1:]
         if self.kept is None:
             return self.type.shape
         return tuple(self.type.shape[k] for k in self.kept)
@@ -78,7 +85,8 @@ class Kernel:
     def __str__(self) -> str:
         lines = [f"kernel {self.name} covers {', '.join(self.nodes)}"]
         for a in self.arrays:
-            buf = f" as buffer [{','.join(map(str, a.buffer_shape))}]" if a.kept is not None else ""
+            buf = (f" as buffer [{','.join(map(str, a.buffer_shape))}]"
+                   if a.kept is not None or a.block is not None else "")
             const = f" constant {a.constant[:12]}" if a.constant else ""
             lines.append(f"  {a.role:5} {a.c_name}: {a.type}{buf}{const}  ({a.tensor!r})")
         lines += [f"  {s}" for s in self.statements]

@@ -118,7 +118,7 @@ def contract_arrays(kernel: Kernel, model: PolyModel, schedule: isl.Schedule) ->
     arrays = []
     accesses, prefixes = model.reads.union(model.writes), _Prefixes()
     for a in kernel.arrays:
-        if a.role == "local":
+        if a.role == "local" and a.block is None:  # a block buffer is one already
             depth, kept = _plan(accesses, schedule, a, prefixes)
             element = a.type.itemsize
             size = element * math.prod(a.type.shape[k] for k in kept)

@@ -152,6 +152,10 @@ def buffer_report(builder: CpuBuilder) -> tuple[str, ...]:
                      else "in registers until its consumers are applied at the write-back")
             lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: the "
                          f"microkernel computes it tile by tile, {where}")
+        elif a.block is not None:
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a block of "
+                         f"{a.block[1]} rows at a time, in scratch (one per thread unless a "
+                         "team shares the block)")
         elif a.role == "local":
             lines.append(f"{a.tensor} ({a.type}) stays inside the kernel but could not be "
                          "contracted: it is materialised whole in scratch memory")

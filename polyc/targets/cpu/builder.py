@@ -9,6 +9,7 @@ Contracted buffers are declared once and made private to each thread.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import cgen
@@ -53,7 +54,6 @@ class CpuBuilder(CBuilder):
         self.microkernels = MicrokernelEmitter(self)
         self.streamed = False  # has a loop stored with non-temporal stores
         self.guarded_scalar = False  # a loop assigns a contracted scalar under an if
-        self.scratch_locals = 0  # whole locals given a scratch slot (`declare_local`)
 
     def node(self, n: isl.AstNode, marks: tuple = ()) -> cgen.Generable:
         if n.get_type() != _T.for_:
@@ -145,13 +145,21 @@ class CpuBuilder(CBuilder):
         """Where the support of a gemm kernel is linked, a local stored whole lives in the
         thread's scratch (support.c's slots from LOCAL_SLOT on), kept across calls: a
         malloc of attention's 8 MiB of probabilities and 8 MiB of scores faulted in
-        every page on every call (Zen 3, 1 thread: 1.8x the time of the kernel)."""
-        slot = LOCAL_SLOT + self.scratch_locals
+        every page on every call (Zen 3, 1 thread: 1.8x the time of the kernel). A
+        block buffer (`Array.block`) holds one block of rows."""
+        whole = [x.c_name for x in self.kernel.arrays if x.role == "local" and x.kept is None]
+        slot = LOCAL_SLOT + (whole.index(a.c_name) if a.c_name in whole else SCRATCH_SLOTS)
         if slot >= SCRATCH_SLOTS or not any(m.kind == "gemm" for m in self.microkernels.used):
             return super().declare_local(a)
-        self.scratch_locals += 1
+        size = a.type.itemsize * math.prod(a.buffer_shape)
+        # nothing to release: the slot is kept (a thread's own copies may leave the
+        # function's unused)
         return (cgen.Statement(f"{C_TYPE[a.type.dtype]} *restrict {a.c_name} = polyc_scratch("
-                               f"{slot}, {c_size(a.type.nbytes)})"), cgen.Line(""))
+                               f"{slot}, {c_size(size)})"), cgen.Statement(f"(void){a.c_name}"))
+
+    def declare_buffer(self, a):
+        # a block buffer inside a parallel region: the thread's own (`heap_buffers`)
+        return self.declare_local(a) if a.block is not None else super().declare_buffer(a)
 
     def emit_loop(self, it, init, cond, inc, body, marks):
         partial = next((m for m in marks if isinstance(m, mk.Partials)), None)
@@ -188,9 +196,11 @@ class CpuBuilder(CBuilder):
         return cgen.Module([cgen.Pragma(p) for p in pragmas] + [loop]) if pragmas else loop
 
     def heap_buffers(self, shared: frozenset[str] = frozenset()) -> list:
-        """The contracted buffers as long as a symbolic dim (`CBuilder.declare_buffer`),
-        but those of the tensors `shared`."""
-        return [a for a in self.buffers
+        """The contracted buffers as long as a symbolic dim (`CBuilder.declare_buffer`)
+        and the block buffers (each thread's block of rows in its scratch), but those of
+        the tensors `shared`."""
+        blocks = [a for a in self.kernel.arrays if a.block is not None]
+        return [a for a in self.buffers + blocks
                 if self.declare_buffer(a)[1] is not None and a.tensor not in shared]
 
     def private_buffers(self, shared: frozenset[str] = frozenset(),

@@ -392,6 +392,23 @@ def panel_promotions(schedule: isl.Schedule, view: GemmView, plan: marks.Gemm,
     return tuple(out)
 
 
+def block_buffers(kernel: Kernel, view: GemmView, plan: marks.Gemm) -> Kernel:
+    """`kernel` with C (stored for its row tail) and the A of the tail's contraction held
+    one block of rows at a time (`Array.block`): the nest touches a block's rows only
+    while it runs that block (no K blocks: C's partial sums would outlive it), so a
+    buffer of the block's rows serves every batch point and block, and stays in cache
+    (attention 8x512x64, Zen 3, 1 thread: 8 MiB of scores and 8 of probabilities
+    each written to memory and read back, against 252 KiB of each: 0.91-0.92x the
+    time, by hand)."""
+    if not view.tail or "pc" in plan.loops or len(view.rows) != 1 or type(plan.mc) is not int:
+        return kernel
+    names = {view.stmt.target} | ({view.then.a_expr.tensor} if view.then else set())
+    block = (view.rows[0], plan.mc)
+    return replace(kernel, arrays=tuple(
+        replace(a, block=block) if a.tensor in names and a.role == "local" and a.kept is None
+        and all(type(n) is int for n in a.type.shape) else a for a in kernel.arrays))
+
+
 def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelState:
     chosen: list[str] = []
     model = map_microkernels(state.model, state.kernel, options=options, machine=machine,
@@ -400,9 +417,10 @@ def microkernels_pass(state: KernelState, machine: Machine, options) -> KernelSt
     plans = state.marks(marks.Gemm)
     if not plans:
         return state
-    promotions = panel_promotions(state.schedule, plan_view(state.kernel, plans[0]),
-                                  plans[0], machine)
-    return replace(state, promotions=promotions).note(*map(str, promotions))
+    view = plan_view(state.kernel, plans[0])
+    promotions = panel_promotions(state.schedule, view, plans[0], machine)
+    return replace(state, kernel=block_buffers(state.kernel, view, plans[0]),
+                   promotions=promotions).note(*map(str, promotions))
 
 
 MICROKERNELS = Pass("microkernels", microkernels_pass, changes_schedule=True)

@@ -78,7 +78,9 @@ class WriteBackMixin:
         direct = [f"mk_mr == {MR}", "mk_straight" if rows else f"mk_nr == {NR}"]
         direct += [] if zero_init else [f"!{first}"]
         direct += [f"!{last}"] if applies else []
-        cptr = f"{acc_name} + mk_boff + mk_it * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
+        row = "mk_it" if h.block is None else f"(mk_it % {h.block[1]})"  # C's block of rows
+        base = "mk_boff + " if h.block is None else ""
+        cptr = f"{acc_name} + {base}{row} * {plan.n} + {'mk_jreal' if rows else 'mk_jt'}"
         # a masked tile (`Gemm.masked`): nothing reads its values, zeros stand in; with
         # A 0 past a depth (`Gemm.depth`), the K steps up to it (none: zeros again)
         dead = self._masked_tile()

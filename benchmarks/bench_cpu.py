@@ -369,7 +369,7 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         times = spread_best_times(timed, rounds=rounds, clock=clock_for(threads),
                                   progress=progress)
         epilogue = _paired_epilogue(rows, threads)
-        paired = {name: _paired_torch(fns, times[name]["polyc"], threads)
+        paired = {name: paired_with(fns, "torch", times[name]["polyc"], threads)
                   for name, (_, fns, _) in rows.items() if "torch" in fns}
     results = {}
     for name, (row, fns, others) in rows.items():
@@ -400,16 +400,16 @@ def _paired_epilogue(rows: dict, threads: int) -> dict | None:
 PAIRED_S, PAIRS = 4.0, (10, 40)
 
 
-def _paired_torch(fns: dict, best_s: float, threads: int) -> dict:
-    """polyc's speed over torch eager's, call by call (`paired_ratio`): beside the ratio
-    of best times, one that a slow spell of the host cannot give to either side (it
-    moves both calls of a pair). Pools are left to go idle before each call at two
-    threads (a few ms of libgomp's spinning)."""
+def paired_with(fns: dict, peer: str, best_s: float, threads: int) -> dict:
+    """polyc's speed over `peer`'s (torch eager, torch.compile), call by call
+    (`paired_ratio`): beside the ratio of best times, one that a slow spell of the host
+    cannot give to either side (it moves both calls of a pair). Pools are left to go
+    idle before each call at two threads (a few ms of libgomp's spinning)."""
     pairs = max(PAIRS[0], min(PAIRS[1], int(PAIRED_S / (2 * best_s))))
-    median, q1, q3 = paired_ratio(fns["torch"], fns["polyc"], pairs=pairs,
+    median, q1, q3 = paired_ratio(fns[peer], fns["polyc"], pairs=pairs,
                                   clock=clock_for(threads),
                                   settle_s=0.02 if threads > 1 else 0.0)
-    return {"peer": "torch", "pairs": pairs, "ratio": median, "quartiles": [q1, q3]}
+    return {"peer": peer, "pairs": pairs, "ratio": median, "quartiles": [q1, q3]}
 
 
 def main() -> int:
@@ -458,21 +458,23 @@ def main() -> int:
 
 
 def paired_lines(rows: list[dict]) -> list[str]:
-    """Each case's speed over torch eager's call by call (`_paired_torch`), and how many
-    cases of each thread count pass a goal against torch that way."""
+    """Each case's speed over its peer's call by call (`paired_with`), and how many cases
+    of each thread count pass their goal against that peer that way."""
     lines, passed = [], {}
     for r in rows:
-        p, goal = r.get("paired"), r.get("goals", {}).get("torch")
+        p = r.get("paired")
         if not p:
             continue
+        goal = r.get("goals", {}).get(p["peer"])
         q1, q3 = p["quartiles"]
         lines.append(f"  {r['case']} ({r['threads']} thr): in pairs of calls {p['ratio']:.2f}x "
-                     f"torch (median of {p['pairs']}, quartiles {q1:.2f}x {q3:.2f}x)")
+                     f"{p['peer']} (median of {p['pairs']}, quartiles {q1:.2f}x {q3:.2f}x)")
         if goal:
-            n, total = passed.get(r["threads"], (0, 0))
-            passed[r["threads"]] = (n + (p["ratio"] >= goal), total + 1)
+            key = (r["threads"], p["peer"])
+            n, total = passed.get(key, (0, 0))
+            passed[key] = (n + (p["ratio"] >= goal), total + 1)
     lines += [f"  in pairs of calls, {n} of {total} cases at {t} thread(s) meet their goal "
-              "against torch" for t, (n, total) in passed.items()]
+              f"against {peer}" for (t, peer), (n, total) in passed.items()]
     return lines
 
 

@@ -17,7 +17,9 @@ beside the FMA peak. The libraries take turns (`machine.best_times`), so a noisy
 on this shared machine hits them alike, on one thread in the thread's CPU time
 (`machine.clock_for`): read ratios, not absolute times. The issue's
 goals (2x torch.compile; attention 1.5x scaled_dot_product_attention) are printed as met
-or not; the table goes to `--out` as bench_fusion.json with its plot.
+or not; beside them, polyc against torch.compile call by call (the median of back-to-back
+pairs, `machine.paired_ratio`: a slow spell of the host moves both calls of a pair, not
+two separate best times). The table goes to `--out` as bench_fusion.json with its plot.
 
 A second table puts each column form (softmax and log_softmax over axis 0 of 1024x4096,
 and over the middle axis of 16x1024x256) beside the same op over the last axis of the
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import machine_limits  # noqa: E402
+from bench_cpu import machine_limits, paired_lines, paired_with  # noqa: E402
 from machine import best_times, clock_for, clock_name, set_threads, stream_triad_gbs  # noqa: E402
 from report import RESULTS, goal_lines, save_table  # noqa: E402
 
@@ -198,6 +200,8 @@ def measure(name: str, threads: int, rounds: int, rng, use_compile: bool,
             fns[peer] = lambda fn=fn: fn(*targs)
     with torch.no_grad() if torch is not None else contextlib.nullcontext():
         times = best_times(fns, rounds=rounds, clock=clock_for(threads))
+        paired = (paired_with(fns, "torch.compile", times["polyc"], threads)
+                  if "torch.compile" in fns else None)
     if op == "attention":
         unit, work = "GFLOP/s", ATTENTION_FLOPS
         limit = {"label": "FMA peak", "value": flops_peak}
@@ -205,9 +209,10 @@ def measure(name: str, threads: int, rounds: int, rng, use_compile: bool,
         unit, work = "GB/s", sum(a.nbytes for a in np_args) + want.nbytes
         # right after: the same state of the machine
         limit = {"label": "STREAM triad", "value": stream_triad_gbs(threads)}
-    return {"case": name, "threads": threads, "unit": unit, "limit": limit, "goals": goals,
-            "kernels": len(compiled.kernels), "clock": clock_name(threads),
-            "values": {lib: work / t / 1e9 for lib, t in times.items()}}
+    row = {"case": name, "threads": threads, "unit": unit, "limit": limit, "goals": goals,
+           "kernels": len(compiled.kernels), "clock": clock_name(threads),
+           "values": {lib: work / t / 1e9 for lib, t in times.items()}}
+    return {**row, "paired": paired} if paired else row
 
 
 def print_row(row: dict) -> None:
@@ -256,7 +261,8 @@ def main() -> None:
                 print_row(rows[-1])
     path = save_table("bench_fusion", "Fused kernels vs numpy, PyTorch eager, torch.compile "
                       "(Inductor), SDPA", rows, out_dir=args.out)
-    print("goals:", *goal_lines({"better": "higher", "rows": rows}), sep="\n")
+    print("goals:", *goal_lines({"better": "higher", "rows": rows}), *paired_lines(rows),
+          sep="\n")
     print(f"wrote {path} (and its plot)")
     if not args.no_columns:
         columns(rounds, rng)

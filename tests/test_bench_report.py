@@ -148,3 +148,9 @@ def test_cases_are_counted_against_their_goal_in_pairs_of_calls():
     assert lines[-2:] == [
         "  in pairs of calls, 1 of 2 cases at 1 thread(s) meet their goal against torch",
         "  in pairs of calls, 2 of 2 cases at 2 thread(s) meet their goal against torch"]
+    # bench_fusion's rows: against torch.compile, each case's goal for that peer
+    fused = [{"case": c, "threads": 1, "goals": {"torch.compile": 2.0, "sdpa": 1.5},
+              "paired": {"peer": "torch.compile", "pairs": 10, "ratio": r, "quartiles": [r, r]}}
+             for c, r in (("attention", 1.8), ("softmax", 6.0))]
+    assert bench_cpu.paired_lines(fused)[-1] == (
+        "  in pairs of calls, 1 of 2 cases at 1 thread(s) meet their goal against torch.compile")

@@ -87,7 +87,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         if isinstance(mark, marks.PackA):
             return self.pack(child, outer, "a")
         if self.view.then is not None and mark.stmt == self.view.then.stmt.name:
-            return self.then_tiles(child, outer)
+            return self.then_tiles()
         return self.tile(child)
 
     def _tile_loops(self, allowed: set[str]) -> dict[str, str]:

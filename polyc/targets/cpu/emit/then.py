@@ -10,6 +10,7 @@ import math
 import cgen
 
 from ....codegen.cexpr import ExprPrinter, c_size
+from ....kernel.ir import c_comment
 from ....microkernels import registry
 from .common import up
 
@@ -53,7 +54,7 @@ class ThenMixin:
                              f"{self.plan.then} tiles"),
                 cgen.If(last, cgen.Block(share + [panels]))]
 
-    def then_tiles(self, child, outer) -> cgen.Generable:
+    def then_tiles(self) -> cgen.Generable:
         """The then on the current block of rows: its tiles, A's rows read in place."""
         plan, t, mk = self.plan, self.view.then, self._then_kernel()
         MR, NR = mk.mr, mk.nr
@@ -83,9 +84,9 @@ class ThenMixin:
             "long mk_ti = mk_t0", "mk_ti < mk_t0 + mk_tm", f"mk_ti += {MR}", cgen.Block(body)))
         if mk not in self.used:
             self.used.append(mk)
-        return cgen.Block([cgen.Comment(
+        return cgen.Block([cgen.Comment(c_comment(  # a tensor's name is the user's
             f"{mk.name}: {t.stmt.name} on the block's rows, {c_size(t.M)}x{N}x{K} in all, A "
-            f"({a.tensor}) read in place")] + head + share + [tiles])
+            f"({a.tensor}) read in place"))] + head + share + [tiles])
 
     def _row_stride(self, tensor: str, dim: int) -> str:
         """Floats between consecutive indices of `dim` in `tensor` as stored (a buffer

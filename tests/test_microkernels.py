@@ -1119,6 +1119,21 @@ def test_causal_attention_with_an_inf_in_v_past_the_diagonal_is_nan_as_the_refer
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_v_shared_by_every_head_follows_the_softmax_in_its_nest(threads):
+    # multi-query attention: v has no head dim, so the heads are rows of the product
+    # with v, which still runs on each block of the scores' rows
+    rng = np.random.default_rng(13)
+    b = GraphBuilder("mqa")
+    q, k, v = b.input("q", (4, 200, 64)), b.input("k", (4, 300, 64)), b.input("v", (300, 48))
+    probs = b.op("softmax", b.matmul(q, k, transpose_b=True), axis=-1)
+    graph = b.build([b.matmul(probs, v)])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    compiled = _check(graph, inputs, Options(threads=threads))
+    (plan,) = _gemm_marks(compiled)
+    assert len(compiled.kernels) == 1 and " then=" in plan, plan
+
+
 @pytest.mark.parametrize("isa", ["", "portable"])
 def test_one_head_of_attention_shared_by_a_team_with_edge_tiles(isa):
     # one head (no batch loop: the team shares every tile loop), rows in several blocks

@@ -253,13 +253,14 @@ def _then(view: GemmView, produced: set[str]) -> bool:
     read at the then's own batch point and row along C's single column dim as K (the
     probabilities of attention, softmax(q k^T) v); its B must read nothing the kernel
     produces; its result is zero-initialised, has no epilogue, and its batch and row dims
-    are C's."""
+    are C's (a batch dim B does not read is one of its rows: v shared by all heads,
+    multi-query attention)."""
     t = view.then
     tail = {s.target: s for s in view.tail}
     a, b = t.a_expr, t.b_expr
     lead = view.batch + view.rows
-    if not (len(view.cols) == 1 and len(t.red) == 1 and t.batch == view.batch
-            and t.rows == view.rows and isinstance(a, Load) and a.tensor in tail
+    if not (len(view.cols) == 1 and len(view.rows) == 1 and len(t.red) == 1
+            and t.batch + t.rows == lead and isinstance(a, Load) and a.tensor in tail
             and t.shape[:len(lead)] == view.shape[:len(lead)] and t.K == view.N
             and not t.epilogue and isinstance(t.init.expr, Const) and t.init.expr.value == 0
             and t.stmt.target not in produced

@@ -130,8 +130,9 @@ def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:
             condition = (f"({rows}) mod {registry.by_name(mark.kernel).mr} = 0 and "
                          f"({depth or '0'}) mod {mark.tiles.kc} = 0")
         else:  # the row tail's contraction: one point per row block, which its tiles cover
+            row = view.out_name(s0, view.rows[-1])  # C's row (its batch dims may be rows here)
             cols = " + ".join(view.out_name(s0, d) for d in view.cols)
-            condition = f"({rows}) mod {mark.mc} = 0 and {cols} = 0 and {depth} = 0"
+            condition = f"{row} mod {mark.mc} = 0 and {cols} = 0 and {depth} = 0"
         first = isl.UnionSet.read_from_str(
             schedule.get_ctx(), f"{{ {s0.name}[{iters}] : {condition} }}")
         schedule = node.child(0).insert_filter(first).get_schedule()

@@ -39,7 +39,7 @@ class ThenMixin:
         t, NR = self.view.then, self._then_kernel().nr
         s, K, N = t.stmt, c_size(t.K), c_size(t.N)
         names = {t.out_iter[d]: v for d, v in self._batch_values(loops).items()}
-        names |= {t.out_iter[t.rows[0]]: "0", t.out_iter[t.cols[0]]: "(mk_tj + mk_x)",
+        names |= {t.out_iter[self.view.rows[0]]: "0", t.out_iter[t.cols[0]]: "(mk_tj + mk_x)",
                   t.red[0]: "mk_p"}
         value = ExprPrinter(self.b.arrays, lambda pos: names[pos]).value(t.b_expr)
         row = cgen.For("long mk_x = 0", f"mk_x < {NR}", "mk_x++", cgen.Assign(
@@ -59,7 +59,8 @@ class ThenMixin:
         plan, t, mk = self.plan, self.view.then, self._then_kernel()
         MR, NR = mk.mr, mk.nr
         loops = self._tile_loops(set(plan.loops))
-        row, col = t.rows[0], t.cols[0]
+        # C's batch and row dims (the then's rows too where B has no batch dim)
+        row, col, lead = self.view.rows[0], t.cols[0], len(self.view.batch)
         names = {t.out_iter[d]: v for d, v in self._batch_values(loops).items()}
         names |= {t.out_iter[row]: "mk_ti", t.out_iter[col]: "mk_tj", t.red[0]: "0"}
         p = ExprPrinter(self.b.arrays, lambda pos: names[pos])
@@ -74,9 +75,9 @@ class ThenMixin:
                                        f"mk_rows + {plan.then_depth}) : {K}"))
         body.append(cgen.Statement(
             f"{mk.a_rows_variant}({kc}, &{p.access(a.tensor, a.index)}, "
-            f"{self._row_stride(a.tensor, len(t.batch))}, mk_pt + mk_tj * {K}, "
+            f"{self._row_stride(a.tensor, lead)}, mk_pt + mk_tj * {K}, "
             f"&{p.access(t.stmt.target, t.stmt.index)}, "
-            f"{self._row_stride(t.stmt.target, len(t.batch))}, 0, mk_rows, "
+            f"{self._row_stride(t.stmt.target, lead)}, 0, mk_rows, "
             f"min({NR}, {N} - mk_tj))"))
         share = ([cgen.Pragma("omp for collapse(2) schedule(static)")]
                  if plan.par == "inner" else [])

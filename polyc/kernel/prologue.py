@@ -99,8 +99,7 @@ def _operand_reader(statements: list[Statement], p: int) -> list[int]:
     if len(readers) != 1 or readers[0] < p:
         return []
     s = statements[readers[0]]
-    if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
-            and len(s.expr.args) == 2):
+    if not _sum_of_product(s):
         return []
     if _depends_on_first_sum(statements, p):
         # attention's probabilities, read by the product with v after the softmax of the
@@ -126,11 +125,16 @@ def _depends_on_first_sum(statements: list[Statement], p: int) -> bool:
     return statements[p].target in after
 
 
+def _sum_of_product(s: Statement) -> bool:
+    """Is `s` a sum of the product of two factors (a contraction's update)?"""
+    return (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
+            and len(s.expr.args) == 2)
+
+
 def _operand_of_product(s: Statement, tensor: str) -> bool:
     """Does the sum of a product `s` read `tensor` in one factor only (a contraction's
     operand, not a row sum of squares)?"""
-    if not (s.reduce == "sum" and isinstance(s.expr, Call) and s.expr.fn == "mul"
-            and len(s.expr.args) == 2):
+    if not _sum_of_product(s):
         return False
     reads = [any(ld.tensor == tensor for ld, _ in loads(a)) for a in s.expr.args]
     return reads.count(True) == 1
@@ -144,7 +148,7 @@ def _epilogue_readers(statements: list[Statement], p: int) -> list[int]:
     if c is None:
         return []
     at = statements.index(c)
-    if not (isinstance(c.expr, Call) and c.expr.fn == "mul" and len(c.expr.args) == 2):
+    if not _sum_of_product(c):
         return []  # a sum of other terms (softmax's) has no write-back to fold into
     init = next((x for x in statements if x.target == c.target and x.reduce is None), None)
     if init is None:

@@ -123,10 +123,11 @@ def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:
     while (node := unfiltered(schedule.get_root())) is not None:
         mark, view = views[marks.parse(node.mark_get_id().get_name()).stmt]
         s0 = view.stmt
-        rows = " + ".join(f"{w}*{view.out_name(s0, d)}" for d, w in view.strides(view.rows).items())
         depth = " + ".join(f"{w}*{s0.iter_name(p)}" for p, w in view.red_strides().items())
         iters = ", ".join(s0.iter_name(d) for d in range(len(s0.extents)))
         if s0.name == mark.stmt:
+            rows = " + ".join(f"{w}*{view.out_name(s0, d)}"
+                              for d, w in view.strides(view.rows).items())
             condition = (f"({rows}) mod {registry.by_name(mark.kernel).mr} = 0 and "
                          f"({depth or '0'}) mod {mark.tiles.kc} = 0")
         else:  # the row tail's contraction: one point per row block, which its tiles cover

@@ -148,7 +148,7 @@ class CpuBuilder(CBuilder):
         every page on every call (Zen 3, 1 thread: 1.8x the time of the kernel). A
         block buffer (`Array.block`) holds one block of rows."""
         whole = [x.c_name for x in self.kernel.arrays if x.role == "local" and x.kept is None]
-        slot = LOCAL_SLOT + (whole.index(a.c_name) if a.c_name in whole else SCRATCH_SLOTS)
+        slot = LOCAL_SLOT + whole.index(a.c_name) if a.c_name in whole else SCRATCH_SLOTS
         if slot >= SCRATCH_SLOTS or not any(m.kind == "gemm" for m in self.microkernels.used):
             return super().declare_local(a)
         size = a.type.itemsize * math.prod(a.buffer_shape)

@@ -117,9 +117,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
             f"{plan.kernel}: C[{view.batches}x {plan.m}x{plan.n}] += A[{plan.m}x{plan.k}] "
             f"B[{plan.k}x{plan.n}]; tiles mc={t.mc} nc={t.nc} kc={t.kc}, {plan.par} threads")]
         if plan.depth != "-":  # the K steps a tile may skip, only if B is finite
-            b = self.b.arrays[view.b_expr.tensor]
-            body.append(cgen.Statement(f"const int mk_bfinite = polyc_all_finite("
-                                       f"{b.c_name}, {c_size(math.prod(b.type.shape))})"))
+            body.append(self.all_finite("mk_bfinite", view.b_expr.tensor))
         body += self.then_finite() if plan.then else []
         if self._acc_local():
             self.partial_sums.add(view.stmt.target)
@@ -149,6 +147,12 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
             body.append(inner)
         self.plan = self.view = self.rows = None
         return cgen.Block(body)
+
+    def all_finite(self, name: str, tensor: str) -> cgen.Generable:
+        """`name`: does `tensor` hold no inf or NaN (once per call)?"""
+        a = self.b.arrays[tensor]
+        return cgen.Statement(f"const int {name} = polyc_all_finite({a.c_name}, "
+                              f"{c_size(math.prod(a.type.shape))})")
 
     def _acc_local(self) -> bool:
         """Partial sums of a result no one outside reads go to a scratch buffer, and so

@@ -29,9 +29,7 @@ class ThenMixin:
         """With A 0 past a depth (`Gemm.then_depth`), whether B is finite, once per call."""
         if self.plan.then_depth == "-":
             return []
-        b = self.b.arrays[self.view.then.b_expr.tensor]
-        return [cgen.Statement(f"const int mk_tfinite = polyc_all_finite("
-                               f"{b.c_name}, {c_size(math.prod(b.type.shape))})")]
+        return [self.all_finite("mk_tfinite", self.view.then.b_expr.tensor)]
 
     def then_pack(self, loops: dict[str, str], team: bool) -> list[cgen.Generable]:
         """The then's B for the current batch point into panels of the kernel's width,
@@ -90,8 +88,6 @@ class ThenMixin:
             f"({a.tensor}) read in place"))] + head + share + [tiles])
 
     def _row_stride(self, tensor: str, dim: int) -> str:
-        """Floats between consecutive indices of `dim` in `tensor` as stored (a buffer
-        keeps some dims only)."""
-        h = self.b.arrays[tensor]
-        kept = range(h.type.ndim) if h.kept is None else h.kept
-        return c_size(math.prod(h.type.shape[d] for d in kept if d > dim))
+        """Floats between consecutive indices of `dim` in `tensor`, which is whole or a
+        block buffer (`Array.block`: the dims after its rows kept)."""
+        return c_size(math.prod(self.b.arrays[tensor].type.shape[dim + 1:]))

@@ -8,6 +8,8 @@ executor at several sizes, among them 1 and a small odd one.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from polyc.graph.load import load_graph
 from polyc.graph.reference import random_inputs, run_reference
 from polyc.graph.symbols import Iota, Reciprocal, symbol
 from polyc.kernel.generalise import NotGeneral, generalise
+from polyc.targets.cpu import CpuBackend, cpu_machine
 
 PROBES = [{"N": 1009}, {"N": 1013}, {"N": 1019}]
 
@@ -93,7 +96,13 @@ def test_a_kernel_planned_by_its_length_alone_runs_the_portable_loops(monkeypatc
     block of the memory model holds for every L up to 4096: that kernel, not the whole
     graph, runs without microkernels; the projection before it and P @ V keep theirs.
     The probes at L = 1009, 1013, 1019 are compiled with balanced tiles, then without,
-    then with the scores kernel portable: fusion reads none of that, and runs once each."""
+    then with the scores kernel portable: fusion reads none of that, and runs once each.
+    L2 is pinned to 1 MiB: the rows of scores a block holds follow it, and with them where
+    the probes first disagree (the scores' tree on a 2 MiB L2 and a 6-row kernel) or
+    whether a 14-row kernel has a tail at all (not on 512 KiB)."""
+    host = cpu_machine()
+    levels = tuple(replace(m, capacity=1 << 20) if m.name == "L2" else m for m in host.levels)
+    monkeypatch.setattr(CpuBackend, "machine", lambda self: replace(host, levels=levels))
     fused = []
     real = compiler.plan_fusion
     monkeypatch.setattr(compiler, "plan_fusion", lambda g, *rest: fused.append(

@@ -240,7 +240,10 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
                                                               -(-M // tiles.mc))
     loops = loops + batch if inside else batch + loops
     loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
-    loops += ["ir"] if min(M, tiles.mc) > mk.mr else []
+    # unbalanced, a block's row-tile loop stays where the rows fill one tile: whether it
+    # is there must not hinge on a size a symbolic compile's probes fall either side of
+    # (rows 2 to 15 probed at 13, 11 and 7 on an 8-row kernel)
+    loops += ["ir"] if (min(M, tiles.mc) if options.balance_tiles else tiles.mc) > mk.mr else []
     if par == "inner" and not {"jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
     if par == "rows" and "ic" not in loops:

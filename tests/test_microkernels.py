@@ -368,7 +368,9 @@ def test_a_heavy_epilogue_is_written_back_two_rows_at_a_time(tiles, isa):
     assert ("pc" in _gemm_marks(compiled)[0]) == bool(tiles)
 
 
-@pytest.mark.parametrize("isa,kernel", [("avx2", "sgemm_avx2_6x16"), ("avx2", "sgemm_avx2_4x24"),
+@pytest.mark.parametrize("isa,kernel", [("avx512", "sgemm_avx512_14x32"),
+                                        ("avx512", "sgemm_avx512_8x48"),
+                                        ("avx2", "sgemm_avx2_6x16"), ("avx2", "sgemm_avx2_4x24"),
                                         ("portable", PORTABLE)])
 @pytest.mark.parametrize("sa,sb,epilogue,tiles,threads", [
     ((64, 96), (96, 40), None, (), 1),

@@ -12,9 +12,12 @@
  *       (masked stores past `cols`), others neither read nor written;
  *       accumulate 0: C = A B, 1: C += A B
  *
- *   POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) defines the three entry points of a kernel:
+ *   POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) defines the four entry points of a kernel:
  *   name(kc, A, B, C, ldc, accumulate) on a whole tile, name_rows(..., rows, cols) on its
- *   first rows x cols, name_b_rows(kc, A, B, off, C, ldc, accumulate) with B in place.
+ *   first rows x cols, name_b_rows(kc, A, B, off, C, ldc, accumulate) with B in place,
+ *   name_a_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols) as _rows with A read in
+ *   place, a(r, p) = A[r * lda + p] for r < rows (a row tail's contraction reads the
+ *   rows it has just written: attention's probabilities times v).
  */
 #ifndef POLYC_SGEMM_AVX512
 #define POLYC_SGEMM_AVX512
@@ -27,7 +30,7 @@ static inline __mmask16 polyc_avx512_mask(long cols, int v)
 }
 
 static inline __attribute__((always_inline)) void
-polyc_sgemm_avx512_impl(long kc, const float *restrict A, const float *restrict B,
+polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float *restrict B,
                         const long *restrict off, float *restrict C, long ldc,
                         int accumulate, const int R, const int MR, const int NV, long cols)
 {
@@ -55,7 +58,7 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, const float *restrict 
     }
 #pragma GCC unroll 14
     for (int r = 0; r < R; r++) {
-      __m512 a = _mm512_set1_ps(A[p * MR + r]);
+      __m512 a = _mm512_set1_ps(lda ? A[r * lda + p] : A[p * MR + r]);
 #pragma GCC unroll 3
       for (int v = 0; v < NV; v++)
         acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
@@ -82,18 +85,18 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, const float *restrict 
 
 /* rows < MR: one instantiation per row count below MR (the others are dead code) */
 #define POLYC_AVX512_ROWS_CASE(k, MR, NV) \
-  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, cols); break; } /* fall through */
+  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, cols); break; } /* fall through */
 
 #define POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) \
 POLYC_MK_ENTRY void name( \
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
     int accumulate) \
 { \
-  polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, 0, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
 } \
-POLYC_MK_ENTRY void name##_rows( \
-    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
-    int accumulate, long rows, long cols) \
+static inline __attribute__((always_inline)) void name##_by_rows( \
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C, \
+    long ldc, int accumulate, long rows, long cols) \
 { \
   switch (rows) { \
   POLYC_AVX512_ROWS_CASE(1, MR, NV) POLYC_AVX512_ROWS_CASE(2, MR, NV) \
@@ -103,13 +106,27 @@ POLYC_MK_ENTRY void name##_rows( \
   POLYC_AVX512_ROWS_CASE(9, MR, NV) POLYC_AVX512_ROWS_CASE(10, MR, NV) \
   POLYC_AVX512_ROWS_CASE(11, MR, NV) POLYC_AVX512_ROWS_CASE(12, MR, NV) \
   POLYC_AVX512_ROWS_CASE(13, MR, NV) \
-  default: polyc_sgemm_avx512_impl(kc, A, B, 0, C, ldc, accumulate, MR, MR, NV, cols); \
+  default: polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, cols); \
   } \
+} \
+POLYC_MK_ENTRY void name##_rows( \
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
+    int accumulate, long rows, long cols) \
+{ \
+  name##_by_rows(kc, A, 0, B, C, ldc, accumulate, rows, cols); \
+} \
+POLYC_MK_ENTRY void name##_a_rows( \
+    long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C, \
+    long ldc, int accumulate, long rows, long cols) \
+{ \
+  if (lda <= 0)  /* never; told so, gcc drops the packed loads from the K loop */ \
+    __builtin_unreachable(); \
+  name##_by_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols); \
 } \
 POLYC_MK_ENTRY void name##_b_rows( \
     long kc, const float *restrict A, const float *restrict B, const long *restrict off, \
     float *restrict C, long ldc, int accumulate) \
 { \
-  polyc_sgemm_avx512_impl(kc, A, B, off, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
 }
 #endif

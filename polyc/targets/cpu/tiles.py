@@ -36,7 +36,7 @@ from ...microkernels.registry import Microkernel
 from ...schedule_tree.marks import Tiles
 
 
-def _balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
+def balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
     size = max(unit, size - size % unit)
     if not balance:
         # the largest unit * 2^k within the extent, the same for every extent up to
@@ -56,9 +56,9 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     l3 = machine.role("block").capacity
     elem = 4
     kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
-    kc = _balanced(K, kc, 4, balance)
-    mc = _balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
-    nc = _balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr, balance)
+    kc = balanced(K, kc, 4, balance)
+    mc = balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
+    nc = balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr, balance)
     return Tiles(mc, nc, kc)
 
 

@@ -22,6 +22,10 @@
 #ifndef POLYC_SGEMM_AVX512
 #define POLYC_SGEMM_AVX512
 #include <immintrin.h>
+/* B rows read in place (`off`) are a plane or a window row apart: no hardware
+   prefetcher follows them, so each is fetched this many K steps before its use, as the
+   avx2 kernels do (off holds kc + registry.B_ROWS_AHEAD entries) */
+#define POLYC_AHEAD_AVX512 16
 
 static inline __mmask16 polyc_avx512_mask(long cols, int v)
 {
@@ -47,6 +51,11 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
   for (long p = 0; p < kc; p++) {
     __m512 b[3];
     if (off) {  /* constant in every caller: gcc keeps one of the two */
+      const float *ahead = B + off[p + POLYC_AHEAD_AVX512];
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; v++)
+        _mm_prefetch((const char *)(ahead + 16 * v), _MM_HINT_T0);
+      _mm_prefetch((const char *)(ahead + NR - 1), _MM_HINT_T0);
 #pragma GCC unroll 3
       for (int v = 0; v < NV; v++)
         b[v] = _mm512_loadu_ps(B + off[p] + 16 * v);

@@ -16,7 +16,10 @@ import pytest
 import polyc
 from polyc.graph.load import load_graph
 from polyc.graph.reference import random_inputs, run_reference
+from polyc.microkernels import registry
 from polyc.symbolic import _conditions, size_regimes
+from polyc.targets.cpu import cpu_machine, host_can_run
+from polyc.targets.cpu.options import CpuOptions
 
 LINEAR_GELU = {"name": "lg", "inputs": [{"name": "x", "shape": ["N", 128]},
                                         {"name": "w", "shape": [128, 256]},
@@ -128,17 +131,25 @@ def test_a_softmax_decides_alike_everywhere_and_stays_one_function():
                                    rtol=1e-5, atol=1e-7)
 
 
-def test_a_range_of_only_a_few_rows_compiles_once():
+@pytest.mark.parametrize("kernel", ["", "sgemm_avx512_8x48", "sgemm_avx512_14x32"])
+def test_a_range_of_only_a_few_rows_compiles_once(kernel):
     # probes 13, 11 and 7: the unbalanced row block was the largest tile * 2^k within
     # each (12, 6, 6 on a 6-row kernel), the probes disagreed and the compile was
-    # refused; a block is now at least four tiles, one for every size in the range
+    # refused; a block is now at least four tiles, one for every size in the range.
+    # Its row-tile loop stays where the rows fill one tile: 7 rows on an 8-row kernel
+    # had none, 13 and 11 had one; on a 14-row kernel no probe had one, yet N reaches 15
+    if kernel and not set(registry.by_name(kernel).features) <= cpu_machine().features:
+        pytest.skip(f"-march={cpu_machine().arch} does not build {kernel}")
+    if not host_can_run(cpu_machine().arch):
+        pytest.skip(f"this host cannot run -march={cpu_machine().arch} code")
     doc = {"name": "few", "inputs": [{"name": "x", "shape": ["N", 64]},
                                      {"name": "w", "shape": [64, 64]}],
            "nodes": [{"op": "matmul", "inputs": ["x", "w"], "outputs": ["y"]}],
            "outputs": ["y"], "symbols": {"N": {"min": 2, "max": 15}}}
-    compiled = polyc.compile(doc)
+    compiled = polyc.compile(doc, options=CpuOptions(gemm_kernel=kernel))
     (k,) = compiled.kernels
     assert "m=polyc_sym_N" in k.to_json()["schedule_text"]
+    assert kernel in k.to_json()["schedule_text"]
     graph = load_graph(doc)
     for n in range(2, 16):
         inputs = random_inputs(graph, seed=n, symbols={"N": n})

@@ -124,8 +124,9 @@ def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
 def then_kernel(view: GemmView, machine: Machine, isa: str = "") -> registry.Microkernel:
     """The kernel of a row tail's contraction (`GemmView.then`): its A, rows the tail has
     just written, is read in place, so a kernel with an `a_rows_variant`, within `isa` if
-    one there has it (the portable kernel has it, so there is always one): by rank, then the share of its tiles inside the result (64
-    columns: all of 6x16's, 89% of 4x24's), then the host's measured rate."""
+    one there has it (the portable kernel has it, so there is always one): by rank, then
+    the share of its tiles inside the result (64 columns: all of 6x16's, 89% of 4x24's),
+    then the host's measured rate."""
     rates = measured(machine)
     fits = [m for m in registry.REGISTRY if m.kind == "gemm" and m.a_rows_variant
             and set(m.features) <= machine.features]
@@ -141,8 +142,9 @@ def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int
     reads them from L2 (attention's 512-wide scores: 126 rows of the 6x16 kernel on a
     512 KiB L2); 0 when that is under MIN_TAIL_PANELS micro-panels of rows. With a
     contraction after the tail (`then`), the block's probabilities share that half
-    where the rows allow it (8x512x64 on a 2 MiB L2, 14x32: blocks of 252 rows against
-    504, 1.02-1.06x at 1 thread and 1.2x at 2, best of 20 in turns)."""
+    where the rows allow it (attention 8x512x64 on a 2 MiB L2, 14x32: blocks of 126
+    rows, or 266 balanced, against 504 and a last one of 8, 1.07-1.09x at 1 thread and
+    1.22-1.26x at 2, best of 20 in turns)."""
     for buffers in ((2, 1) if view.then else (1,)):
         rows = machine.fusion_level.capacity // 2 // (4 * view.N * buffers)
         rows -= rows % mk.mr

@@ -1485,19 +1485,34 @@ def test_a_kernel_is_chosen_by_the_virtual_columns_its_tiles_cover(monkeypatch):
     assert "sgemm_avx2_4x24" in mark and "n=196" in mark and "b=rows" in mark, mark
 
 
-@pytest.mark.parametrize("sa,sb", [((50, 70), (70, 245)), ((2, 1, 13, 21), (3, 21, 217)),
-                                   ((4, 9), (9, 230))])
+@pytest.mark.parametrize("sa,sb", [((50, 70), (70, 445)), ((2, 1, 13, 21), (3, 21, 417)),
+                                   ((4, 9), (9, 430))])
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_row_major_a_is_packed_by_register_transposes(sa, sb, isa):
     # K contiguous in A: polyc_pack_rows_t transposes 8 K steps of 8 rows at a time (two
     # row groups for 14-row panels); edge panels (50 and 13 rows) are zero-filled, batch
-    # dims broadcast, K = 9 and 21 end in a tail. C is wide: a block of A serving a few
-    # column tiles is read in place instead (`plan.A_IN_PLACE_TILES`)
+    # dims broadcast, K = 9 and 21 end in a tail. C is wide, over 8 tiles of the widest
+    # kernel: a block of A serving a few column tiles is read in place instead
+    # (`plan.A_IN_PLACE_TILES`)
     options = _isa(isa)
     graph, inputs = _matmul(sa, sb)
     assert "polyc_pack_rows_t(&" in _check(graph, inputs, options).c_source
     graph, inputs = _matmul(sa[:-2] + sa[:-3:-1], sb, transpose_a=True)  # K outer: no
     assert "polyc_pack_rows_t(&" not in _check(graph, inputs, options).c_source
+
+
+@pytest.mark.parametrize("kernel", ["sgemm_avx512_14x32", "sgemm_avx512_8x48", "sgemm_avx2_6x16",
+                                    "sgemm_avx2_4x24", PORTABLE])
+def test_a_b_contiguous_along_k_is_packed_by_register_transposes(kernel):
+    # q @ k^T, x @ W^T: B's columns are rows of K contiguous floats, packed into panels as
+    # wide as the kernel's tile (16 to 48 columns) by 8 x 8 transposes; the last panel
+    # (233 columns) is partial and K = 45 ends in a tail
+    mk = registry.by_name(kernel)
+    options = replace(_isa(next(i for i, names in registry.ISAS.items() if kernel in names)),
+                      gemm_kernel=kernel)
+    graph, inputs = _matmul((2, 37, 45), (2, 233, 45), transpose_b=True)
+    source = _check(graph, inputs, options).c_source.split("polyc_k0_")[-1]
+    assert re.search(rf"polyc_pack_rows_t\([^;]*, {mk.nr}, mk_kc, mk_dst\)", source), source
 
 
 @pytest.mark.parametrize("n,threads,par", [(16 * 19 + 5, 1, "none"), (16 * 19 + 5, 2, "inner"),

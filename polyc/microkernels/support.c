@@ -11,12 +11,12 @@
  *   stored whole (the cpu builder's declare_local).
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
  *
- *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 16: a column panel from
+ *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 48: a column panel from
  *   `rows` rows of `kc` contiguous floats, `ld` floats apart: dst[p * tile + r] =
  *   src[r * ld + p], zero for rows <= r < tile. Writes exactly tile * kc floats; src
  *   and dst any alignment. With AVX, eight K steps of eight rows at a time through an
  *   8 x 8 register transpose (the scalar gather it replaces is two memory operations
- *   per element); a tile over 8 rows is two such groups.
+ *   per element); a tile over 8 rows is several such groups.
  */
 #ifndef POLYC_MK_SUPPORT
 #define POLYC_MK_SUPPORT
@@ -121,6 +121,7 @@ POLYC_SUPPORT_ENTRY void polyc_pack_rows_t(const float *restrict src, long ld, l
   POLYC_PACK_TILE(5) POLYC_PACK_TILE(6) POLYC_PACK_TILE(7) POLYC_PACK_TILE(8)
   POLYC_PACK_TILE(9) POLYC_PACK_TILE(10) POLYC_PACK_TILE(11) POLYC_PACK_TILE(12)
   POLYC_PACK_TILE(13) POLYC_PACK_TILE(14) POLYC_PACK_TILE(15) POLYC_PACK_TILE(16)
+  POLYC_PACK_TILE(24) POLYC_PACK_TILE(32) POLYC_PACK_TILE(48)  /* B panels of the kernels */
   }
   polyc_pack_rows_t_tile(src, ld, rows, tile, kc, dst);
 }

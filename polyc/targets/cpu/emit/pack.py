@@ -395,7 +395,7 @@ class PackMixin:
                          tile: int, start: str, valid: str) -> cgen.Generable | None:
         """A panel of a plain load contiguous along K (`analysis.k_row_stride`): one call
         of support.c's transposing packer, or None when the operand is anything else."""
-        if tile > 16 or not isinstance(expr, Load) or self.b.arrays[expr.tensor].kept is not None:
+        if tile > 48 or not isinstance(expr, Load) or self.b.arrays[expr.tensor].kept is not None:
             return None
         lda = k_row_stride(expr, own, red, red_ext, self.b.arrays[expr.tensor].type.shape,
                            {self.view.out_iter[d] for d in self.view.batch})

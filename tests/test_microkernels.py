@@ -1269,6 +1269,19 @@ def _with_l2(capacity: int):
                                       for m in host.levels))
 
 
+def test_a_packed_b_block_stays_a_few_mib_whatever_l3_says():
+    # a virtual machine is shown its socket's whole L3 (300 MiB on a 2-core guest): an
+    # eighth of a core's share would make 16 MiB blocks of 1024x1024 @ 1024x4096's B
+    from polyc.targets.cpu.tiles import B_BLOCK, model_tiles
+    host = cpu_machine()
+    big = replace(host, cores=2, levels=tuple(replace(m, capacity=300 << 20) if m.name == "L3"
+                                              else m for m in host.levels))
+    for mk in registry.REGISTRY:
+        if mk.kind == "gemm" and mk.target == "cpu":
+            t = model_tiles(1024, 4096, 1024, mk, big)
+            assert 4 * t.kc * t.nc <= B_BLOCK and t.nc < 4096, (mk.name, t)
+
+
 @pytest.mark.parametrize("l2,kernels", [(256 << 10, 3), (2 << 20, 1)])
 def test_a_softmax_tail_needs_blocks_of_several_row_panels(l2, kernels):
     # 2048 scores a row: half of a 256 KiB L2 holds 16 rows, too few for B's panels to

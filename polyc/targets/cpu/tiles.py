@@ -22,7 +22,10 @@ overrides from the options and from `polyc tune`.
         stay there while every A block and the whole C panel (M x nc) stream past it,
         and other tenants share the L3 too (2 MiB blocks measured 3-6% faster than 8 MiB
         on 1024x1024x4096 and 512x2048x8192 at 1 and 2 threads, and on linear+gelu at 1
-        thread; level with it there at 2)
+        thread; level with it there at 2); at most B_BLOCK bytes, as a virtual machine
+        is shown its socket's whole L3 (300 MiB on a 2-core Sapphire Rapids guest: 16
+        MiB blocks, where 4 MiB ones made 1024x1024 @ 1024x4096 and linear+gelu 8-22%
+        faster at 1 thread in three runs, in turns; 1-2% slower at 2, in two)
 
 Each is then balanced: the extent is cut into as many blocks as that size needs, and
 the blocks made equal (rounded up to the kernel's tile), so no block is a sliver.
@@ -34,6 +37,8 @@ import math
 from ...machine import Machine
 from ...microkernels.registry import Microkernel
 from ...schedule_tree.marks import Tiles
+
+B_BLOCK = 4 << 20  # bytes: the most a packed B block takes, whatever L3 says (nc above)
 
 
 def balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
@@ -58,7 +63,8 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
     kc = balanced(K, kc, 4, balance)
     mc = balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
-    nc = balanced(N, (l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr, balance)
+    nc = balanced(N, min(B_BLOCK, l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr,
+                  balance)
     return Tiles(mc, nc, kc)
 
 

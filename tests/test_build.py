@@ -92,13 +92,20 @@ def _examples_and_kernels() -> list[tuple[str, str]]:
 
 
 
+@pytest.fixture(scope="module")
+def werror_cache(tmp_path_factory) -> Path:
+    """One cache for the -Werror builds: the prebuilt parts and the prelude are compiled
+    with -Werror once for all of them (each unit is still built, its flags its key)."""
+    return tmp_path_factory.mktemp("werror-cache")
+
+
 @pytest.mark.parametrize("name,kernel", _examples_and_kernels())
-def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, name, kernel):
+def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, werror_cache, name, kernel):
     """gcc -Wall has nothing to say of the generated C: no declaration nothing reads (a
     contracted local a microkernel's write-back keeps in names of its own), no else a
     reader could give to another if. Each gemm kernel the host runs, as the calibration
     may pick any."""
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(werror_cache))
     compiled = compile(load_graph(EXAMPLES / f"{name}.json"), options={"gemm_kernel": kernel},
                        build=False)
     base = _toolchain()

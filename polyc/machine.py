@@ -16,7 +16,7 @@ code makes (DMA on the many-core chip, the NPU's buffer copies); a cache is not.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ROLES = ("tile", "fusion", "block", "main")
 
@@ -42,6 +42,12 @@ class Machine:
 
     def level(self, name: str) -> MemoryLevel:
         return next(m for m in self.levels if m.name == name)
+
+    def with_capacity(self, name: str, capacity: int) -> Machine:
+        """This machine with level `name` holding `capacity` bytes: the cache a plan is
+        about pinned, whatever the host's (a test's, a cross-build's)."""
+        return replace(self, levels=tuple(replace(m, capacity=capacity) if m.name == name
+                                          else m for m in self.levels))
 
     def role(self, role: str) -> MemoryLevel:
         """The level the passes use for `role` (see the module docstring)."""

@@ -8,7 +8,6 @@ itself is tested in test_manycore_runtime.py.)
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -162,10 +161,7 @@ def test_the_oracle_weighs_footprints_against_the_ldm():
     b = GraphBuilder("wide")
     x = b.input("x", (4, 96 << 10))
     graph = b.build([b.exp(b.sub(x, b.reduce_max(x, axes=[1], keepdims=True)), out="y")])
-    host = cpu_machine()
-    big_l2 = replace(host, levels=tuple(replace(m, capacity=2 << 20) if m.name == "L2" else m
-                                        for m in host.levels))
-    cpu = polyc.compile(graph, big_l2, build=False)
+    cpu = polyc.compile(graph, cpu_machine().with_capacity("L2", 2 << 20), build=False)
     mc = polyc.compile(graph, "manycore", build=False)
     assert len(cpu.kernels) == 1
     report = [line for k in mc.kernels for line in k.fusion_report]

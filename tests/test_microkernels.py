@@ -1264,18 +1264,14 @@ def test_a_conv2d_keeps_reading_its_input_in_place_rather_than_take_a_row_tail()
 
 
 def _with_l2(capacity: int):
-    host = cpu_machine()
-    return replace(host, levels=tuple(replace(m, capacity=capacity) if m.name == "L2" else m
-                                      for m in host.levels))
+    return cpu_machine().with_capacity("L2", capacity)
 
 
 def test_a_packed_b_block_stays_a_few_mib_whatever_l3_says():
     # a virtual machine is shown its socket's whole L3 (300 MiB on a 2-core guest): an
     # eighth of a core's share would make 16 MiB blocks of 1024x1024 @ 1024x4096's B
     from polyc.targets.cpu.tiles import B_BLOCK, model_tiles
-    host = cpu_machine()
-    big = replace(host, cores=2, levels=tuple(replace(m, capacity=300 << 20) if m.name == "L3"
-                                              else m for m in host.levels))
+    big = replace(cpu_machine().with_capacity("L3", 300 << 20), cores=2)
     for mk in registry.REGISTRY:
         if mk.kind == "gemm" and mk.target == "cpu":
             t = model_tiles(1024, 4096, 1024, mk, big)

@@ -6,8 +6,6 @@ tests give the compiler a target whose L3 is 64 KiB: small graphs take the strea
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -20,9 +18,8 @@ from polyc.targets.cpu import CpuBackend, cpu_machine
 
 @pytest.fixture
 def small_l3(monkeypatch):
-    host = cpu_machine()
-    levels = tuple(replace(m, capacity=64 << 10) if m.name == "L3" else m for m in host.levels)
-    monkeypatch.setattr(CpuBackend, "machine", lambda self: replace(host, levels=levels))
+    small = cpu_machine().with_capacity("L3", 64 << 10)
+    monkeypatch.setattr(CpuBackend, "machine", lambda self: small)
     assert CpuBackend().machine().role("block").capacity == 64 << 10
 
 

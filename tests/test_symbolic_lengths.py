@@ -8,8 +8,6 @@ executor at several sizes, among them 1 and a small odd one.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -100,9 +98,8 @@ def test_a_kernel_planned_by_its_length_alone_runs_the_portable_loops(monkeypatc
     L2 is pinned to 1 MiB: the rows of scores a block holds follow it, and with them where
     the probes first disagree (the scores' tree on a 2 MiB L2 and a 6-row kernel) or
     whether a 14-row kernel has a tail at all (not on 512 KiB)."""
-    host = cpu_machine()
-    levels = tuple(replace(m, capacity=1 << 20) if m.name == "L2" else m for m in host.levels)
-    monkeypatch.setattr(CpuBackend, "machine", lambda self: replace(host, levels=levels))
+    pinned = cpu_machine().with_capacity("L2", 1 << 20)
+    monkeypatch.setattr(CpuBackend, "machine", lambda self: pinned)
     fused = []
     real = compiler.plan_fusion
     monkeypatch.setattr(compiler, "plan_fusion", lambda g, *rest: fused.append(

@@ -1,6 +1,11 @@
 """Unit tests of the C printed for statement values (`polyc.codegen.cexpr`)."""
 from __future__ import annotations
 
+import math
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -80,6 +85,27 @@ def test_float32_math_over_the_whole_range(op, exact, ulps, flush):
     normal = ~special & ~tiny & (np.abs(want) >= np.finfo(np.float32).tiny)
     worst = _ulps(got[normal], want[normal]).max()
     assert worst <= ulps, f"{op}: {worst:.1f} ulp"
+
+
+def test_sigmoid_tanh_and_erf_divide_nowhere():
+    # a vector divide issues once in 10-16 cycles: in a matmul's epilogue (tanh gelu)
+    # it doubled the epilogue's cost; the reciprocal is a guess and Newton steps
+    x = np.linspace(-9, 9, 4096, dtype=np.float32)
+    b = GraphBuilder("no_divide")
+    xs = b.input("x", x.shape, "float32")
+    graph = b.build([b.op(op, xs, out=op) for op in ("sigmoid", "tanh", "erf")])
+    compiled = compile(graph, options=Options(parallel=False))
+    got = compiled(x=x)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(got["sigmoid"], _sigmoid(x.astype(np.float64)), rtol=3e-7)
+    np.testing.assert_allclose(got["tanh"], np.tanh(x.astype(np.float64)), rtol=3e-7)
+    np.testing.assert_allclose(got["erf"], [math.erf(v) for v in x.astype(float)], atol=3e-7)
+    if shutil.which("objdump") is None:
+        pytest.skip("no objdump to read the kernels' instructions")
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", compiled.program._lib._name],
+                         capture_output=True, text=True, check=True).stdout
+    kernels = [f for f in asm.split("\n\n") if "<polyc_k" in f.split("\n", 1)[0]]
+    assert kernels and not any(re.search(r"\bv?div[ps]s\b", f) for f in kernels)
 
 
 def test_exp_of_a_shifted_row_skips_only_a_check_that_cannot_fire():

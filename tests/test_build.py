@@ -112,6 +112,19 @@ def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, werror_cach
     compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.json")))
+def test_the_examples_kernels_c_builds_alone_without_a_warning(tmp_path, name):
+    """The kernels.c a user downloads, built by itself: the microkernels pasted, not
+    linked, so some of their entry points go unused (`polyc compile` writes this file)."""
+    compiled = compile(load_graph(EXAMPLES / f"{name}.json"), build=False)
+    c_file = tmp_path / "kernels.c"
+    c_file.write_text(compiled.c_source)
+    toolchain = _toolchain()
+    command = toolchain.command(c_file, tmp_path / "unit.so")
+    proc = subprocess.run([command[0], "-Werror", *command[1:]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def _kernel_addresses(so: Path) -> dict[str, int]:
     out = subprocess.run(["nm", str(so)], capture_output=True, text=True, check=True).stdout
     return {name: int(addr, 16) for addr, _, name in

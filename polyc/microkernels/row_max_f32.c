@@ -22,16 +22,14 @@ typedef int32_t polyc_rm_v8i __attribute__((vector_size(32)));
 
 /* the larger of acc and v lane by lane; a NaN in v is flagged by the caller instead
    (one max instead of a compare-and-select chain). gcc's builtin, not <immintrin.h>,
-   which units pasting this kernel would parse (0.03 s a gcc run) */
-static inline polyc_rm_v8f polyc_rm_max(polyc_rm_v8f acc, polyc_rm_v8f v)
-{
+   which units pasting this kernel would parse (0.03 s a gcc run). A macro: a function
+   taking and returning 32-byte vectors draws gcc's ABI warning where AVX is off */
 #if defined(__AVX__)
-  return __builtin_ia32_maxps256(acc, v);
+#define POLYC_RM_MAX(acc, v) __builtin_ia32_maxps256((acc), (v))
 #else
-  polyc_rm_v8i take = v > acc;
-  return (polyc_rm_v8f)(((polyc_rm_v8i)v & take) | ((polyc_rm_v8i)acc & ~take));
+#define POLYC_RM_MAX(acc, v) ({ polyc_rm_v8f a_ = (acc), v_ = (v); polyc_rm_v8i t_ = v_ > a_; \
+                                (polyc_rm_v8f)(((polyc_rm_v8i)v_ & t_) | ((polyc_rm_v8i)a_ & ~t_)); })
 #endif
-}
 
 POLYC_ROW_ENTRY float polyc_row_max_f32(const float *restrict x, long n)
 {
@@ -46,11 +44,11 @@ POLYC_ROW_ENTRY float polyc_row_max_f32(const float *restrict x, long n)
     memcpy(&v1, x + k + 8, 32);
     memcpy(&v2, x + k + 16, 32);
     memcpy(&v3, x + k + 24, 32);
-    a0 = polyc_rm_max(a0, v0); a1 = polyc_rm_max(a1, v1);
-    a2 = polyc_rm_max(a2, v2); a3 = polyc_rm_max(a3, v3);
+    a0 = POLYC_RM_MAX(a0, v0); a1 = POLYC_RM_MAX(a1, v1);
+    a2 = POLYC_RM_MAX(a2, v2); a3 = POLYC_RM_MAX(a3, v3);
     nan |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
   }
-  polyc_rm_v8f a = polyc_rm_max(polyc_rm_max(a0, a1), polyc_rm_max(a2, a3));
+  polyc_rm_v8f a = POLYC_RM_MAX(POLYC_RM_MAX(a0, a1), POLYC_RM_MAX(a2, a3));
   float m = -INFINITY;
   for (int l = 0; l < 8; l++) {
     if (nan[l])

@@ -24,7 +24,7 @@
    the kernel is built once as a prebuilt part (codegen/build.py), which defines this as
    hidden: linked into each shared object, exported by none */
 #ifndef POLYC_MK_ENTRY
-#define POLYC_MK_ENTRY __attribute__((noinline)) static
+#define POLYC_MK_ENTRY __attribute__((noinline, unused)) static
 #endif
 /* the support's own entry points: private to the unit too, unless it is built once as a
    prebuilt part of its own (registry.py: support_part_source), which defines this as
@@ -101,9 +101,12 @@ polyc_pack_rows_t_tile(const float *restrict src, long ld, long rows, long tile,
 {
   long p = 0;
 #if defined(__AVX__)
+  /* the tail's start as kc rounded down, not as where this loop stopped: inlined with a
+     constant kc, gcc saw no bound on the tail's count and warned of an overflow */
   for (; p + 8 <= kc; p += 8)
     for (long r0 = (tile - 1) / 8 * 8; r0 >= 0; r0 -= 8)
       polyc_pack_t8(src, ld, rows, tile, r0, p, p + 8 >= kc, dst);
+  p = kc < 0 ? 0 : kc / 8 * 8;
 #endif
   for (; p < kc; p++)
     for (long i = 0; i < tile; i++)

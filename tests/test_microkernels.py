@@ -822,8 +822,9 @@ def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, paralle
     options = replace(_isa(isa), microkernel_tiles=tiles, parallel=parallel, fold_batch=fold)
     compiled = _check(graph, inputs, options, atol=3e-4)
     marks = _gemm_marks(compiled)
-    # a row's right pad and the next row's left one are shared in the copy
-    virtual = (wp - min(pads[1], pads[3])) * (oh - 1) + ow
+    # a row's right pad and the next row's left one are shared in the copy, as far as
+    # the row stays as wide as the outputs
+    virtual = (wp - min(pads[1], pads[3], dil * (kw - 1))) * (oh - 1) + ow
     # unpadded, with no wasted virtual column, a plane under PLANE_IN_PLACE floats is packed
     small_plane = not any(pads) and virtual == oh * ow < PLANE_IN_PLACE
     folded = fold and n > 1 and oh * ow < FOLD_TEAM_COLUMNS

@@ -669,8 +669,10 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
         # a row's pad on the right and the next row's on the left are one run of the
         # pad value: the rows share it, a window reading past a row's end reads the
         # next one's left pad (56-wide rows padded by 1: 57 floats a row, not 58, and
-        # 3191 virtual columns for 3136, not 3246)
-        shared = min(valid[-1][0] - lo[-1], hi[-1] + 1 - valid[-1][1])
+        # 3191 virtual columns for 3136, not 3246); no more than leaves a row as wide as
+        # the outputs reach along it (a window narrower than its pads: 2 wide, pads of 2)
+        reach = 1 + sum(c * (ext[p] - 1) for p, c in load.index[-1].terms if p not in view.red)
+        shared = min(valid[-1][0] - lo[-1], hi[-1] + 1 - valid[-1][1], box[-1] - reach)
         box = box[:-1] + (box[-1] - max(0, shared),)
     lo = tuple(lo) if copy else (0,) * len(S)
     if extra:

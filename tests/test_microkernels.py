@@ -842,6 +842,23 @@ def _tiles(columns: int) -> int:
     return -(-columns // COLUMN_TILE)
 
 
+@pytest.mark.parametrize("xs,loops,points", [((4, 64, 20, 20), "par=batch threads=2 loops=b0,pc", 1),
+                                              ((4, 64, 13, 13), "loops=pc,b0", 4)],
+                         ids=["each-thread-its-images", "images-inside-k-blocks"])
+def test_partial_sums_are_one_images_where_each_thread_takes_whole_images(xs, loops, points):
+    """A local result in K blocks (bias+relu after the last) sums in scratch: where the
+    threads share out the images, each image's K blocks in the thread that took it,
+    that is one image's sums at a time in each thread's own buffer, warm from the image
+    before; where every image's K block comes before the next block, all of them."""
+    graph, inputs = _conv(xs, (24, 64, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, Options(threads=2, microkernel_tiles=(("kc", 24),)),
+                      atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert loops in mark and "b=packed" in mark, mark
+    columns = xs[2] * xs[3]
+    assert f"mk_acc = polyc_scratch(2, {4 * points * 24 * columns})" in compiled.c_source
+
+
 @pytest.mark.parametrize("images,threads,par", [(3, 1, "none"), (3, 2, "inner"),
                                                 (4, 2, "batch")])
 def test_weights_are_packed_once_for_every_image(images, threads, par, monkeypatch):

@@ -34,6 +34,8 @@ class PackMixin:
                      cgen.Statement(f"const long mk_nc = min({t.nc}, {plan.n} - mk_j0)")]
             tile, total, own = mk.nr, plan.n, view.cols
             expr, start, size, buf = view.b_expr, "mk_j0", "mk_nc", "mk_pb"
+            if self._acc_per_point():  # inside the batch loops: the thread's own
+                head.append(self._acc_buffer(1))
         else:
             loops = self._tile_loops({f"b{d}" for d in view.batch} | {"jc", "pc", "ic"})
             head = k_block(loops) if self.rows is not None or plan.batch_inside else []

@@ -55,9 +55,10 @@ class WriteBackMixin:
             if self._flat_columns():  # a full tile is consecutive across row wraps too
                 straight = f"mk_nr == {NR}"
             out.append(cgen.Statement(f"const int mk_straight = {straight}"))
+        point = self._acc_per_point()  # the partial sums are the batch point's alone
         # a batch's stride is a product of symbols where its rows and columns both are
         boff = " + ".join(f"{v} * ({c_size(stride(view.shape, d))})" for d, v in batch_vals.items()
-                          if v != "0") or "0"
+                          if v != "0" and not point) or "0"
         out.append(cgen.Statement(f"const long mk_boff = {boff}"))
         for d, v in batch_vals.items():
             out.append(cgen.Statement(f"const long mk_o{d} = {v}"))
@@ -65,7 +66,7 @@ class WriteBackMixin:
         if vacc:  # the batch point's block of partial sums
             m, n = self._acc_shape()
             flat = " + ".join(f"{v} * {math.prod(view.shape[e] for e in view.batch if e > d)}"
-                              for d, v in batch_vals.items() if v != "0") or "0"
+                              for d, v in batch_vals.items() if v != "0" and not point) or "0"
             out.append(cgen.Statement(f"const long mk_vboff = ({flat}) * {m * n}"))
         call = mk.c_function
         first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")

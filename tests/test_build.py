@@ -112,10 +112,11 @@ def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, werror_cach
     compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in EXAMPLES.glob("*.json")))
+@pytest.mark.parametrize("name", ["attention", "conv2d", "linear_gelu", "softmax"])
 def test_the_examples_kernels_c_builds_alone_without_a_warning(tmp_path, name):
     """The kernels.c a user downloads, built by itself: the microkernels pasted, not
-    linked, so some of their entry points go unused (`polyc compile` writes this file)."""
+    linked, so some of their entry points go unused (`polyc compile` writes this file).
+    The examples that paste something: gemm kernels and their support, row kernels."""
     compiled = compile(load_graph(EXAMPLES / f"{name}.json"), build=False)
     c_file = tmp_path / "kernels.c"
     c_file.write_text(compiled.c_source)

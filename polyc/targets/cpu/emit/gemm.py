@@ -176,7 +176,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         by block, where each thread takes its buffers (`pack`): the sums are then
         reused from point to point while in cache, where a buffer of every point's (3.2
         MB for 8x512x28x28 to 128 1x1) had each image's start cold (Sapphire Rapids, in
-        pairs: 4-5% slower at 1 thread, 1-3% at 2)."""
+        pairs: 3% slower at 1 thread, 2% at 2)."""
         loops = self.plan.loops
         if not (self._acc_local() and self.plan.par == "batch" and self.rows is None
                 and "pc" in loops):

@@ -66,7 +66,7 @@ class WriteBackMixin:
         if vacc:  # the batch point's block of partial sums
             m, n = self._acc_shape()
             flat = " + ".join(f"{v} * {math.prod(view.shape[e] for e in view.batch if e > d)}"
-                              for d, v in batch_vals.items() if v != "0" and not point) or "0"
+                              for d, v in batch_vals.items() if v != "0") or "0"
             out.append(cgen.Statement(f"const long mk_vboff = ({flat}) * {m * n}"))
         call = mk.c_function
         first, last = ("(mk_k0 == 0)", f"(mk_k0 + mk_kc >= {plan.k})") if has_pc else ("1", "1")

@@ -358,12 +358,15 @@ class PackMixin:
                                         cgen.Assign("mk_o[mk_t]", load_at))
         source = [cgen.Statement(f"const long mk_q = {qname} + mk_lo"),
                   cgen.Statement(f"const float *restrict mk_src = &{src}")]
+
+        def pad(first: str, end: str) -> cgen.Generable:  # the run's elements first..end
+            return cgen.For(f"long mk_t = {first}", f"mk_t < {end}", "mk_t++",
+                            cgen.Assign("mk_d[mk_x + mk_t]", zero))
         parts: cgen.Generable = cgen.Block([
-            cgen.For("long mk_t = 0", "mk_t < mk_lo", "mk_t++", cgen.Assign("mk_d[mk_x + mk_t]", zero)),
+            pad("0", "mk_lo"),
             if_("mk_lo < mk_hi", cgen.Block([
                 *source, cgen.Statement("float *restrict mk_o = mk_d + mk_x + mk_lo"), copy])),
-            cgen.For("long mk_t = mk_hi", "mk_t < mk_run", "mk_t++",
-                     cgen.Assign("mk_d[mk_x + mk_t]", zero))])
+            pad("mk_hi", "mk_run")])
         if cq == 1:
             # a whole row of the dim (every run but a block's ends) as one loop of a
             # constant count, its pad masked: vector moves with a masked load, where the
@@ -374,8 +377,7 @@ class PackMixin:
                 "long mk_t = 0", f"mk_t < {E}", "mk_t++", cgen.Assign(
                     "mk_d[mk_x + mk_t]",
                     f"mk_t >= mk_lo && mk_t < mk_hi ? mk_src[mk_t - mk_lo] : {zero}"))])
-            whole = if_("mk_lo < mk_hi", cgen.Block([*source, masked]), cgen.For(
-                "long mk_t = 0", f"mk_t < {E}", "mk_t++", cgen.Assign("mk_d[mk_x + mk_t]", zero)))
+            whole = if_("mk_lo < mk_hi", cgen.Block([*source, masked]), pad("0", str(E)))
             parts = if_(f"mk_run == {E}", whole, parts)
         run = cgen.Block([
             cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),

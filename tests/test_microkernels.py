@@ -762,6 +762,34 @@ def test_each_avx512_tile_matches_the_reference(kernel, case):
     assert kernel in _gemm_marks(compiled)[0]
 
 
+@pytest.mark.parametrize("kernel", [m.name for m in registry.REGISTRY
+                                    if m.kind == "gemm" and m.target == "cpu"])
+def test_tiles_at_the_right_edge_of_every_width_match_the_reference(kernel):
+    """A tile of a few columns at the right edge computes only the vectors it stores
+    (`W` in the kernels' C): every such width of the kernel, with K blocks adding up in C
+    itself (a plain product) and in the partial sums (with bias and gelu), against the
+    reference."""
+    isa = next(isa for isa, names in registry.ISAS.items() if kernel in names)
+    mk = registry.by_name(kernel)
+    options = replace(_isa(isa), gemm_kernel=kernel, microkernel_tiles=(("kc", 16),))
+    rng = np.random.default_rng(11)
+    b, inputs, outputs = GraphBuilder("edges"), {}, []
+    m, k = 99, 256  # rows past a whole tile too; products big enough to keep their kernels
+    for e in (w for w in (5, 12, 20, 40) if w < mk.nr):
+        n = mk.nr + e
+        for epilogue in (False, True):
+            names = [f"{x}{e}{'g' if epilogue else ''}" for x in "awc"]
+            shapes = [(m, k), (k, n), (n,)]
+            inputs |= {name: _rand(rng, shape) for name, shape in zip(names, shapes)}
+            y = b.matmul(b.input(names[0], shapes[0]), b.input(names[1], shapes[1]))
+            outputs.append(b.gelu(b.add(y, b.input(names[2], shapes[2])), approximate="tanh")
+                           if epilogue else y)
+    graph = b.build(outputs)
+    inputs = {t.name: inputs[t.name] for t in graph.inputs}
+    marks_ = _gemm_marks(_check(graph, inputs, options))
+    assert len(marks_) == len(outputs) and all(kernel in mark for mark in marks_)
+
+
 def test_a_1x1_conv2d_over_small_planes_packs_b():
     """Its K rows are whole planes apart: packed, as a matmul's B (analysis.b_rows)."""
     graph, inputs = _conv((2, 24, 14, 14), (16, 24, 1, 1), bias_relu=True)

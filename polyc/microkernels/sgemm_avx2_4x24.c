@@ -39,8 +39,9 @@
 static inline __attribute__((always_inline)) void
 polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, long lda,
                            const float *restrict B, const long *restrict off,
-                           float *restrict C, long ldc, int accumulate, const int R, long cols)
-{
+                           float *restrict C, long ldc, int accumulate, const int R, long cols,
+                           const int W)
+{  /* W: the vectors of 8 columns computed; at a right edge, those it stores only */
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256i mask[3];
   for (int v = 0; v < 3; v++)
@@ -62,22 +63,25 @@ polyc_sgemm_avx2_4x24_impl(long kc, const float *restrict A, long lda,
       _mm_prefetch((const char *)(ahead + 23), _MM_HINT_T0);
       b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
     } else {
-      b0 = _mm256_load_ps(B + p * 24), b1 = _mm256_load_ps(B + p * 24 + 8);
-      b2 = _mm256_load_ps(B + p * 24 + 16);
+      b0 = _mm256_load_ps(B + p * 24);
+      b1 = W > 1 ? _mm256_load_ps(B + p * 24 + 8) : b0;
+      b2 = W > 2 ? _mm256_load_ps(B + p * 24 + 16) : b0;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       __m256 a = _mm256_broadcast_ss(lda ? A + r * lda + p : A + p * 4 + r);
       acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-      acc[r][2] = _mm256_fmadd_ps(a, b2, acc[r][2]);
+      if (W > 1)
+        acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+      if (W > 2)
+        acc[r][2] = _mm256_fmadd_ps(a, b2, acc[r][2]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     float *row = C + r * ldc;
 #pragma GCC unroll 3
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < W; v++) {
       if (cols == 24) {
         if (accumulate)
           acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_loadu_ps(row + 8 * v));
@@ -95,7 +99,7 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate)
 {
-  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, 24);
+  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, 0, C, ldc, accumulate, 4, 24, 3);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
@@ -105,7 +109,7 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_4x24_b_rows(
   if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
                 test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
     __builtin_unreachable();
-  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, off, C, ldc, accumulate, 4, 24);
+  polyc_sgemm_avx2_4x24_impl(kc, A, 0, B, off, C, ldc, accumulate, 4, 24, 3);
 }
 
 /* a tile's first `rows` rows: one instantiation per row count (lda as in the impl) */
@@ -115,10 +119,17 @@ polyc_sgemm_avx2_4x24_by_rows(long kc, const float *restrict A, long lda,
                               int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols); break;
-  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols); break;
-  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols); break;
-  default: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols); break;
+  case 1: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols, 3); break;
+  case 2: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols, 3); break;
+  case 3: polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols, 3); break;
+  default:  /* a tile at the right edge computes the vectors it stores only */
+    if (cols <= 8)
+      polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 1);
+    else if (cols <= 16)
+      polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 2);
+    else
+      polyc_sgemm_avx2_4x24_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 3);
+    break;
   }
 }
 

@@ -79,8 +79,8 @@ static inline __attribute__((always_inline)) void
 polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
                            const float *restrict B, const long *restrict off,
                            float *restrict C, long ldc, int accumulate, const int R, long cols,
-                           const int next_tile)
-{
+                           const int next_tile, const int W)
+{  /* W: the vectors of 8 columns computed; at a right edge, those it stores only */
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
   const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols - 8), lane);
@@ -102,13 +102,14 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
       }
       b0 = _mm256_loadu_ps(B + off[p]), b1 = _mm256_loadu_ps(B + off[p] + 8);
     } else {
-      b0 = _mm256_load_ps(B + p * 16), b1 = _mm256_load_ps(B + p * 16 + 8);
+      b0 = _mm256_load_ps(B + p * 16), b1 = W > 1 ? _mm256_load_ps(B + p * 16 + 8) : b0;
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {  /* lda, like off, is constant in every caller */
       __m256 a = _mm256_broadcast_ss(lda ? A + r * lda + p : A + p * 6 + r);
       lo[r] = _mm256_fmadd_ps(a, b0, lo[r]);
-      hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
+      if (W > 1)
+        hi[r] = _mm256_fmadd_ps(a, b1, hi[r]);
     }
   }
 #pragma GCC unroll 6
@@ -122,12 +123,14 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
       _mm256_storeu_ps(row, lo[r]);
       _mm256_storeu_ps(row + 8, hi[r]);
     } else {
-      if (accumulate) {
+      if (accumulate)
         lo[r] = _mm256_add_ps(lo[r], _mm256_maskload_ps(row, m0));
-        hi[r] = _mm256_add_ps(hi[r], _mm256_maskload_ps(row + 8, m1));
-      }
       _mm256_maskstore_ps(row, m0, lo[r]);
-      _mm256_maskstore_ps(row + 8, m1, hi[r]);
+      if (W > 1) {
+        if (accumulate)
+          hi[r] = _mm256_add_ps(hi[r], _mm256_maskload_ps(row + 8, m1));
+        _mm256_maskstore_ps(row + 8, m1, hi[r]);
+      }
     }
   }
 }
@@ -139,12 +142,17 @@ polyc_sgemm_avx2_6x16_by_rows(long kc, const float *restrict A, long lda,
                               int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols, 0); break;
-  case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols, 0); break;
-  case 3: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols, 0); break;
-  case 4: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 0); break;
-  case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols, 0); break;
-  default: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 0); break;
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols, 0, 2); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols, 0, 2); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols, 0, 2); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 0, 2); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols, 0, 2); break;
+  default:  /* a tile at the right edge computes the vectors it stores only */
+    if (cols <= 8)
+      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 0, 1);
+    else
+      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 0, 2);
+    break;
   }
 }
 
@@ -171,7 +179,7 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(
   if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
                 test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
     __builtin_unreachable();
-  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 0);
+  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 0, 2);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows_ahead(
@@ -180,6 +188,6 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows_ahead(
 {
   if (!off)  /* never: as in _b_rows */
     __builtin_unreachable();
-  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 1);
+  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 1, 2);
 }
 #endif

@@ -36,14 +36,15 @@ static inline __mmask16 polyc_avx512_mask(long cols, int v)
 static inline __attribute__((always_inline)) void
 polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float *restrict B,
                         const long *restrict off, float *restrict C, long ldc,
-                        int accumulate, const int R, const int MR, const int NV, long cols)
+                        int accumulate, const int R, const int MR, const int NV, const int W,
+                        long cols)
 {
-  const int NR = 16 * NV;
+  const int NR = 16 * NV;  /* the panel's width; W <= NV vectors of it are computed */
   __m512 acc[14][3];  /* fully unrolled below: gcc keeps the R x NV used in registers */
 #pragma GCC unroll 14
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; v++)
+    for (int v = 0; v < W; v++)
       acc[r][v] = _mm512_setzero_ps();
 #pragma GCC unroll 14
   for (int r = 0; r < R; r++)  /* C is read or written last: start fetching it now */
@@ -53,15 +54,15 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
     if (off) {  /* constant in every caller: gcc keeps one of the two */
       const float *ahead = B + off[p + POLYC_AHEAD_AVX512];
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; v++)
+      for (int v = 0; v < W; v++)
         _mm_prefetch((const char *)(ahead + 16 * v), _MM_HINT_T0);
       _mm_prefetch((const char *)(ahead + NR - 1), _MM_HINT_T0);
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; v++)
+      for (int v = 0; v < W; v++)
         b[v] = _mm512_loadu_ps(B + off[p] + 16 * v);
     } else {
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; v++)
+      for (int v = 0; v < W; v++)
         b[v] = _mm512_load_ps(B + p * NR + 16 * v);
       _mm_prefetch((const char *)(B + (p + 8) * NR), _MM_HINT_T0);
     }
@@ -69,7 +70,7 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
     for (int r = 0; r < R; r++) {
       __m512 a = _mm512_set1_ps(lda ? A[r * lda + p] : A[p * MR + r]);
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; v++)
+      for (int v = 0; v < W; v++)
         acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
     }
   }
@@ -77,7 +78,7 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
   for (int r = 0; r < R; r++) {
     float *row = C + r * ldc;
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; v++) {
+    for (int v = 0; v < W; v++) {
       if (cols == NR) {
         if (accumulate)
           acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(row + 16 * v));
@@ -94,14 +95,14 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
 
 /* rows < MR: one instantiation per row count below MR (the others are dead code) */
 #define POLYC_AVX512_ROWS_CASE(k, MR, NV) \
-  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, cols); break; } /* fall through */
+  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, NV, cols); break; } /* fall through */
 
 #define POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) \
 POLYC_MK_ENTRY void name( \
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
     int accumulate) \
 { \
-  polyc_sgemm_avx512_impl(kc, A, 0, B, 0, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, 0, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV)); \
 } \
 static inline __attribute__((always_inline)) void name##_by_rows( \
     long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C, \
@@ -115,7 +116,13 @@ static inline __attribute__((always_inline)) void name##_by_rows( \
   POLYC_AVX512_ROWS_CASE(9, MR, NV) POLYC_AVX512_ROWS_CASE(10, MR, NV) \
   POLYC_AVX512_ROWS_CASE(11, MR, NV) POLYC_AVX512_ROWS_CASE(12, MR, NV) \
   POLYC_AVX512_ROWS_CASE(13, MR, NV) \
-  default: polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, cols); \
+  default: /* a tile at the right edge computes the vectors it stores only */ \
+    if ((NV) > 1 && cols <= 16) \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 1, cols); \
+    else if ((NV) > 2 && cols <= 32) \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, (NV) > 2 ? 2 : (NV), cols); \
+    else \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, NV, cols); \
   } \
 } \
 POLYC_MK_ENTRY void name##_rows( \
@@ -136,6 +143,6 @@ POLYC_MK_ENTRY void name##_b_rows( \
     long kc, const float *restrict A, const float *restrict B, const long *restrict off, \
     float *restrict C, long ldc, int accumulate) \
 { \
-  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, 16 * (NV)); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV)); \
 }
 #endif

@@ -169,6 +169,17 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         return (self.rows is not None and self.rows.copy and self._acc_local()
                 and self.plan.depth == "-")
 
+    def _sums_apart(self) -> bool:
+        """Do the partial sums of a packed B hold the products alone, the init added at
+        the last K block? Then every tile of a K block but the last, the first too,
+        accumulates in them through the kernel itself. Else a tile whose C is no M x N
+        matrix (folded images, `GemmView.c_matrix`), or of the first block where the
+        init is not zero, went through a scratch tile added to the sums element by
+        element. Not with a kernel that writes whole tiles only (no `rows_variant`,
+        A packed): its edge tiles would spill into their neighbours' sums."""
+        return (self.rows is None and self._acc_local() and self.plan.depth == "-"
+                and self.plan.masked == "-" and bool(self.mk.rows_variant or self.plan.a == "rows"))
+
     def _acc_per_point(self) -> bool:
         """Are the partial sums one batch point's at a time, each thread's own? So where
         the threads share out the batch points and each point's K blocks run in the

@@ -99,11 +99,15 @@ class WriteBackMixin:
                     return (f"{mk.a_rows_variant}({kc}, mk_ap, {lda}, mk_bp, {c}, {ldc}, {acc}, "
                             f"{rows or MR}, {cols or NR})")
                 if rows:
+                    if not variant:  # else a comma expression in C that computes nothing
+                        raise InternalError("codegen", f"{mk.name} has no variant for a part "
+                                                       "of a tile")
                     return f"{variant}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc}, {rows}, {cols})"
                 return f"{call}({kc}, mk_ap, mk_bp, {c}, {ldc}, {acc})"
-            # A read in place: not a row past the tile's, where A may end
+            # A read in place: not a row past the tile's, where A may end; an edge
+            # tile's kernel computes the columns that are read only
             fill: cgen.Generable = cgen.Statement(
-                calls("mk_tile", str(NR), "0", "mk_mr", str(NR)) if variant or plan.a == "rows"
+                calls("mk_tile", str(NR), "0", "mk_mr", "mk_nr") if variant or plan.a == "rows"
                 else calls("mk_tile", str(NR), "0"))
             if dead:
                 fill = if_(dead, cgen.Statement("memset(mk_tile, 0, sizeof(mk_tile))"), fill)
@@ -130,6 +134,15 @@ class WriteBackMixin:
             out.append(if_(f"!{last}", cgen.Block([if_(f"!{first}", fetch), partial]), cgen.Block([
                 slow[0], *self._fetch_stores("1"), if_(f"!{first}", fetch), whole,
                 self._final(first, acc_name)])))
+            return cgen.Block(_read_only(out))
+        if self._sums_apart():
+            # every K block but the last accumulates in the partial sums through the
+            # kernel itself; the last one's tile is computed apart, the sums read beside it
+            at = f"mk_acc + mk_boff + mk_it * {plan.n} + mk_jt"
+            partial = if_(f"mk_mr == {MR} && mk_nr == {NR}",
+                          cgen.Statement(calls(at, str(plan.n), f"!{first}")),
+                          cgen.Statement(calls(at, str(plan.n), f"!{first}", "mk_mr", "mk_nr")))
+            out.append(if_(f"!{last}", partial, cgen.Block([*slow, self._final(first, acc_name)])))
             return cgen.Block(_read_only(out))
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),
@@ -326,7 +339,7 @@ class WriteBackMixin:
             n = self._acc_shape()[1]
             return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c])"
         mem = f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]"
-        return f"({first} ? {init} : {mem})"
+        return f"({first} ? {init} : {init} + {mem})" if self._sums_apart() else f"({first} ? {init} : {mem})"
 
     def _partial(self, first: str, acc_name: str) -> cgen.Generable:
         NR = self.mk.nr

@@ -331,7 +331,7 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
         g, models, plan = fused[key]
     else:
         g = trace.run("widen", widen_storage, loaded)
-        g = trace.run("decompose", decompose_graph, g)
+        g = trace.run("decompose", decompose_graph, g, normalise_after=options.tail_contraction)
         g = trace.run("simplify", simplify_graph, g)
         g = trace.run("unshare", unshare_widening, g)
         if options.verify:

@@ -1137,14 +1137,14 @@ def test_attention_is_one_kernel_its_softmax_and_product_with_v_in_the_scores_ne
         compiled = _check(graph, inputs, options)
         (kernel,) = compiled.kernels
         (plan,) = _gemm_marks(compiled)
-        assert "y.probs" in kernel.kernel.nodes and "y" in kernel.kernel.nodes
+        assert "y.unscaled" in kernel.kernel.nodes and "y" in kernel.kernel.nodes
         report = kernel.fusion_report
-        assert any("row tail (y.max, " in line and "y.probs)" in line for line in report)
-        assert any("row tail's contraction" in line and "y.probs, read in place" in line
+        assert any("row tail (y.max, " in line and "y.inv_sum)" in line for line in report)
+        assert any("row tail's contraction" in line and "y.exp, read in place" in line
                    for line in report), report
         assert f" then={registry.by_name(marks.parse(plan).then).name}" in plan
-        # the scores and probabilities live one block of rows at a time
-        assert any(line.startswith(("y.scores (", "y.probs (")) and "a block of" in line
+        # the scores and exponentials live one block of rows at a time
+        assert any(line.startswith(("y.scores (", "y.exp (")) and "a block of" in line
                    for line in report), report
         # the causal mask's tiles of scores are not computed, nor the K steps of the
         # product with v past each tile's diagonal
@@ -1662,7 +1662,7 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
         plan = marks.parse(_gemm_marks(compiled)[0])
         assert plan.then and plan.then_depth == "0" and "ic" in plan.loops, plan
         assert {a.tensor for a in compiled.kernels[0].kernel.arrays if a.block} == {
-            "y.scores", "y.probs"}
+            "y.scores", "y.exp"}
     if case.endswith("-const"):
         assert getattr(marks.parse(_gemm_marks(compiled)[0]), case.split("-")[1]) == "const"
     if case.startswith("matmul-edges") and registry.by_name(

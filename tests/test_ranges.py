@@ -1,12 +1,14 @@
 """Value facts the graph guarantees by construction (`polyc.graph.ranges`)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from polyc import GraphBuilder
 from polyc.graph.decompose import decompose_graph
-from polyc.graph.ranges import (iota_constants, masked_softmax_tensors, nonpositive_tensors,
+from polyc.graph.ranges import (iota_constants, masked_exponentials, nonpositive_tensors,
                                 triangle_constants)
 from polyc.graph.simplify import simplify_graph
 
@@ -48,13 +50,14 @@ def test_causal_positions_are_iotas_and_a_folded_mask_a_triangle():
 
 
 @pytest.mark.parametrize("lq", [5, 300])  # the mask folded into a constant, or not
-def test_causal_attention_probabilities_are_zero_past_the_diagonal(lq):
+def test_causal_attention_exponentials_and_probabilities_are_zero_past_the_diagonal(lq):
     b = GraphBuilder("att")
     q, k, v = b.input("q", [2, lq, 4]), b.input("k", [2, lq, 4]), b.input("v", [2, lq, 4])
-    for causal in (True, False):
-        graph = simplify_graph(decompose_graph(b.build([b.attention(q, k, v, causal=causal,
-                                                                    out=f"y{causal}")])))
-        assert masked_softmax_tensors(graph) == ({f"y{causal}.probs": (1, 2, 0)} if causal else {})
+    for causal, after in itertools.product((True, False), (True, False)):
+        graph = b.build([b.attention(q, k, v, causal=causal, out=f"y{causal}{after}")])
+        graph = simplify_graph(decompose_graph(graph, normalise_after=after))
+        zero = [f"y{causal}{after}.exp"] + ([] if after else [f"y{causal}{after}.probs"])
+        assert masked_exponentials(graph) == (dict.fromkeys(zero, (1, 2, 0)) if causal else {})
 
 
 def test_a_softmax_over_a_finite_fill_is_not_known_zero():
@@ -64,4 +67,4 @@ def test_a_softmax_over_a_finite_fill_is_not_known_zero():
     rows, cols = np.indices((6, 6))
     mask = b.constant("mask", (6, 6), (cols > rows).astype(np.int32).ravel().tolist(), "int32")
     graph = decompose_graph(b.build([b.softmax(b.select(mask, b.constant("fill", (), [-1e30]), x))]))
-    assert masked_softmax_tensors(graph) == {}
+    assert masked_exponentials(graph) == {}

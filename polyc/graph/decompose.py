@@ -39,10 +39,14 @@ from .ir import INT_BITS, FrozenDict, Graph, Node, Tensor, TensorType
 from .ops import OPS, OpError, check_attrs, infer, norm_axes, norm_axis, reduced_shape
 
 
-def decompose_graph(graph: Graph) -> Graph:
+def decompose_graph(graph: Graph, *, normalise_after: bool = True) -> Graph:
     """Replace every composite node of `graph` by primitive nodes computing the same
-    tensor; primitive nodes pass through unchanged, in place."""
-    e = _Emitter(graph)
+    tensor; primitive nodes pass through unchanged, in place. `normalise_after`:
+    attention divides its product with v by the rows' sums (where that product runs in
+    the scores' nest, `Options.tail_contraction`), not its exponentials before it (a
+    softmax): a symbolic compile's product over a symbolic Lk then has no epilogue at
+    its last K block, which is no affine function of Lk."""
+    e = _Emitter(graph, normalise_after)
     for node in graph.nodes:
         if OPS[node.op].composite:
             e.source = node
@@ -60,7 +64,8 @@ class _Emitter:
     """Appends typed primitive nodes and constants for the composite `source` being
     opened; a small builder that infers each new tensor's type as it goes."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, normalise_after: bool = True):
+        self.normalise_after = normalise_after
         self.types: dict[str, TensorType] = dict(graph.types)
         # Node names share the namespace so intermediate nodes, named after their
         # output, never clash with a user's node name either.
@@ -312,8 +317,16 @@ def _attention(e: _Emitter, n: Node) -> None:
         mask = e.op("greater", cols, rows, role="mask")  # key j after query i
         scores = e.op("select", mask, e.const("neg_inf", -math.inf), scores,
                       role="masked")
-    probs = _softmax_into(e, scores, e.type(scores).ndim - 1, last=False)
-    e.last("matmul", probs, v)
+    axis = e.type(scores).ndim - 1
+    if not e.normalise_after:
+        e.last("matmul", _softmax_into(e, scores, axis, last=False), v)
+        return
+    # normalised after the product with v: Lq x D multiplies, not Lq x Lk, and no pass
+    # over the probabilities (8x512x64 on Sapphire Rapids, 1 and 2 threads: 2% faster)
+    _, _, ex = _exp_shifted(e, scores, (axis,))
+    inv = e.op("reciprocal", e.op("reduce_sum", ex, axes=(axis,), keepdims=True, role="sum"),
+               role="inv_sum")
+    e.last("mul", e.op("matmul", ex, v, role="unscaled"), inv)
 
 
 _RULES: dict[str, Callable[[_Emitter, Node], None]] = {

@@ -15,12 +15,15 @@ small causal mask): nonzero exactly where the column index exceeds the row's plu
 `constant_digests`: each static constant's data as sha256, the name under which codegen
 may keep something made from it (a contraction's operand packed once per loaded kernel).
 
-`masked_softmax_tensors`: a softmax along the last axis of select(mask, -inf, x), the
-mask one of the above (causal attention's probabilities): exactly 0 where the mask
-holds, unless the row's unmasked elements are NaN too. With d >= 0 every row keeps its
-first column, so its max is that of some unmasked element: if finite, the masked
-exp(-inf - max) is 0 and the row's sum at least 1; if not, every unmasked element of the
-row is NaN (x - max is NaN or the sum is) and so is anything computed from the row.
+`masked_exponentials`: the exponentials of a softmax along the last axis of
+select(mask, -inf, x), exp(masked - max), the mask one of the above, and the softmax
+itself, those divided by their row's sum (causal attention's, normalised after its
+product with v or before it; only its decomposition makes a -inf constant): exactly 0
+where the mask holds, unless the row's unmasked elements are NaN too. With
+d >= 0 every row keeps its first column, so its max is that of some unmasked element: if
+finite, the masked exp(-inf - max) is 0 and the row's sum at least 1; if not, every
+unmasked element of the row is NaN (x - max is NaN or the sum is) and so is anything
+computed from the row.
 """
 from __future__ import annotations
 
@@ -111,9 +114,9 @@ def triangle_constants(graph: Graph) -> dict[str, tuple[int, int, int]]:
 
 
 @_kept
-def masked_softmax_tensors(graph: Graph) -> dict[str, tuple[int, int, int]]:
-    """Tensor -> (row dim, column dim, d): 0 where index[col] > index[row] + d, unless
-    its row is NaN where unmasked (see the module docstring)."""
+def masked_exponentials(graph: Graph) -> dict[str, tuple[int, int, int]]:
+    """Exponentials or probabilities -> (row dim, column dim, d): 0 where index[col] >
+    index[row] + d, unless its row is NaN where unmasked (see the module docstring)."""
     producer = {n.output: n for n in graph.nodes}
     consts = {t.name: t for t in graph.constants}
     iotas, triangles = iota_constants(graph), triangle_constants(graph)
@@ -145,25 +148,28 @@ def masked_softmax_tensors(graph: Graph) -> dict[str, tuple[int, int, int]]:
         return None
 
     found = {}
-    for n in graph.nodes:
+    for e in graph.nodes:  # exp(select(mask, -inf, x) - max)
+        sh = node(e.inputs[0], "sub") if e.op == "exp" else None
+        if sh is None:
+            continue
+        x, mx = sh.inputs
+        sel = node(x, "select")
+        if sel is None or not last_axis_reduce(producer.get(mx), "reduce_max", x):
+            continue
+        m, neg, _ = sel.inputs
+        value = consts.get(neg)
+        if value is None or value.type.size != 1 or value.data[0] != -math.inf:
+            continue
+        rank = ndim[e.output]
+        d = mask_of(m, rank) if rank >= 2 else None
+        if d is not None and d >= 0:
+            found[e.output] = (rank - 2, rank - 1, d)
+    for n in graph.nodes:  # those exponentials times the reciprocal of their row's sum
         if n.op != "mul":
             continue
         for ex, inv in (n.inputs, n.inputs[::-1]):
-            e, r = node(ex, "exp"), node(inv, "reciprocal")
-            sh = node(e.inputs[0], "sub") if e is not None else None
-            if r is None or sh is None or not last_axis_reduce(producer.get(r.inputs[0]),
-                                                                 "reduce_sum", ex):
-                continue
-            x, mx = sh.inputs
-            sel = node(x, "select")
-            if sel is None or not last_axis_reduce(producer.get(mx), "reduce_max", x):
-                continue
-            m, neg, _ = sel.inputs
-            value = consts.get(neg)
-            if value is None or value.type.size != 1 or value.data[0] != -math.inf:
-                continue
-            rank = ndim[n.output]
-            d = mask_of(m, rank) if rank >= 2 else None
-            if d is not None and d >= 0:
-                found[n.output] = (rank - 2, rank - 1, d)
+            r = node(inv, "reciprocal")
+            if ex in found and r is not None and last_axis_reduce(
+                    producer.get(r.inputs[0]), "reduce_sum", ex):
+                found[n.output] = found[ex]
     return found

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..graph.ir import Graph, TensorType
-from ..graph.ranges import (constant_digests, iota_constants, masked_softmax_tensors,
+from ..graph.ranges import (constant_digests, iota_constants, masked_exponentials,
                             nonpositive_tensors, triangle_constants)
 from .comprehension import Statement, loads, lower_node
 from .prologue import fold_epilogues, fold_prologues, recompute, widening_loads
@@ -99,7 +99,7 @@ def build_kernels(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> tuple[Ke
     nonpositive = nonpositive_tensors(graph)
     iotas, triangles = iota_constants(graph), triangle_constants(graph)
     digests = constant_digests(graph)
-    masked = masked_softmax_tensors(graph)
+    masked = masked_exponentials(graph)
     by_name = {n.name: n for n in graph.nodes}
     constants = graph.constant_map
     kernels = []

@@ -240,10 +240,14 @@ def _view(statements: list[Statement], shape_of, tail: bool, fold: bool,
         return None
     if _row_tail(rest, shape, cols, set(produced)):
         return view
-    second = _view(rest[-2:], shape_of, False, False) if then and len(rest) > 2 else None
-    if second is None or not _row_tail(rest[:-2], shape, cols, produced):
+    # the then's init: the last statement from which on the rest is one contraction
+    # with its epilogue (attention's exp(scores) times v, times the rows' 1 / sum)
+    start = next((j for j in range(len(rest) - 2, 0, -1)
+                  if then and _view(rest[j:], shape_of, False, False) is not None), None)
+    if start is None or not _row_tail(rest[:start], shape, cols, produced):
         return None
-    view = replace(view, tail=tuple(rest[:-2]), then=second)
+    view = replace(view, tail=tuple(rest[:start]),
+                   then=_view(rest[start:], shape_of, False, False))
     return view if _then(view, produced) else None
 
 
@@ -251,10 +255,11 @@ def _then(view: GemmView, produced: set[str]) -> bool:
     """Can `view.then`, a contraction after the row tail, run on each block of C's rows
     once the tail is done with it? Its A must be one of the tail's results over C's box,
     read at the then's own batch point and row along C's single column dim as K (the
-    probabilities of attention, softmax(q k^T) v); its B must read nothing the kernel
-    produces; its result is zero-initialised, has no epilogue, and its batch and row dims
-    are C's (a batch dim B does not read is one of its rows: v shared by all heads,
-    multi-query attention)."""
+    exponentials of attention's scores, exp(q k^T - max) v); its B must read nothing the
+    kernel produces; its result is zero-initialised, and its batch and row dims are C's
+    (a batch dim B does not read is one of its rows: v shared by all heads, multi-query
+    attention). Its epilogue may read what the tail produced at its own batch point and
+    row (the rows' 1 / sum): those rows' tail is done before the then."""
     t = view.then
     tail = {s.target: s for s in view.tail}
     a, b = t.a_expr, t.b_expr
@@ -262,10 +267,15 @@ def _then(view: GemmView, produced: set[str]) -> bool:
     if not (len(view.cols) == 1 and len(view.rows) == 1 and len(t.red) == 1
             and t.batch + t.rows == lead and isinstance(a, Load) and a.tensor in tail
             and t.shape[:len(lead)] == view.shape[:len(lead)] and t.K == view.N
-            and not t.epilogue and isinstance(t.init.expr, Const) and t.init.expr.value == 0
+            and isinstance(t.init.expr, Const) and t.init.expr.value == 0
             and t.stmt.target not in produced
             and not any(x.tensor in produced for x in loads_of(b))):
         return False
+    for e in t.epilogue:
+        if e.target in produced or any(
+                x.tensor in produced and [_one(i) for i in x.index[:len(lead)]] != list(lead)
+                for x in loads_of(e.expr)):
+            return False
     own = [t.out_iter[d] for d in lead] + [t.red[0]]
     return (tail[a.tensor].extents == view.shape
             and [_one(x) for x in a.index] == own)

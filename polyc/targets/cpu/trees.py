@@ -144,7 +144,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     the batch band prepares B once, and there is no pack_b."""
     s0, mk = view.stmt, registry.by_name(plan.kernel)
     others = (view.init,) + view.epilogue
-    then = (view.then.init, view.then.stmt) if view.then else ()
+    then = (view.then.init, view.then.stmt, *view.then.epilogue) if view.then else ()
     t = plan.tiles
 
     def out(s: Statement, d: int) -> str:
@@ -267,13 +267,16 @@ def _then_tree(then: GemmView, plan: marks.Gemm) -> str:
     """The row tail's contraction (`GemmView.then`) on the block's rows, after the tail:
     codegen replaces it by the tiles of `plan.then`'s kernel.
 
-        mark "microkernel sgemm_avx2_6x16 S9" -> band [i, j] -> sequence [ S8, S9 band [k] ]
+        mark "microkernel sgemm_avx2_6x16 S9" -> band [i, j] -> sequence [ S8, S9 band [k],
+                                                                       S10 ... ]
     """
     init, s = then.init, then.stmt
-    point = [text.member((init, s), lambda x, d=d: then.out_name(x, d))
+    point = [text.member((init, s, *then.epilogue), lambda x, d=d: then.out_name(x, d))
              for d in then.rows + then.cols]
     red = text.band([text.member([s], lambda x: x.iter_name(then.red[0]))], permutable=False)
-    tree = text.band(point, text.sequence([([init], None), ([s], red)]), permutable=False)
+    tree = text.band(point, text.sequence([([init], None), ([s], red)]
+                                          + [([e], None) for e in then.epilogue]),
+                     permutable=False)
     return text.mark(marks.Microkernel(plan.then, s.name), tree)
 
 

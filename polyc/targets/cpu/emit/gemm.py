@@ -33,7 +33,7 @@ import islpy as isl
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....errors import InternalError
 from ....microkernels import registry
-from ....microkernels.analysis import BRows, GemmView, b_rows
+from ....microkernels.analysis import BRows, GemmView, b_rows, loads_of
 from ....schedule_tree import marks
 from ..plan import plan_view
 from .brows import BRowsMixin
@@ -134,10 +134,14 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
             body += self._buffers("ab" if plan.par == "inner" else "b" if self.rows else "")
             threads = [f"num_threads({plan.threads})"] if plan.threads else []
             # the row tail's contracted buffers (a row of exp) are each thread's own; a
-            # block of C (and of its epilogue) is filled by the team for the tail to read
-            # and the rows of the then's A the tail writes, for the team's tiles to read
+            # block of C (and of its epilogue) is filled by the team for the tail to read,
+            # and the rows of the then's A the tail writes and what else of the tail's the
+            # then's epilogue reads (the rows' 1 / sum), for the team's tiles to read
+            then = view.then
             shared = frozenset({view.stmt.target} | {e.target for e in view.epilogue}
-                               | ({view.then.a_expr.tensor} if view.then else set()))
+                               | ({then.a_expr.tensor} | {x.tensor for e in then.epilogue
+                                                          for x in loads_of(e.expr)}
+                                  if then else set()))
             takes, releases = self.b.thread_heap_buffers(shared)
             private = self.b.private_buffers(shared)
             body += [cgen.Pragma(" ".join(["omp parallel", *threads, *private])),

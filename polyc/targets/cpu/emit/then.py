@@ -9,10 +9,10 @@ import math
 
 import cgen
 
-from ....codegen.cexpr import ExprPrinter, c_size
+from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
 from ....kernel.ir import c_comment
 from ....microkernels import registry
-from .common import up
+from .common import Scalars, up
 
 
 class ThenMixin:
@@ -71,12 +71,17 @@ class ThenMixin:
             kc = "mk_tk"
             body.append(cgen.Statement(f"const long mk_tk = mk_tfinite ? min({K}, mk_ti + "
                                        f"mk_rows + {plan.then_depth}) : {K}"))
+        c, ldc = (("mk_tt", str(NR)) if t.epilogue else
+                  (f"&{p.access(t.stmt.target, t.stmt.index)}",
+                   self._row_stride(t.stmt.target, lead)))
+        if t.epilogue:
+            body.append(cgen.Statement(f"float mk_tt[{MR * NR}] __attribute__((aligned(64)))"))
         body.append(cgen.Statement(
             f"{mk.a_rows_variant}({kc}, &{p.access(a.tensor, a.index)}, "
-            f"{self._row_stride(a.tensor, lead)}, mk_pt + mk_tj * {K}, "
-            f"&{p.access(t.stmt.target, t.stmt.index)}, "
-            f"{self._row_stride(t.stmt.target, lead)}, 0, mk_rows, "
+            f"{self._row_stride(a.tensor, lead)}, mk_pt + mk_tj * {K}, {c}, {ldc}, 0, mk_rows, "
             f"min({NR}, {N} - mk_tj))"))
+        if t.epilogue:
+            body.append(self._then_epilogue(names))
         share = ([cgen.Pragma("omp for collapse(2) schedule(static)")]
                  if plan.par == "inner" else [])
         tiles = cgen.For("long mk_tj = 0", f"mk_tj < {N}", f"mk_tj += {NR}", cgen.For(
@@ -86,6 +91,31 @@ class ThenMixin:
         return cgen.Block([cgen.Comment(c_comment(  # a tensor's name is the user's
             f"{mk.name}: {t.stmt.name} on the block's rows, {c_size(t.M)}x{N}x{K} in all, A "
             f"({a.tensor}) read in place"))] + head + share + [tiles])
+
+    def _then_epilogue(self, names: dict[int, str]) -> cgen.Generable:
+        """The then's epilogue on its tile (`mk_tt`, computed on the stack), element by
+        element, in scalars: what leaves is stored (attention's product with v times its
+        rows' 1 / sum: normalised after the product, 64 columns a row, not before it,
+        512)."""
+        t, NR = self.view.then, self._then_kernel().nr
+        row, col = self.view.rows[0], t.cols[0]
+        at = {d: names[t.out_iter[d]] for d in range(len(t.shape))}
+        at |= {row: "(mk_ti + mk_r)", col: "(mk_tj + mk_c)"}
+        scalars = {t.stmt.target: "mk_v"}
+        body = [cgen.Statement(f"const float mk_v = mk_tt[mk_r * {NR} + mk_c]")]
+        for k, e in enumerate((t.stmt, *t.epilogue)):
+            if k:
+                value = Scalars(self.b.arrays, lambda pos: at[pos], scalars).value(e.expr)
+                scalars[e.target] = f"mk_e{k}"
+                body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} mk_e{k} = {value}"))
+            if self.b.arrays[e.target].role == "out":
+                index = e.index if k else t.init.index
+                store = ExprPrinter(self.b.arrays, lambda pos: at[pos]).access(e.target, index)
+                body.append(cgen.Assign(store, scalars[e.target]))
+        cols = cgen.For("long mk_c = 0", f"mk_c < min({NR}, {c_size(t.N)} - mk_tj)", "mk_c++",
+                        cgen.Block(body))
+        return cgen.For("long mk_r = 0", "mk_r < mk_rows", "mk_r++",
+                        cgen.Block([cgen.Pragma("omp simd"), cols]))
 
     def _row_stride(self, tensor: str, dim: int) -> str:
         """Floats between consecutive indices of `dim` in `tensor`, which is whole or a

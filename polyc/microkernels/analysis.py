@@ -242,12 +242,15 @@ def _view(statements: list[Statement], shape_of, tail: bool, fold: bool,
         return view
     # the then's init: the last statement from which on the rest is one contraction
     # with its epilogue (attention's exp(scores) times v, times the rows' 1 / sum)
-    start = next((j for j in range(len(rest) - 2, 0, -1)
-                  if then and _view(rest[j:], shape_of, False, False) is not None), None)
-    if start is None or not _row_tail(rest[:start], shape, cols, produced):
+    for start in range(len(rest) - 2, 0, -1) if then else ():
+        second = _view(rest[start:], shape_of, False, False)
+        if second is not None:
+            break
+    else:
         return None
-    view = replace(view, tail=tuple(rest[:start]),
-                   then=_view(rest[start:], shape_of, False, False))
+    if not _row_tail(rest[:start], shape, cols, produced):
+        return None
+    view = replace(view, tail=tuple(rest[:start]), then=second)
     return view if _then(view, produced) else None
 
 

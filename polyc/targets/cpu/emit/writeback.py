@@ -142,7 +142,8 @@ class WriteBackMixin:
             partial = if_(f"mk_mr == {MR} && mk_nr == {NR}",
                           cgen.Statement(calls(at, str(plan.n), f"!{first}")),
                           cgen.Statement(calls(at, str(plan.n), f"!{first}", "mk_mr", "mk_nr")))
-            out.append(if_(f"!{last}", partial, cgen.Block([*slow, self._final(first, acc_name)])))
+            out.append(if_(f"!{last}", partial, cgen.Block(
+                [slow[0], *self._fetch_stores("1"), fill, self._final(first, acc_name)])))
             return cgen.Block(_read_only(out))
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),

@@ -1172,6 +1172,23 @@ def test_causal_attention_with_an_inf_in_v_past_the_diagonal_is_nan_as_the_refer
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_the_row_tails_contraction_takes_an_elementwise_epilogue(threads):
+    """softmax(q k^T) @ v + bias, relu: the bias and relu are the product's epilogue,
+    applied to each of its tiles on the stack in the scores' nest (at 2 threads by the
+    team that shares the block's rows), one kernel."""
+    rng = np.random.default_rng(8)
+    b = GraphBuilder("tail_epilogue")
+    q, k, v = b.input("q", (2, 100, 64)), b.input("k", (2, 120, 64)), b.input("v", (2, 120, 40))
+    probs = b.op("softmax", b.matmul(q, k, transpose_b=True), axis=-1)
+    graph = b.build([b.relu(b.add(b.matmul(probs, v), b.input("bias", (40,))))])
+    inputs = {t.name: _rand(rng, t.type.shape) for t in graph.inputs}
+    compiled = _check(graph, inputs, Options(threads=threads))
+    (plan,) = _gemm_marks(compiled)
+    assert len(compiled.kernels) == 1 and " then=" in plan, plan
+    assert "mk_tt" in compiled.c_source  # the product's tile, written back through its epilogue
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_a_v_shared_by_every_head_follows_the_softmax_in_its_nest(threads):
     # multi-query attention: v has no head dim, so the heads are rows of the product
     # with v, which still runs on each block of the scores' rows

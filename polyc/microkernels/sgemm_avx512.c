@@ -120,7 +120,7 @@ static inline __attribute__((always_inline)) void name##_by_rows( \
     if ((NV) > 1 && cols <= 16) \
       polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 1, cols); \
     else if ((NV) > 2 && cols <= 32) \
-      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, (NV) > 2 ? 2 : (NV), cols); \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 2, cols); \
     else \
       polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, NV, cols); \
   } \

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import cgen
 
-from ....codegen.cexpr import ExprPrinter
-from ....kernel.comprehension import Expr, Load
+from ....codegen.cexpr import C_TYPE, ExprPrinter
+from ....kernel.comprehension import Expr, Index, Load, Statement
 
 # K rows packed per pass of the run packer (pack.py's _run_nest)
 ROWS = 8
@@ -22,6 +22,22 @@ class Scalars(ExprPrinter):
         if isinstance(e, Load) and e.tensor in self.scalars:
             return self.scalars[e.tensor]
         return super().value(e)
+
+
+def in_scalars(arrays, iters, target: str, index: Index, value: str,
+               epilogue: tuple[Statement, ...], name, stored) -> list[cgen.Generable]:
+    """A contraction's element `value` (of `target`, stored at `index`) through its
+    `epilogue` in C scalars, `name(k)` the k-th statement's: each array `stored(tensor)`
+    names is assigned its value, the others live in registers only."""
+    scalars, plain = {target: value}, ExprPrinter(arrays, iters)
+    out = [cgen.Assign(plain.access(target, index), value)] if stored(target) else []
+    for k, e in enumerate(epilogue):
+        out.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name(k)} = "
+                                  f"{Scalars(arrays, iters, scalars).value(e.expr)}"))
+        scalars[e.target] = name(k)
+        if stored(e.target):
+            out.append(cgen.Assign(plain.access(e.target, e.index), name(k)))
+    return out
 
 
 def decompose(names: list[str], extents: list[int], flat: str) -> list[cgen.Generable]:

@@ -9,10 +9,10 @@ import math
 
 import cgen
 
-from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
+from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.ir import c_comment
 from ....microkernels import registry
-from .common import Scalars, up
+from .common import in_scalars, up
 
 
 class ThenMixin:
@@ -101,17 +101,10 @@ class ThenMixin:
         row, col = self.view.rows[0], t.cols[0]
         at = {d: names[t.out_iter[d]] for d in range(len(t.shape))}
         at |= {row: "(mk_ti + mk_r)", col: "(mk_tj + mk_c)"}
-        scalars = {t.stmt.target: "mk_v"}
         body = [cgen.Statement(f"const float mk_v = mk_tt[mk_r * {NR} + mk_c]")]
-        for k, e in enumerate((t.stmt, *t.epilogue)):
-            if k:
-                value = Scalars(self.b.arrays, lambda pos: at[pos], scalars).value(e.expr)
-                scalars[e.target] = f"mk_e{k}"
-                body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} mk_e{k} = {value}"))
-            if self.b.arrays[e.target].role == "out":
-                index = e.index if k else t.init.index
-                store = ExprPrinter(self.b.arrays, lambda pos: at[pos]).access(e.target, index)
-                body.append(cgen.Assign(store, scalars[e.target]))
+        body += in_scalars(self.b.arrays, lambda pos: at[pos], t.stmt.target, t.init.index,
+                           "mk_v", t.epilogue, lambda k: f"mk_e{k + 1}",
+                           lambda tensor: self.b.arrays[tensor].role == "out")
         cols = cgen.For("long mk_c = 0", f"mk_c < min({NR}, {c_size(t.N)} - mk_tj)", "mk_c++",
                         cgen.Block(body))
         return cgen.For("long mk_r = 0", "mk_r < mk_rows", "mk_r++",

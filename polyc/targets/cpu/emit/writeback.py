@@ -13,7 +13,7 @@ from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
 from ....microkernels.analysis import a_row_stride, iterators, loads_of
-from .common import Scalars, decompose, stride, virtual
+from .common import decompose, in_scalars, stride, virtual
 
 
 class WriteBackMixin:
@@ -361,20 +361,12 @@ class WriteBackMixin:
         v = f"mk_v_{j}" if j else "mk_v"
         body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{_row(j)} * {NR} + mk_c] + "
                                f"{self._init_value(first, acc_name, j)}")]
-        scalars = {s0.target: v}
-        plain = ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
         # what leaves the write-back: the kernel's outputs, and what its row tail reads
-        stored = self._tail_reads()
-        if self.b.arrays[s0.target].role == "out" or s0.target in stored:
-            body.append(cgen.Assign(plain.access(s0.target, view.init.index), v))
-        for k, e in enumerate(view.epilogue):
-            p = Scalars(self.b.arrays, lambda pos: self._o(pos, j), scalars)
-            name = f"mk_e{k}_{j}" if j else f"mk_e{k}"
-            body.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name} = {p.value(e.expr)}"))
-            scalars[e.target] = name
-            if self.b.arrays[e.target].role == "out" or e.target in stored:
-                body.append(cgen.Assign(plain.access(e.target, e.index), name))
-        return body
+        read = self._tail_reads()
+        return body + in_scalars(
+            self.b.arrays, lambda pos: self._o(pos, j), s0.target, view.init.index, v,
+            view.epilogue, lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}",
+            lambda t: self.b.arrays[t].role == "out" or t in read)
 
 
 def _line_points(nr: int) -> list[int]:

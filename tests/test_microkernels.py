@@ -1592,12 +1592,20 @@ def test_a_b_contiguous_along_k_is_packed_by_register_transposes(kernel):
 def test_b_panels_are_packed_k_row_by_k_row_in_groups(n, threads, par):
     # B's rows contiguous along N: each K row is copied across a group of panels
     # (`pack.GROUP`). 20 panels, the last 3 or 5 columns wide (zero-filled past them),
-    # are groups of 8, 8 and 4; a team of two shares 10 panels as two groups of 5
+    # are groups of 8, 8 and 4; a team of two shares 10 panels as two groups of 5. A B
+    # of plain loads is packed by support.c's `polyc_pack_cols`, one call a group; an
+    # operand with a prologue (relu(w), evaluated while packing) by the unit's own loop
     graph, inputs = _matmul((200, 150), (150, n))
     options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("nc", 512),))
     compiled = _check(graph, inputs, options)
     assert f"par={par}" in _gemm_marks(compiled)[0]
-    assert "mk_g += mk_gs" in compiled.c_source
+    assert "mk_g += mk_gs)\n" in compiled.c_source and "polyc_pack_cols(&" in compiled.c_source
+
+    b = GraphBuilder("mm")
+    y = b.matmul(b.input("a", (200, 150)), b.relu(b.input("w", (150, n))))
+    compiled = _check(b.build([y]), inputs, options)
+    assert len(compiled.kernels) == 1 and f"par={par}" in _gemm_marks(compiled)[0]
+    assert "mk_g += mk_gs)\n" in compiled.c_source and "polyc_pack_cols(&" not in compiled.c_source
 
 
 # --- memory safety -------------------------------------------------------------------

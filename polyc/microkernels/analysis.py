@@ -463,6 +463,22 @@ def k_row_stride(expr: Expr, own: int, red: tuple[int, ...], red_ext: list[int],
     return coef.get(own, 0) if coef.get(own, 0) > 0 else None
 
 
+def k_col_stride(expr: Expr, own: list[int], own_ext: list[int], red: tuple[int, ...],
+                 red_ext: list[int], shape: tuple[int, ...], batch: set[int]) -> int | None:
+    """The stride between the K rows of an operand that is one plain float32 load reading
+    its columns (iterators `own`, flattened row-major) at unit stride and K (one
+    reduction iterator past extent 1) at a fixed stride, the batch iterators aside (a
+    row-major B, a 1x1 convolution's image): a K row of a block is then its columns'
+    consecutive floats. None otherwise."""
+    if not _plain(expr) or not iterators(expr) <= {*own, *red} | batch:
+        return None
+    coef = _address_weights(expr, shape)
+    k = [pos for pos, n in zip(red, red_ext) if n > 1]
+    if len(k) != 1 or not _row_major(coef, own, own_ext):
+        return None
+    return coef.get(k[0], 0) if coef.get(k[0], 0) > 0 else None
+
+
 def flat_along(expr: Expr, dims: list[int], extents: list[int], shape: tuple[int, ...]) -> bool:
     """Is `expr` one plain float32 load whose address steps by one along `dims` flattened
     row-major (a 1x1 stride-1 conv2d's output pixels: the image's rows end to end)?"""

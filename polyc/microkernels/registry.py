@@ -238,7 +238,9 @@ _SUPPORT_PROTOTYPES = (
     "#include <stddef.h>\n"
     f"{_HIDDEN} void *polyc_scratch(int slot, size_t bytes);\n"
     f"{_HIDDEN} void polyc_pack_rows_t(const float *restrict src, long ld, long rows, "
-    "long tile, long kc, float *restrict dst);")
+    "long tile, long kc, float *restrict dst);\n"
+    f"{_HIDDEN} void polyc_pack_cols(const float *restrict src, long ld, long kc, long width, "
+    "long valid, long tile, float *restrict dst);")
 
 
 def prebuilt(m: Microkernel) -> bool:

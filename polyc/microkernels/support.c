@@ -17,6 +17,13 @@
  *   and dst any alignment. With AVX, eight K steps of eight rows at a time through an
  *   8 x 8 register transpose (the scalar gather it replaces is two memory operations
  *   per element); a tile over 8 rows is several such groups.
+ *
+ *   polyc_pack_cols(src, ld, kc, width, valid, tile, dst), tile <= 48: `width` / tile
+ *   row panels side by side from `kc` rows of contiguous floats, `ld` floats apart:
+ *   panel q is dst + q * tile * kc, dst[q * tile * kc + p * tile + x] =
+ *   src[p * ld + q * tile + x], zero from column `valid` on. K row by K row across the
+ *   panels: one run of src a row, `width` / tile write streams (a B of plain loads, which
+ *   the unit's own loop cost a sixth of linear+gelu's gcc time).
  */
 #ifndef POLYC_MK_SUPPORT
 #define POLYC_MK_SUPPORT
@@ -30,7 +37,7 @@
    prebuilt part of its own (registry.py: support_part_source), which defines this as
    hidden (gcc then compiles polyc_pack_rows_t once, not a clone per tile in every unit) */
 #ifndef POLYC_SUPPORT_ENTRY
-#define POLYC_SUPPORT_ENTRY static
+#define POLYC_SUPPORT_ENTRY __attribute__((unused)) static  /* a unit calls some of them */
 #endif
 #include <stdlib.h>
 #include <string.h>
@@ -127,5 +134,45 @@ POLYC_SUPPORT_ENTRY void polyc_pack_rows_t(const float *restrict src, long ld, l
   POLYC_PACK_TILE(24) POLYC_PACK_TILE(32) POLYC_PACK_TILE(48)  /* B panels of the kernels */
   }
   polyc_pack_rows_t_tile(src, ld, rows, tile, kc, dst);
+}
+
+/* `omp simd` where the unit is built with OpenMP (always, by polyc): without it gcc
+   turned each panel row's copy into a call of memcpy (batched 16x(256x64 @ 64x256): 7%
+   slower) */
+#if defined(_OPENMP)
+#define POLYC_SIMD _Pragma("omp simd")
+#else
+#define POLYC_SIMD
+#endif
+static inline __attribute__((always_inline)) void
+polyc_pack_cols_tile(const float *restrict src, long ld, long kc, long width, long valid,
+                     long tile, float *restrict dst)
+{
+  for (long p = 0; p < kc; p++)
+    for (long q = 0; q < width; q += tile) {
+      const float *restrict s = src + p * ld + q;
+      float *restrict d = dst + q * kc + p * tile;
+      if (valid - q >= tile) {
+POLYC_SIMD
+        for (long x = 0; x < tile; x++)
+          d[x] = s[x];
+      } else {
+POLYC_SIMD
+        for (long x = 0; x < tile; x++)
+          d[x] = x < valid - q ? s[x] : 0.0f;
+      }
+    }
+}
+
+#define POLYC_PACK_COLS(t) \
+  case t: polyc_pack_cols_tile(src, ld, kc, width, valid, t, dst); return;
+POLYC_SUPPORT_ENTRY void polyc_pack_cols(const float *restrict src, long ld, long kc,
+                                         long width, long valid, long tile,
+                                         float *restrict dst)
+{
+  switch (tile) {
+  POLYC_PACK_COLS(16) POLYC_PACK_COLS(24) POLYC_PACK_COLS(32) POLYC_PACK_COLS(48)
+  }
+  polyc_pack_cols_tile(src, ld, kc, width, valid, tile, dst);
 }
 #endif

@@ -85,18 +85,32 @@ def test_pointwise_answers_with_scalar_constants_are_isls():
             g, a, b_, machine, lambda kernel, flops: None), (a, b_)
 
 
-def test_pointwise_shortcut_leaves_other_groups_to_isl():
+def test_pointwise_answers_with_broadcast_inputs_are_isls():
+    """A tensor from outside the groups read broadcast (a row, a column) is one element
+    per point: the shortcut answers as isl does; a broadcast of a tensor the groups
+    make (another shape) and a reduction are left to isl."""
     g = load_graph({"name": "bc", "inputs": [{"name": "x", "shape": [4, 8]},
-                                             {"name": "v", "shape": [8]}],
+                                             {"name": "v", "shape": [8]},
+                                             {"name": "r", "shape": [4, 1]}],
                     "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["a"]},
                               {"op": "add", "inputs": ["a", "v"], "outputs": ["b"]},
-                              {"op": "reduce_sum", "inputs": ["b"], "outputs": ["c"],
-                               "attrs": {"axes": [1]}}],
-                    "outputs": ["c"]})
-    names = [n.name for n in g.nodes]
+                              {"op": "mul", "inputs": ["r", "b"], "outputs": ["c"]},
+                              {"op": "reduce_sum", "inputs": ["c"], "outputs": ["s"],
+                               "attrs": {"axes": [1], "keepdims": True}},
+                              {"op": "sub", "inputs": ["c", "s"], "outputs": ["d"]}],
+                    "outputs": ["d"]})
+    names = tuple(n.name for n in g.nodes)
     machine = cpu_machine()
-    assert oracle._pointwise_answer(g, (names[0],), (names[1],), machine) is None  # broadcast
-    assert oracle._pointwise_answer(g, (names[1],), (names[2],), machine) is None  # reduction
+    for a, b in ((names[:1], names[1:2]), (names[:1], names[1:3]), (names[:2], names[2:3])):
+        quick = oracle._pointwise_answer(g, a, b, machine)
+        assert quick is not None and quick == oracle._isl_answer(
+            g, a, b, machine, lambda kernel, flops: None), (a, b)
+    assert oracle._pointwise_answer(g, (names[2],), (names[3],), machine) is None  # reduction
+    assert oracle._pointwise_answer(g, (names[3],), (names[4],), machine) is None  # s broadcast
+
+
+def test_pointwise_shortcut_leaves_other_groups_to_isl():
+    machine = cpu_machine()
     for dtype in STORAGE:  # widening casts recomputed where read: isl's model counts them
         g = widen_storage(load_graph(chain(4, (33,), dtype)))
         names = [n.name for n in g.nodes]

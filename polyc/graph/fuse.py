@@ -164,17 +164,23 @@ CHAIN_NODES = 8  # the first round's elementwise chains, at most
 
 def pointwise(graph: Graph, name: str) -> bool:
     """Is node `name` elementwise over its output's shape: a unary or binary op whose
-    every operand has that shape (no broadcast, no storage type) or is a scalar
-    constant (a literal in the C)? Groups of such nodes share every loop, point by
-    point; the oracle answers them without isl."""
+    every operand has that shape or is broadcast to it (one element of it read at each
+    point: layer_norm's gamma, its rows' 1 / std), no storage type, or is a scalar
+    constant (a literal in the C)? Groups of such nodes over one shape share every
+    loop, point by point; the oracle answers them without isl."""
     node = graph.node(name)
     out = graph.types[node.output]
     constants = {c.name for c in graph.constants}
     return (bool(out.shape) and OPS[node.op].family in ("unary", "binary")
             and all((t in constants and not graph.types[t].shape)
-                    or (graph.types[t].shape == out.shape and t not in constants
-                        and graph.types[t].dtype not in STORAGE)
+                    or (t not in constants and graph.types[t].dtype not in STORAGE
+                        and _broadcasts_to(graph.types[t].shape, out.shape))
                     for t in (*node.inputs, node.output)))
+
+
+def _broadcasts_to(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    return len(shape) <= len(out) and all(
+        n in (1, m) for n, m in zip(reversed(shape), reversed(out)))
 
 
 def _check_names(graph: Graph, pairs, option: str) -> None:
@@ -302,8 +308,8 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         asked.add((frozenset((a, b)), oracle))
         report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
                                          f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
-    # short elementwise chains first (`pointwise`, each link its producer's one
-    # consumer): the oracle answers them without isl, and a chain that is one group
+    # short elementwise chains first (`pointwise` over one shape, each link its
+    # producer's one consumer): the oracle answers them without isl, and a chain that is one group
     # costs the contraction or reduction it then joins one question, not one per node
     # (linear+gelu: 8 of isl's answers to 2). Kept to CHAIN_NODES, far under the fusion
     # budget: a long one could fill a group the later rounds would have grown otherwise
@@ -311,6 +317,7 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         (consumer, *more) = graph.consumers(node.output) or [None]
         if (consumer is not None and not more and pointwise(graph, node.name)
                 and pointwise(graph, consumer.name)
+                and graph.types[node.output].shape == graph.types[consumer.output].shape
                 and len(p.members[p.group_of[node.name]])
                 + len(p.members[p.group_of[consumer.name]]) <= CHAIN_NODES):
             propose(node.name, consumer.name, "vertical")

@@ -193,8 +193,10 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                       machine: Machine) -> FusionAnswer | None:
     """The answer for groups of elementwise nodes over one shape, without isl (None
     for any other groups). Each statement instance reads and writes its own point of
-    every tensor, so every dependence stays at one point: all loops are shared and
-    permutable, and one iteration touches one element of each tensor. It is what isl
+    every tensor of the groups, and one element of each tensor it broadcasts (from
+    outside them: every tensor the groups make has their shape), so every dependence
+    stays at one point: all loops are shared and permutable, and one iteration
+    touches one element of each tensor. It is what isl
     answers for such groups (a test compares them), at a cost linear in the groups'
     size rather than isl's model of the merged kernel. Not for groups touching a
     storage type (float16, bfloat16, bool): the casts widening it are recomputed where

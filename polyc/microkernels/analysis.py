@@ -473,10 +473,11 @@ def k_col_stride(expr: Expr, own: list[int], own_ext: list[int], red: tuple[int,
     if not _plain(expr) or not iterators(expr) <= {*own, *red} | batch:
         return None
     coef = _address_weights(expr, shape)
-    k = [pos for pos, n in zip(red, red_ext) if n > 1]
+    k = [pos for pos, n in zip(red, red_ext) if n != 1]  # (a symbolic extent is no 1)
     if len(k) != 1 or not _row_major(coef, own, own_ext):
         return None
-    return coef.get(k[0], 0) if coef.get(k[0], 0) > 0 else None
+    stride = coef.get(k[0], 0)
+    return stride if type(stride) is int and stride > 0 else None
 
 
 def flat_along(expr: Expr, dims: list[int], extents: list[int], shape: tuple[int, ...]) -> bool:
@@ -504,7 +505,7 @@ def _row_major(coef: dict[int, int], dims, extents) -> bool:
     never steps)?"""
     weight = 1
     for pos, n in reversed(list(zip(dims, extents))):
-        if coef.get(pos, 0) != weight and n > 1:
+        if coef.get(pos, 0) != weight and n != 1:  # (no comparison with a symbolic extent)
             return False
         weight *= n
     return True

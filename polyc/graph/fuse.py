@@ -309,10 +309,10 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         report.append((frozenset(a + b), f"forced by options.fuse_force: fused "
                                          f"{group_label(b)} into {group_label(a)}: {answer.reason}"))
     # short elementwise chains first (`pointwise` over one shape, each link its
-    # producer's one consumer): the oracle answers them without isl, and a chain that is one group
-    # costs the contraction or reduction it then joins one question, not one per node
-    # (linear+gelu: 8 of isl's answers to 2). Kept to CHAIN_NODES, far under the fusion
-    # budget: a long one could fill a group the later rounds would have grown otherwise
+    # producer's one consumer): the oracle answers them without isl, and a chain that is
+    # one group costs the contraction or reduction it then joins one question, not one
+    # per node (linear+gelu: 8 of isl's answers to 2). Kept to CHAIN_NODES, far under the
+    # fusion budget: a long one could fill a group the later rounds would have grown
     for node in graph.nodes:
         (consumer, *more) = graph.consumers(node.output) or [None]
         if (consumer is not None and not more and pointwise(graph, node.name)

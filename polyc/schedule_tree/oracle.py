@@ -195,12 +195,12 @@ def _pointwise_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     for any other groups). Each statement instance reads and writes its own point of
     every tensor of the groups, and one element of each tensor it broadcasts (from
     outside them: every tensor the groups make has their shape), so every dependence
-    stays at one point: all loops are shared and permutable, and one iteration
-    touches one element of each tensor. It is what isl
-    answers for such groups (a test compares them), at a cost linear in the groups'
-    size rather than isl's model of the merged kernel. Not for groups touching a
-    storage type (float16, bfloat16, bool): the casts widening it are recomputed where
-    read (`kernel.prologue`), which this count does not model."""
+    stays at one point: all loops are shared and permutable, and one iteration touches
+    one element of each tensor. It is what isl answers for such groups (a test compares
+    them), at a cost linear in the groups' size rather than isl's model of the merged
+    kernel. Not for groups touching a storage type (float16, bfloat16, bool): the casts
+    widening it are recomputed where read (`kernel.prologue`), which this count does not
+    model."""
     shape = graph.types[graph.node(a[0]).output].shape
     if not all(pointwise(graph, n) and graph.types[graph.node(n).output].shape == shape
                for n in a + b):

@@ -274,11 +274,8 @@ class PackMixin:
                         row(value)])
         rows = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
             cgen.For("long mk_xp = mk_g", "mk_xp < mk_ge", f"mk_xp += {tile}", panel)]))
-        return [cgen.Block([
-            cgen.Statement(f"const long mk_gs = {self._group(tile, size, share)}"),
-            *share,
-            cgen.For("long mk_g = 0", f"mk_g < {size}", "mk_g += mk_gs", cgen.Block([
-                cgen.Statement(f"const long mk_ge = min(mk_g + mk_gs, {size})"), rows]))])]
+        return self._in_groups(tile, size, share, cgen.Block([
+            cgen.Statement(f"const long mk_ge = min(mk_g + mk_gs, {size})"), rows]))
 
     def _run_nest(self, expr: Expr, own_names: list[str], own_ext: list[int],
                   own_pos: list[int], tile: int, start: str, size: str, buf: str, k_vars,
@@ -443,23 +440,23 @@ class PackMixin:
             return None
         at = ExprPrinter(self.b.arrays, lambda pos: "0" if pos in dims or pos in view.red
                          else f"mk_s{pos}").access(expr.tensor, expr.index)
-        group = self._group(tile, size, share)
-        return [cgen.Block([
-            cgen.Statement(f"const long mk_gs = {group}"),
-            *share,
-            cgen.For("long mk_g = 0", f"mk_g < {size}", "mk_g += mk_gs", cgen.Statement(
-                f"polyc_pack_cols(&{at} + mk_k0 * {c_size(ld)} + {start} + mk_g, {c_size(ld)}, "
-                f"mk_kc, min(mk_gs, {size} - mk_g), {total} - ({start} + mk_g), {tile}, "
-                f"{buf} + mk_g * mk_kc)"))])]
+        return self._in_groups(tile, size, share, cgen.Statement(
+            f"polyc_pack_cols(&{at} + mk_k0 * {c_size(ld)} + {start} + mk_g, {c_size(ld)}, "
+            f"mk_kc, min(mk_gs, {size} - mk_g), {total} - ({start} + mk_g), {tile}, "
+            f"{buf} + mk_g * mk_kc)"))
 
     @staticmethod
-    def _group(tile: int, size: str, share: list[cgen.Generable]) -> str:
-        """The panels packed K row by K row together: GROUP of them, or with a team at
-        most a thread's share, so that every thread has some."""
-        if not share:
-            return f"{GROUP * tile}"
-        return (f"min({GROUP * tile}, (({size} + {tile - 1}) / {tile} + omp_get_num_threads() - 1)"
-                f" / omp_get_num_threads() * {tile})")
+    def _in_groups(tile: int, size: str, share: list[cgen.Generable],
+                   body: cgen.Generable) -> list[cgen.Generable]:
+        """`body` for each group of panels packed K row by K row together, from column
+        mk_g of the block, mk_gs columns: GROUP panels, or with a team at most a
+        thread's share, so that every thread has some."""
+        group = f"{GROUP * tile}"
+        if share:
+            group = (f"min({group}, (({size} + {tile - 1}) / {tile} + omp_get_num_threads() - 1)"
+                     f" / omp_get_num_threads() * {tile})")
+        return [cgen.Block([cgen.Statement(f"const long mk_gs = {group}"), *share,
+                            cgen.For("long mk_g = 0", f"mk_g < {size}", "mk_g += mk_gs", body)])]
 
     def _row_start(self, expr: Load, own: int, row: str) -> str:
         """The address of row `row`'s first element in the K block (mk_k0) of a plain

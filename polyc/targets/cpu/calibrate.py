@@ -10,8 +10,8 @@ time: on a shared machine the time other tenants hold the core is no part of a k
 speed (timed by the clock, a loaded 2-core host measured the avx512 kernels at 39 and
 52 GFLOP/s; in CPU time, 232 and 233, their speed on a quiet one). The rates are kept
 in `calibration.json` in the cache directory, keyed by CPU model, core count, arch and
-features, compiler, polyc version and METHOD: a new CPU, toolchain, polyc or way of
-measuring measures again.
+features, compiler, polyc version, the gemm kernels' C and METHOD: a new CPU, toolchain,
+polyc, kernel or way of measuring measures again.
 
 `registry.select` weighs each rate by the share of the kernel's multiply-adds that
 land inside C (its edge waste) to choose; a target the host cannot run keeps the
@@ -26,7 +26,7 @@ import os
 
 from ...codegen.build import build_shared_object, compiler_version
 from ...machine import Machine
-from ...microkernels.registry import unit_source
+from ...microkernels.registry import REGISTRY, c_source, unit_source
 from ...paths import read_cache_json, write_cache_json
 from .machine import cpu_model, cpu_toolchain, host_can_run
 
@@ -83,8 +83,9 @@ def _key(machine: Machine) -> str:
     from ...version import __version__
     model = cpu_model()
     toolchain = cpu_toolchain(machine)
+    kernels = c_source([m for m in REGISTRY if m.kind == "gemm" and m.target == "cpu"])
     text = "\n".join([model, str(os.cpu_count()), machine.arch, ",".join(sorted(machine.features)),
-                      compiler_version(toolchain.cc), __version__, METHOD])
+                      compiler_version(toolchain.cc), __version__, METHOD, kernels])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -994,24 +994,43 @@ def test_a_symbolic_kernel_packs_its_constant_weights_once():
         np.testing.assert_allclose(compiled(x=x)["y"], x @ w, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("images,ws,ahead", [(3, (20, 24, 1, 1), True),
-                                             (1, (20, 24, 1, 1), True),
-                                             (3, (20, 24, 3, 3), False),
-                                             (3, (120, 24, 1, 1), False)])
-def test_b_rows_fetch_the_next_tile_where_they_stream_from_memory(images, ws, ahead,
-                                                                   monkeypatch):
+@pytest.mark.parametrize("isa,kernel,o", [("avx2", "sgemm_avx2_6x16", 20),
+                                          ("avx512", "sgemm_avx512_14x32", 100),
+                                          ("avx512", "sgemm_avx512_8x48", 60)])
+@pytest.mark.parametrize("images,ws,ahead", [(3, (1, 24, 1, 1), True),
+                                             (1, (1, 24, 1, 1), True),
+                                             (3, (1, 24, 3, 3), False),
+                                             (3, (6, 24, 1, 1), False)])
+def test_b_rows_fetch_the_next_tile_where_they_stream_from_memory(isa, kernel, o, images, ws,
+                                                                   ahead, monkeypatch):
     """A B read in place by whole planes (no window), over a share of L3 (here any),
     under a C of few row tiles: each K step also fetches the next column tile's row
-    (`ahead=tile`, the 6x16 kernel's `_b_rows_ahead`); not a window's overlapping rows,
-    nor 20 row tiles."""
+    (`ahead=tile`, the kernel's `_b_rows_ahead`); not a window's overlapping rows, nor
+    over 16 row tiles (`o` output channels a row tile of the kernel's: 1 is a few row
+    tiles, 6 over 16)."""
     from polyc.targets.cpu import plan
-    options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_6x16")
+    options = replace(_isa(isa), gemm_kernel=kernel)
     monkeypatch.setattr(plan, "AHEAD_L3_SHARE", 1 << 40)
+    ws = (ws[0] * o,) + ws[1:]
     graph, inputs = _conv((images, 24, 33, 35), ws, bias_relu=True, pads=[ws[2] // 2] * 4)
     compiled = _check(graph, inputs, options, atol=3e-4)
     (mark,) = _gemm_marks(compiled)
     assert "b=rows" in mark and ("ahead=tile" in mark) == ahead, mark
-    assert ("polyc_sgemm_avx2_6x16_b_rows_ahead(mk_kc" in compiled.c_source) == ahead
+    assert (f"polyc_{kernel}_b_rows_ahead(mk_kc" in compiled.c_source) == ahead
+
+
+@pytest.mark.parametrize("images,ahead", [(8, True), (1, False)])
+def test_b_rows_fetch_ahead_past_a_few_mib_whatever_l3_is_shown(images, ahead, monkeypatch):
+    """A virtual machine sees its socket's whole L3 (300 MiB), so a share of it says
+    nothing: a B over AHEAD_BYTES (8 images of 64x56x56, 6.4 MB) streams from memory and
+    is fetched a tile ahead; one image (0.8 MB) stays in cache and is not."""
+    from polyc.targets.cpu import plan
+    options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_6x16")
+    monkeypatch.setattr(plan, "AHEAD_L3_SHARE", 1)  # the whole L3, as a guest is shown
+    graph, inputs = _conv((images, 64, 56, 56), (20, 64, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert "b=rows" in mark and ("ahead=tile" in mark) == ahead, mark
 
 
 @pytest.mark.parametrize("isa", ISAS)

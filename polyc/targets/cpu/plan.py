@@ -289,9 +289,9 @@ def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine
     few row tiles (AHEAD_ROW_TILES) that wait is a large share. Zen 3: 8x64x56x56 to 64
     1x1 +23% (1 thread, median of 4 runs), +26% (2 threads); 8x256x56x56 to 64 +4.9%
     and -3%; to 256 channels (43 row tiles) +7% and -3.5%; one image, its B in L3, -6%
-    to +1%; a 3x3 window, whose rows overlap in cache, -10%. Sapphire Rapids, 14x32, 1
-    thread, in pairs of calls: 8x64x56x56 to 64 +8%, 8x256x56x56 to 64 +6%; one image,
-    its 0.8 and 3.2 MB of B in cache, -2% and -1%."""
+    to +1%; a 3x3 window, whose rows overlap in cache, -10%. Sapphire Rapids, 14x32, in
+    pairs of calls: 8x64x56x56 to 64 +5-8% at 1 thread, +1% at 2; 8x256x56x56 to 64 +6%
+    and +3%; one image, its 0.8 and 3.2 MB of B in cache, -2% and -1%."""
     streams = min(machine.role("block").capacity // AHEAD_L3_SHARE, AHEAD_BYTES)
     return (bool(mk.b_rows_ahead_variant) and not windowed(view)
             and -(-view.M // mk.mr) <= AHEAD_ROW_TILES

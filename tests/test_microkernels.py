@@ -133,9 +133,11 @@ def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
     assert why.startswith("measured on this host: " + chosen) if rates else "by rank" in why
 
 
-def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch):
+def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch, seeded_cache):
     from polyc.targets.cpu import calibrate
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    # the run's prebuilt kernels (gcc builds them once a run), not its calibration
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))
+    (tmp_path / "calibration.json").unlink(missing_ok=True)
     target = cpu_machine()
     if not host_can_run(target.arch):
         pytest.skip(f"this host cannot run -march={target.arch} code")

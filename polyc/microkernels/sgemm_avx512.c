@@ -82,10 +82,10 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
         /* a(r, p) as each FMA's broadcast operand ({1to16}), not broadcast once into a
            register: gcc keeps one broadcast for the row's two FMAs, which costs an
            instruction more per row; folded in, the 14 x 32 tile ran 8-15% faster in
-           cache and 1024^3 10% faster in pairs of calls (Sapphire Rapids). Not for
-           three FMAs a row: three loads where one did, 8 x 48 ran 2-9% slower; nor
-           beside B's rows read in place, whose loads cross lines: 1x64x56x56 to 64
-           1x1 and 28x28 /2 3x3 ran 4-5% slower */
+           cache and 1024^3 8-10% faster in pairs of calls (Sapphire Rapids). Not for
+           three FMAs a row: three loads where one did, 8 x 48 ran up to 9% slower
+           (1x64x56x56 3x3); nor beside B's rows read in place, whose loads cross
+           lines: 1x64x56x56 to 64 1x1 and 28x28 /2 3x3 ran 4-5% slower */
 #pragma GCC unroll 3
         for (int v = 0; v < W; v++)
           __asm__("vfmadd231ps %[a]%{1to16%}, %[b], %[c]"

@@ -1024,7 +1024,7 @@ def test_b_rows_fetch_the_next_tile_where_they_stream_from_memory(isa, kernel, o
 @pytest.mark.parametrize("images,ahead", [(8, True), (1, False)])
 def test_b_rows_fetch_ahead_past_a_few_mib_whatever_l3_is_shown(images, ahead, monkeypatch):
     """A virtual machine sees its socket's whole L3 (300 MiB), so a share of it says
-    nothing: a B over AHEAD_BYTES (8 images of 64x56x56, 6.4 MB) streams from memory and
+    nothing: a B over tiles.B_BLOCK (8 images of 64x56x56, 6.4 MB) streams from memory and
     is fetched a tile ahead; one image (0.8 MB) stays in cache and is not."""
     from polyc.targets.cpu import plan
     options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_6x16")

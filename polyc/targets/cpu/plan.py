@@ -21,7 +21,7 @@ from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, gem
                                      masked_columns, masked_depth, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
-from .tiles import apply_overrides, balanced, model_tiles
+from .tiles import B_BLOCK, apply_overrides, balanced, model_tiles
 
 # below this many multiply-adds the naive loops win: packing and the call cost more
 MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
@@ -44,9 +44,6 @@ A_IN_PLACE_TILES = 8
 AHEAD_ROW_TILES = 16
 # ... and where B, all its images, is over this share of L3: it streams from memory
 AHEAD_L3_SHARE = 8
-# ... or over this many bytes: a virtual machine is shown its socket's whole L3 (300 MiB
-# on a 2-core Sapphire Rapids guest), of which it holds a few MiB
-AHEAD_BYTES = 4 << 20
 # an image of this many columns keeps its batch loop for a team, and B read in place
 # (`cpu_gemm_view`); smaller ones are folded into the columns. Zen 3, folded against
 # not: 2 threads, 8x512x28x28 to 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256
@@ -284,15 +281,17 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
 def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine) -> bool:
     """Does each K step of a tile also fetch the next column tile's row of a B read in
     place (`Gemm.ahead`)? Where B's rows are whole planes apart (no window) and B, all
-    its images, is over an eighth of L3 (AHEAD_L3_SHARE) or over AHEAD_BYTES, they
-    stream from memory, and the first row tile of each column waits on every one; with
-    few row tiles (AHEAD_ROW_TILES) that wait is a large share. Zen 3: 8x64x56x56 to 64
-    1x1 +23% (1 thread, median of 4 runs), +26% (2 threads); 8x256x56x56 to 64 +4.9%
-    and -3%; to 256 channels (43 row tiles) +7% and -3.5%; one image, its B in L3, -6%
-    to +1%; a 3x3 window, whose rows overlap in cache, -10%. Sapphire Rapids, 14x32, in
-    pairs of calls: 8x64x56x56 to 64 +5-8% at 1 thread, +1% at 2; 8x256x56x56 to 64 +6%
-    and +3%; one image, its 0.8 and 3.2 MB of B in cache, -2% and -1%."""
-    streams = min(machine.role("block").capacity // AHEAD_L3_SHARE, AHEAD_BYTES)
+    its images, is over an eighth of L3 (AHEAD_L3_SHARE) or over the largest block
+    trusted to stay in L3 (`tiles.B_BLOCK`: a guest is shown its socket's whole L3, 300
+    MiB on a 2-core Sapphire Rapids VM), they stream from memory, and the first row
+    tile of each column waits on every one; with few row tiles (AHEAD_ROW_TILES) that
+    wait is a large share. Zen 3: 8x64x56x56 to 64 1x1 +23% (1 thread, median of 4
+    runs), +26% (2 threads); 8x256x56x56 to 64 +4.9% and -3%; to 256 channels (43 row
+    tiles) +7% and -3.5%; one image, its B in L3, -6% to +1%; a 3x3 window, whose rows
+    overlap in cache, -10%. Sapphire Rapids, 14x32, in pairs of calls: 8x64x56x56 to 64
+    +5-8% at 1 thread, +1% at 2; 8x256x56x56 to 64 +6% and +3%; one image, its 0.8 and
+    3.2 MB of B in cache, -2% and -1%."""
+    streams = min(machine.role("block").capacity // AHEAD_L3_SHARE, B_BLOCK)
     return (bool(mk.b_rows_ahead_variant) and not windowed(view)
             and -(-view.M // mk.mr) <= AHEAD_ROW_TILES
             and 4 * view.batches * view.K * view.N > streams)

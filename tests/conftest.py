@@ -11,8 +11,8 @@
   `HYPOTHESIS_PROFILE=shrink pytest ...` shrinks, to study a failure.
 - `-m "not slow"` leaves out the tests marked slow (a few seconds or more each); CI
   runs them all.
-- A process a test starts with a cache of its own (a server, a replica) gets it from
-  `seeded_cache`: the run's prebuilt parts, precompiled prelude and calibration, which
+- A cache of a test's own (for a tuning file of its own, a server, a replica) comes
+  from `seeded_cache`: the run's prebuilt parts, precompiled prelude and calibration, which
   every compile of the run shares, are copied in (a fresh cache made them again: 5-10 s
   of gcc and timing per server); its built kernels and tunings stay its own. The first
   test to ask makes them, by compiling the examples in the run's cache.

@@ -1428,9 +1428,10 @@ def _tuned(text: str) -> tuple[str, dict[str, int]]:
     return words[0], {k: int(v) for k, v in (w.split("=") for w in words[1:])}
 
 
-def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, capsys):
+def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, seeded_cache,
+                                                      capsys):
     from polyc.cli import main
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))  # the stored entry stays here
     b = GraphBuilder("tune_me")
     graph_json = b.to_json([b.relu(b.matmul(b.input("a", (96, 72)), b.input("w", (72, 80))))])
     path = tmp_path / "g.json"
@@ -1458,11 +1459,11 @@ def test_tune_keeps_the_best_tiles_for_later_compiles(tmp_path, monkeypatch, cap
     assert measured == set(runnable[:6])
 
 
-def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
+def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, seeded_cache, capsys):
     import json
 
     from polyc.cli import main
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))
     b = GraphBuilder("two")
     y1 = b.matmul(b.input("a", (96, 72)), b.input("w", (72, 80)))
     y2 = b.matmul(b.input("c", (40, 200)), b.input("v", (200, 64)))
@@ -1484,9 +1485,10 @@ def test_tune_measures_each_contraction_alone(tmp_path, monkeypatch, capsys):
         assert (plan.kernel, {"kc": t.kc, "mc": t.mc, "nc": t.nc}) == best[k.name]
 
 
-def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch):
+def test_tuned_tiles_hold_for_the_team_they_were_measured_with(tmp_path, monkeypatch,
+                                                                seeded_cache):
     from polyc.targets.cpu import tuning
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # the stored entry stays here
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))  # the stored entry stays here
     graph, _ = _matmul((96, 72), (72, 80), None)
     plan = lambda threads: marks.parse(_gemm_marks(
         compile(graph, options=Options(threads=threads), build=False))[0])

@@ -96,9 +96,9 @@ def best_of(out: str) -> tuple[str, dict[str, int]]:
 
 
 def test_tune_on_a_ray_cluster_is_shared_and_used(ray_cluster, table, tmp_path,
-                                                  monkeypatch, capsys):
+                                                  monkeypatch, capsys, seeded_cache):
     graph = matmul_graph(tmp_path / "g.json")
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "driver"))
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path / "driver"))
     untuned = gemm_choice(graph)
     assert main(["tune", str(graph), "--cluster", ray_cluster.address, "--cache", table,
                  "--budget", "4", "--repeat", "1", "--threads", "1"]) == 0
@@ -111,7 +111,7 @@ def test_tune_on_a_ray_cluster_is_shared_and_used(ray_cluster, table, tmp_path,
     assert gemm_choice(graph) == best  # the driver keeps it, as local tuning does
 
     # a replica on another machine of the kind: an empty tuning file, then a pull
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "replica"))
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path / "replica"))
     assert gemm_choice(graph) == untuned
     assert shared.pull(table) == 1
     assert gemm_choice(graph) == best
@@ -153,7 +153,7 @@ def test_a_replica_pulls_the_shared_tunings(table, tmp_path, monkeypatch, capsys
     """`polyc tune --cache` here, measured locally; a `polyc serve` replica on the same
     Redis, with a tuning file of its own, compiles with the shared choice."""
     graph = matmul_graph(tmp_path / "g.json")
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "tuner"))
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path / "tuner"))
     assert main(["tune", str(graph), "--cache", table, "--budget", "2", "--repeat", "1",
                  "--threads", "1"]) == 0
     best = best_of(capsys.readouterr().out)
@@ -205,9 +205,10 @@ def test_without_ray_cluster_tuning_says_how_to_get_it(tmp_path, monkeypatch, ca
                                        "pip install 'polyc[cluster]'\n")
 
 
-def test_redis_down_keeps_the_tuning_here_and_says_so(tmp_path, monkeypatch, capsys):
+def test_redis_down_keeps_the_tuning_here_and_says_so(tmp_path, monkeypatch, capsys,
+                                                      seeded_cache):
     from polyc.server.testing import free_port
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))
     graph = matmul_graph(tmp_path / "g.json")
     url = f"redis://127.0.0.1:{free_port()}/0"
     assert main(["tune", str(graph), "--cache", url, "--budget", "1", "--repeat", "1",

@@ -23,19 +23,30 @@ REFUSED = {
 }
 
 
+FILES = akg_corpus.corpus_files(SAMPLE)
+
+
+def test_the_sample_is_vendored():
+    assert len(FILES) >= 30
+    assert set(REFUSED) <= {f.name for f in FILES}
+
+
+# one test per file, so that the sample (half a minute) spreads over the test processes
 @pytest.mark.slow
-def test_vendored_sample_matches():
-    files = akg_corpus.corpus_files(SAMPLE)
-    assert len(files) >= 30
-    results = [akg_corpus.check_file(f) for f in files]
-    for r in results:
-        name = Path(r["file"]).name
-        if name in REFUSED:
-            assert r["verdict"] == "refused" and REFUSED[name] in r["reason"], r
-        else:
-            assert r["verdict"] == "match", r
-    table = akg_corpus.report(results, SAMPLE)
-    assert f"match     {len(files) - len(REFUSED):5}" in table
+@pytest.mark.parametrize("path", FILES, ids=lambda f: str(f.relative_to(SAMPLE)))
+def test_vendored_file_matches_or_is_refused_for_its_reason(path):
+    r = akg_corpus.check_file(path)
+    if path.name in REFUSED:
+        assert r["verdict"] == "refused" and REFUSED[path.name] in r["reason"], r
+    else:
+        assert r["verdict"] == "match", r
+
+
+def test_report_counts_the_verdicts_compile_times_and_kernels():
+    refused = next(f for f in FILES if f.name in REFUSED)
+    matched = [f for f in FILES if f.name not in REFUSED][:2]
+    table = akg_corpus.report([akg_corpus.check_file(f) for f in (refused, *matched)], SAMPLE)
+    assert f"match     {2:5}" in table and f"refused   {1:5}" in table
     assert "fusion: " in table and "compile time p50" in table
 
 

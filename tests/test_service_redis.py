@@ -17,6 +17,7 @@ import pytest
 
 from polyc.server.bundle import decode_bundle
 from polyc.server.testing import RedisProcess, ServerProcess, redis_server_path
+from test_compile_scale import chain
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -43,15 +44,6 @@ def replicas(redis_url, tmp_path_factory, seeded_cache):
         yield a.url, b.url
 
 
-def long_chain(n: int = 400) -> dict:
-    """A graph whose cold compile takes seconds (fusion proposals along the chain): six
-    requests released together all arrive while it runs, even on a loaded machine."""
-    nodes = [{"op": ("exp", "tanh", "neg")[i % 3], "inputs": [f"t{i - 1}" if i else "x"],
-              "outputs": [f"t{i}"]} for i in range(n)]
-    return {"name": "chain", "inputs": [{"name": "x", "shape": [16, 32]}], "nodes": nodes,
-            "outputs": [f"t{n - 1}"]}
-
-
 def compiles(base: str) -> float:
     text = httpx.get(base + "/metrics").text
     m = re.search(r'^polyc_compiles_total\{outcome="ok"\} (\S+)$', text, re.MULTILINE)
@@ -66,7 +58,9 @@ def counter(base: str, name: str) -> float:
 
 def test_two_replicas_compile_a_graph_once_between_them(replicas):
     a, b = replicas
-    body = {"graph": long_chain()}
+    # a 400-node chain compiles for seconds (its fusion proposals): six requests released
+    # together all arrive while it runs, even on a loaded machine
+    body = {"graph": chain(400)}
     before = compiles(a) + compiles(b)
     answers = []
     barrier = threading.Barrier(6)

@@ -39,6 +39,19 @@ def test_a_unit_is_built_against_the_precompiled_prelude(tmp_path, monkeypatch):
     assert ctypes.CDLL(str(out)).polyc_floor_of(-7, 2) == -4
 
 
+def test_unit_flags_reach_the_unit_and_its_prelude_not_the_prebuilt_parts():
+    """The cpu's units are built with gcc's complete peeling limited (a heavy epilogue's
+    copies cost gcc's time, not speed); the hand-written parts keep gcc's defaults (an
+    8x8 transpose lost a third of its speed without its peeling)."""
+    toolchain = _toolchain()
+    assert "--param=max-completely-peel-times=1" in toolchain.unit_flags
+    for flag in toolchain.unit_flags:
+        assert flag in toolchain.command("unit.c", "unit.so")
+        assert flag in toolchain.header_command("prelude.h", "prelude.h.gch")
+        assert flag not in toolchain.part_command("part.c", "part.o")
+    assert toolchain.key("int x;") != dataclasses.replace(toolchain, unit_flags=()).key("int x;")
+
+
 def test_a_unit_without_the_prelude_is_built_from_its_own_text(tmp_path, monkeypatch):
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))
     toolchain = _toolchain()

@@ -16,7 +16,8 @@ A toolchain may carry prebuilt parts: C that many units need and that costs more
 compile than they do (the cpu's gemm microkernels). A unit names the parts it links on
 lines `/* polyc link: NAME */`; each part is compiled once per toolchain into an object
 cached in the cache directory's `parts/`, and the unit is built with POLYC_PREBUILT
-defined and linked with it.
+defined and linked with it. A toolchain's `unit_flags` are the generated units' own: the
+parts, hand-written C tuned under the common flags, are built without them.
 
 A toolchain may also name its prelude: the C every unit it builds begins with (headers
 and helpers; the x86 intrinsics headers alone are most of an unoptimised small unit's
@@ -69,14 +70,15 @@ class Toolchain:
     headers: tuple[Path, ...] = ()  # what the source includes besides system headers
     parts: tuple[tuple[str, str], ...] = ()  # prebuilt parts a unit may link: (name, C)
     prelude: str = ""  # C every unit begins with, precompiled once (module docstring)
+    unit_flags: tuple[str, ...] = ()  # the generated units' (and prelude's) own, not the parts'
 
     def command(self, c_file: Path | str, out: Path | str, objects: tuple[Path, ...] = (),
                 include: Path | None = None) -> list[str]:
         """The one command line that turns generated C into a shared object."""
         prebuilt = ("-DPOLYC_PREBUILT",) if objects else ()
         quote = ("-iquote", str(include)) if include else ()
-        return [self.cc, *self.flags, *prebuilt, *quote, "-o", str(out), str(c_file),
-                *map(str, objects), "-lm"]
+        return [self.cc, *self.flags, *self.unit_flags, *prebuilt, *quote, "-o", str(out),
+                str(c_file), *map(str, objects), "-lm"]
 
     def part_command(self, c_file: Path | str, out: Path | str) -> list[str]:
         # a part pastes support code only some of its users call
@@ -85,7 +87,8 @@ class Toolchain:
 
     def header_command(self, header: Path | str, out: Path | str) -> list[str]:
         """The command that precompiles the prelude: the units' own flags, as gcc wants."""
-        return [self.cc, *self._object_flags(), "-x", "c-header", "-o", str(out), str(header)]
+        return [self.cc, *self._object_flags(), *self.unit_flags, "-x", "c-header", "-o",
+                str(out), str(header)]
 
     def _object_flags(self) -> list[str]:
         return [f for f in self.flags if f != "-shared"]
@@ -110,7 +113,8 @@ class Toolchain:
 
     def key(self, source: str) -> str:
         h = hashlib.sha256()
-        for part in (source, self.cc, " ".join(self.flags), compiler_version(self.cc),
+        for part in (source, self.cc, " ".join((*self.flags, *self.unit_flags)),
+                     compiler_version(self.cc),
                      self.headers_digest(), *(text for _, text in self.linked(source))):
             h.update(part.encode())
             h.update(b"\0")

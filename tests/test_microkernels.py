@@ -153,7 +153,6 @@ def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch,
     assert calibrate.rates(target, kernels) == rates  # from the file
 
 
-
 def test_a_changed_kernel_is_measured_again(monkeypatch):
     """The rates are kept per kernel code: an edited kernel's old rate would choose."""
     from polyc.targets.cpu import calibrate
@@ -165,6 +164,7 @@ def test_a_changed_kernel_is_measured_again(monkeypatch):
         assert calibrate._key(target) != before
     finally:
         calibrate._key.cache_clear()
+
 
 def test_the_report_says_why_the_kernel_was_chosen():
     graph, _ = _matmul((130, 70), (70, 90))

@@ -90,6 +90,11 @@ class Toolchain:
         return [self.cc, *self._object_flags(), *self.unit_flags, "-x", "c-header", "-o",
                 str(out), str(header)]
 
+    @property
+    def unit_build_flags(self) -> tuple[str, ...]:
+        """Every flag a unit is built with: what its object depends on."""
+        return (*self.flags, *self.unit_flags)
+
     def _object_flags(self) -> list[str]:
         return [f for f in self.flags if f != "-shared"]
 
@@ -113,8 +118,7 @@ class Toolchain:
 
     def key(self, source: str) -> str:
         h = hashlib.sha256()
-        for part in (source, self.cc, " ".join((*self.flags, *self.unit_flags)),
-                     compiler_version(self.cc),
+        for part in (source, self.cc, " ".join(self.unit_build_flags), compiler_version(self.cc),
                      self.headers_digest(), *(text for _, text in self.linked(source))):
             h.update(part.encode())
             h.update(b"\0")

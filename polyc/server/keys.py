@@ -67,7 +67,7 @@ class Toolchain:
             machine = backend.machine()
             tc = backend.toolchain(machine)
             fields = {"cc": tc.cc, "cc_version": compiler_version(tc.cc),
-                      "cflags": " ".join((*tc.flags, *tc.unit_flags)),
+                      "cflags": " ".join(tc.unit_build_flags),
                       "headers": tc.headers_digest(), **backend.prepare(machine)}
             described.append((name, tuple(fields.items())))
         return cls(polyc=build_version(), islpy=islpy.VERSION_TEXT, isl=str(islpy.isl_version()),

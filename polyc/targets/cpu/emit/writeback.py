@@ -15,6 +15,11 @@ from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
 from ....microkernels.analysis import a_row_stride, iterators, loads_of
 from .common import decompose, in_scalars, stride, virtual
 
+# the target features whose masked vector loads and stores cost what plain ones do:
+# AVX-512's. AVX2's vmaskmovps is slower (linear+gelu with its edge tiles masked ran
+# 1% slower on Sapphire Rapids, and Zen's masked stores are microcoded).
+MASKED_STORES = {"avx512f"}
+
 
 class WriteBackMixin:
     def tile(self, child) -> cgen.Generable:
@@ -252,31 +257,49 @@ class WriteBackMixin:
             cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
             cgen.Statement(f"const long {names[-1]} = {f'mk_jt % {run}' if k else 'mk_jt'} + mk_c")]
         heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
-        full = (self._row_pairs(flat, body) if heavy and MR % 2 == 0
-                else nest(str(MR), flat, "0", str(NR)))
+        # A heavy epilogue with masked vector loads and stores (AVX-512's): edge tiles (the
+        # last of a row or column of tiles) through the full tiles' loop too, their rows
+        # up to mk_mr, their columns masked past mk_nr, so gcc compiles the epilogue
+        # once (the edge tiles' copy, in scalars, was 10-15% of gcc's time on
+        # linear+gelu; 300x512 @ 512x1000 with gelu ran 5-7% faster vectorised). Not a
+        # light one: its full tiles ran 1-4% slower masked (a bias and relu of 3x3 convs
+        # over 14x14 and 7x7 planes), and vectorised its edge tiles compile fast. Nor
+        # one that reads a value of the row only (a convolution's bias): gcc vectorises
+        # no loop with a masked load of one address (conv2d with gelu ran 1.6-2.9x slower).
+        masked = (heavy and bool(MASKED_STORES & set(self.mk.features))
+                  and all(iterators(x) & set(view.cols)
+                          for e in (view.init, *view.epilogue) for x in loads_of(e.expr)))
+        if heavy and (masked or MR % 2 == 0):
+            full = self._row_pairs(flat, body, masked)
+        else:
+            full = nest(str(MR), flat, "0", str(NR))
+        # a tile across a wrap of the flat run: its columns each by their own division
+        # (an unmasked edge tile likewise), in scalars where the epilogue is heavy
+        edge = nest("mk_mr", cols, "0", "mk_nr", "omp simd simdlen(1)" if heavy else "omp simd")
         if k:
-            full = if_(f"mk_jt % {run} + {NR} <= {run}", full, nest(str(MR), cols, "0", str(NR)))
-        # An edge tile (the last of a row or column of tiles) with a heavy epilogue stays
-        # scalar: vectorised, with its remainder loop, it was a quarter of gcc's time on
-        # linear+gelu; a light one (attention's scale and mask) compiles faster vectorised
-        edge = "omp simd simdlen(1)" if heavy else "omp simd"
-        return if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
-                   cgen.Block([nest("mk_mr", cols, "0", "mk_nr", edge)]))
+            wrap = nest(str(MR), cols, "0", str(NR)) if not masked else edge
+            full = if_(f"mk_jt % {run} + {'mk_nr' if masked else NR} <= {run}", full, wrap)
+        return full if masked else if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
+                                       cgen.Block([edge]))
 
     def _row_pairs(self, cols: list[cgen.Generable],
-                   body: Callable[[int], list[cgen.Generable]]) -> cgen.Generable:
-        """A full tile two rows at a time: a heavy epilogue (gelu's exp and division) is
+                   body: Callable[[int], list[cgen.Generable]], masked: bool) -> cgen.Generable:
+        """The tile two rows at a time: a heavy epilogue (gelu's exp and division) is
         one long chain of dependent operations per vector, and a row of the tile, two
         vectors, left the core waiting on it (linear+gelu 1024x1024x4096, 1 thread:
         the epilogue 3-6% of the kernel's CPU samples over the bare matmul's, in pairs
         about 1%; the whole tile unrolled about as fast, for 38% more gcc work, pairs
-        9%)."""
-        MR, NR = self.mk.mr, self.mk.nr
+        9%). `masked`: of any tile, the second row of an odd row count's last pair
+        masked off whole; else of a full tile of an even row count."""
         rows = self._tile_rows() + self._tile_rows(1)
-        inner = cgen.For("long mk_c = 0", f"mk_c < {NR}", "mk_c++",
-                         cgen.Block(_read_only(cols + body(0) + body(1))))
-        return cgen.For("long mk_r = 0", f"mk_r < {MR}", "mk_r += 2", cgen.Block(_read_only(
-            rows + [cgen.Pragma("omp simd"), inner])))
+        if not masked:
+            return cgen.For("long mk_r = 0", f"mk_r < {self.mk.mr}", "mk_r += 2", cgen.Block(
+                _read_only(rows + [cgen.Pragma("omp simd"), _columns(
+                    self.mk.nr, cols, [("", body(0) + body(1))])])))
+        return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r += 2", cgen.Block(_read_only(
+            rows + [cgen.Statement("const long mk_nr_1 = mk_r + 1 < mk_mr ? mk_nr : 0"),
+                    cgen.Pragma("omp simd"),
+                    _columns(self.mk.nr, cols, [("mk_nr", body(0)), ("mk_nr_1", body(1))])])))
 
     def _fetch_stores(self, last: str) -> list[cgen.Generable]:
         """Prefetches of the lines the final write-back will store, issued before the
@@ -367,6 +390,16 @@ class WriteBackMixin:
             self.b.arrays, lambda pos: self._o(pos, j), s0.target, view.init.index, v,
             view.epilogue, lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}",
             lambda t: self.b.arrays[t].role == "out" or t in read)
+
+
+def _columns(nr: int, cols: list[cgen.Generable],
+             rows: list[tuple[str, list[cgen.Generable]]]) -> cgen.Generable:
+    """A loop over a tile's `nr` columns doing each row's statements, on the columns
+    before its bound (a C name; '' for all): gcc vectorises a bound with masked loads
+    and stores."""
+    return cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(_read_only(cols + [
+        cgen.If(f"mk_c < {bound}", cgen.Block(_read_only(body))) if bound else cgen.Block(body)
+        for bound, body in rows])))
 
 
 def _line_points(nr: int) -> list[int]:

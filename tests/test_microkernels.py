@@ -377,10 +377,10 @@ def test_a_heavy_epilogue_is_written_back_two_rows_at_a_time(epilogue, tiles, is
     """A tile whose epilogue calls an inlined polynomial (gelu's sigmoid) is written
     back two rows per vector loop, each row with its own indices and, past the first K
     block, its own partial sums. Where the vector loads and stores can be masked
-    (avx512) and every value the epilogue reads is a column's (a bias), edge tiles too: an odd
-    row count's last row alone, the columns past the edge masked. Else (no masks; a
-    value of the row, which gcc does not load masked in a vector loop) the edge tiles
-    one row at a time, in scalars."""
+    (avx512) and every value the epilogue reads is a column's (a bias), edge tiles
+    too: an odd row count's last row alone, the columns past the edge masked. Else
+    (no masks; a value of the row, which gcc does not load masked in a vector loop)
+    the edge tiles one row at a time, in scalars."""
     options = replace(_isa(isa), microkernel_tiles=tiles)
     graph, inputs = _matmul((2, 71, 90), (2, 90, 100), epilogue)
     compiled = _check(graph, inputs, options)

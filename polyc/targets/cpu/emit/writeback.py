@@ -398,8 +398,8 @@ def _columns(nr: int, cols: list[cgen.Generable],
     before its bound (a C name; '' for all): gcc vectorises a bound with masked loads
     and stores."""
     return cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(_read_only(cols + [
-        cgen.If(f"mk_c < {bound}", cgen.Block(_read_only(body))) if bound else cgen.Block(body)
-        for bound, body in rows])))
+        cgen.If(f"mk_c < {bound}", cgen.Block(_read_only(body))) if bound
+        else cgen.Block(_read_only(body)) for bound, body in rows])))
 
 
 def _line_points(nr: int) -> list[int]:

@@ -9,9 +9,10 @@ import subprocess
 from pathlib import Path
 
 import cgen
+import numpy as np
 import pytest
 
-from polyc import compile, load_graph
+from polyc import GraphBuilder, compile, load_graph
 from polyc.codegen.ast_to_c import if_
 from polyc.codegen.build import build_shared_object, compile_c
 from polyc.errors import BuildError
@@ -121,6 +122,26 @@ def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, werror_cach
     monkeypatch.setenv("POLYC_CACHE_DIR", str(werror_cache))
     compiled = compile(load_graph(EXAMPLES / f"{name}.json"), options={"gemm_kernel": kernel},
                        build=False)
+    base = _toolchain()
+    compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
+
+
+@pytest.mark.parametrize("x,w", [((2, 100, 20, 20), (90, 100, 1, 1)),
+                                 ((5, 128, 28, 28), (32, 128, 3, 3))],
+                         ids=["1x1-packed-whole", "3x3-image-by-image"])
+def test_a_convolution_of_constant_weights_builds_without_a_warning(tmp_path, monkeypatch,
+                                                                    werror_cache, x, w):
+    """Weights that are constants of the graph (an exported model's) are packed once,
+    whole (`pack_const`): the tiles' blocks of them declare no extent nothing reads. Nor
+    does the padded copy of an input read in place one image at a time (`BRows.slices`)
+    name the batch index it does not need."""
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(werror_cache))
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("conv_bias_relu")
+    weights = b.constant("w", w, rng.uniform(-1, 1, w).astype(np.float32).ravel().tolist())
+    y = b.conv2d(b.input("x", x), weights, b.input("b", (w[0],)), pads=[w[2] // 2] * 4)
+    compiled = compile(b.build([b.relu(y)]), build=False)
+    assert "mk_paw" in compiled.c_source  # packed whole
     base = _toolchain()
     compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
 

@@ -10,7 +10,7 @@ from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import ExprPrinter
 from ....kernel.comprehension import Aff, Const
 from ....microkernels import registry
-from .common import decompose, stride, virtual
+from .common import decompose, read_only, stride, virtual
 
 
 class BRowsMixin:
@@ -112,7 +112,8 @@ class BRowsMixin:
         body.append(if_(f"mk_u == {outer - 1}", cgen.For(
             f"long mk_t = {W}", f"mk_t < {W + self.mk.nr}", "mk_t++",
             cgen.Assign(f"mk_d[{(s - 1) * step} + mk_t]", pad))))
-        loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(body))
+        # (an image's copy: its batch index is the loop's around, not one of P's)
+        loop = cgen.For("long mk_u = 0", f"mk_u < {outer}", "mk_u++", cgen.Block(read_only(body)))
         return ([cgen.Pragma(share)] if share else []) + [loop]
 
     @staticmethod

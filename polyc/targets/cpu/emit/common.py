@@ -2,8 +2,11 @@
 write-back keeps in registers, rounding."""
 from __future__ import annotations
 
+import re
+
 import cgen
 
+from ....codegen.ast_to_c import mentions
 from ....codegen.cexpr import C_TYPE, ExprPrinter
 from ....kernel.comprehension import Expr, Index, Load, Statement
 
@@ -80,3 +83,18 @@ def stride(shape: tuple[int, ...], d: int) -> int:
     for n in shape[d + 1:]:
         w *= n
     return w
+
+
+def read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:
+    """`code` without the `const` values nothing after them reads (a batch index or an
+    output row only an epilogue would, on a path without it): gcc -Wall names each."""
+    kept: list[cgen.Generable] = []
+    after = ""  # the C of what is kept after g
+    for g in reversed(code):
+        text = str(g)
+        m = re.match(r"const [\w *]*?(mk_\w+) = ", text) if isinstance(g, cgen.Statement) else None
+        if m and not mentions(after, m.group(1)):
+            continue
+        kept.insert(0, g)
+        after = text + "\n" + after
+    return kept

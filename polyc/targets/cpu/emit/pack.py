@@ -12,7 +12,7 @@ from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
 from ....microkernels.analysis import (flat_along, iterators, k_col_stride, k_row_stride,
                                         loads_of)
-from .common import ROWS, decompose, up
+from .common import ROWS, decompose, read_only, up
 
 # panels packed side by side, K row by K row (`_panel_rows`): eight write streams (32,
 # a 512-column block's, were slower on Zen 3)
@@ -48,9 +48,11 @@ class PackMixin:
         then = self.then_pack(loops, plan.par == "inner") if side == "b" and plan.then else []
         if plan.whole(side):
             mine = [self.then_buffer()] if then and plan.par != "inner" else []
-            return cgen.Block(head + mine + then + [  # packed whole: `pack_once`, `pack_const`
+            # packed whole (`pack_once`, `pack_const`): the block's extent was the
+            # packing's, which is not here
+            return cgen.Block(read_only(head + mine + then + [
                 cgen.Statement(f"float *restrict {buf} = {buf}w + {self._whole_offset(side)}"),
-                self.b.node(child, outer)])
+                self.b.node(child, outer)]))
         if plan.par != "inner" and not in_place:
             head += self._buffers(side)
         # iterator values: batch dims from their loops, own dims and K from the element

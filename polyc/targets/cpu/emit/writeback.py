@@ -3,17 +3,16 @@ packed panels and the write-back that applies the init and the epilogue in regis
 from __future__ import annotations
 
 import math
-import re
 from typing import Callable
 
 import cgen
 
-from ....codegen.ast_to_c import if_, mentions
+from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
 from ....microkernels.analysis import a_row_stride, iterators, loads_of
-from .common import decompose, in_scalars, stride, virtual
+from .common import decompose, in_scalars, read_only, stride, virtual
 
 # the target features whose masked vector loads and stores cost what plain ones do:
 # AVX-512's. AVX2's vmaskmovps is slower (linear+gelu with its edge tiles masked ran
@@ -139,7 +138,7 @@ class WriteBackMixin:
             out.append(if_(f"!{last}", cgen.Block([if_(f"!{first}", fetch), partial]), cgen.Block([
                 slow[0], *self._fetch_stores("1"), if_(f"!{first}", fetch), whole,
                 self._final(first, acc_name)])))
-            return cgen.Block(_read_only(out))
+            return cgen.Block(read_only(out))
         if self._sums_apart():
             # every K block but the last accumulates in the partial sums through the
             # kernel itself; the last one's tile is computed apart, the sums read beside it
@@ -149,7 +148,7 @@ class WriteBackMixin:
                           cgen.Statement(calls(at, str(plan.n), f"!{first}", "mk_mr", "mk_nr")))
             out.append(if_(f"!{last}", partial, cgen.Block(
                 [slow[0], *self._fetch_stores("1"), fill, self._final(first, acc_name)])))
-            return cgen.Block(_read_only(out))
+            return cgen.Block(read_only(out))
         if has_pc:
             slow.append(if_(f"!{last}", self._partial(first, acc_name),
                             self._final(first, acc_name)))
@@ -169,7 +168,7 @@ class WriteBackMixin:
             out.append(computed)
         else:
             out += slow
-        return cgen.Block(_read_only(out))
+        return cgen.Block(read_only(out))
 
     def _flat_columns(self) -> bool:
         """Are the virtual columns the output's own, and are they one flat run
@@ -235,13 +234,13 @@ class WriteBackMixin:
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
                      pragma: str = "omp simd") -> cgen.Generable:
             inner = cgen.For(f"long mk_c = {lo}", f"mk_c < {nr}", "mk_c++",
-                             cgen.Block(_read_only(cols + body(0))))
+                             cgen.Block(read_only(cols + body(0))))
             return cgen.Module([cgen.Pragma(pragma), inner]) if simd else inner
 
         def nest(mr: str, cols: list[cgen.Generable], lo: str, nr: str,
                  pragma: str = "omp simd") -> cgen.Generable:
             return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++",
-                            cgen.Block(_read_only(rows + [col_loop(cols, lo, nr, pragma)])))
+                            cgen.Block(read_only(rows + [col_loop(cols, lo, nr, pragma)])))
         if self.rows is not None:
             return self._virtual_rows_cols(rows, col_loop, nest)
         names, extents = [f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols]
@@ -294,9 +293,9 @@ class WriteBackMixin:
         rows = self._tile_rows() + self._tile_rows(1)
         if not masked:
             return cgen.For("long mk_r = 0", f"mk_r < {self.mk.mr}", "mk_r += 2", cgen.Block(
-                _read_only(rows + [cgen.Pragma("omp simd"), _columns(
+                read_only(rows + [cgen.Pragma("omp simd"), _columns(
                     self.mk.nr, cols, [("", body(0) + body(1))])])))
-        return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r += 2", cgen.Block(_read_only(
+        return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r += 2", cgen.Block(read_only(
             rows + [cgen.Statement("const long mk_nr_1 = mk_r + 1 < mk_mr ? mk_nr : 0"),
                     cgen.Pragma("omp simd"),
                     _columns(self.mk.nr, cols, [("mk_nr", body(0)), ("mk_nr_1", body(1))])])))
@@ -325,14 +324,14 @@ class WriteBackMixin:
         fetch = [cgen.Statement(f"__builtin_prefetch(&{plain.access(e.target, e.index)}, 1, 3)")
                  for e in targets]
         at = _line_points(NR)
-        points = [cgen.Block(_read_only([
+        points = [cgen.Block(read_only([
             cgen.Statement(f"const long mk_c = {f'min({c}, mk_nr - 1)' if c else 0}"), *cols, *fetch]))
             for c in at]
         # not unrolled: gcc peeled the at most MR rows into copies, a tenth of its time on
         # linear+gelu, for a loop that runs once a tile
         nest = cgen.Block([cgen.Pragma("GCC unroll 1"), cgen.For(
             "long mk_r = 0", "mk_r < mk_mr", "mk_r++",
-            cgen.Block(_read_only(self._tile_rows() + points)))])
+            cgen.Block(read_only(self._tile_rows() + points)))])
         return [nest] if guard == "1" else [if_(guard, nest)]
 
     def _tile_rows(self, j: int = 0) -> list[cgen.Generable]:
@@ -397,9 +396,9 @@ def _columns(nr: int, cols: list[cgen.Generable],
     """A loop over a tile's `nr` columns doing each row's statements, on the columns
     before its bound (a C name; '' for all): gcc vectorises a bound with masked loads
     and stores."""
-    return cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(_read_only(cols + [
-        cgen.If(f"mk_c < {bound}", cgen.Block(_read_only(body))) if bound
-        else cgen.Block(_read_only(body)) for bound, body in rows])))
+    return cgen.For("long mk_c = 0", f"mk_c < {nr}", "mk_c++", cgen.Block(read_only(cols + [
+        cgen.If(f"mk_c < {bound}", cgen.Block(read_only(body))) if bound
+        else cgen.Block(read_only(body)) for bound, body in rows])))
 
 
 def _line_points(nr: int) -> list[int]:
@@ -421,18 +420,3 @@ def _guarded(e) -> set[int]:
     if isinstance(e, Call):
         return set().union(*map(_guarded, e.args))
     return set()
-
-
-def _read_only(code: list[cgen.Generable]) -> list[cgen.Generable]:
-    """`code` without the `const` values nothing after them reads (a batch index or an
-    output row only an epilogue would, on a path without it): gcc -Wall names each."""
-    kept: list[cgen.Generable] = []
-    after = ""  # the C of what is kept after g
-    for g in reversed(code):
-        text = str(g)
-        m = re.match(r"const [\w *]*?(mk_\w+) = ", text) if isinstance(g, cgen.Statement) else None
-        if m and not mentions(after, m.group(1)):
-            continue
-        kept.insert(0, g)
-        after = text + "\n" + after
-    return kept

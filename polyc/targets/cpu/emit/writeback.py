@@ -268,7 +268,7 @@ class WriteBackMixin:
         masked = (heavy and bool(MASKED_STORES & set(self.mk.features))
                   and all(iterators(x) & set(view.cols)
                           for e in (view.init, *view.epilogue) for x in loads_of(e.expr)))
-        if heavy and (masked or MR % 2 == 0):
+        if masked or (heavy and MR % 2 == 0):
             full = self._row_pairs(flat, body, masked)
         else:
             full = nest(str(MR), flat, "0", str(NR))

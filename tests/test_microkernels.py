@@ -15,6 +15,7 @@ import subprocess
 
 from dataclasses import replace
 
+import islpy as isl
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
 from polyc.microkernels.analysis import COLUMN_TILE, MAX_TILE_WASTE, PLANE_IN_PLACE
 from polyc.schedule_tree import marks
+from polyc.targets.cpu.emit.gemm import _rectangular_pair
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.machine import cpu_toolchain
 from polyc.targets.cpu.plan import FOLD_TEAM_COLUMNS
@@ -1809,6 +1811,31 @@ def test_a_team_gets_column_tiles_in_chunks_that_leave_no_thread_idle(size, chun
     if "par=inner" not in plan or "b=rows" not in plan:
         pytest.skip(f"this host's plan shares no virtual column tiles: {plan}")
     assert f"omp for schedule(dynamic, {chunk})" in compiled.c_source
+
+
+def test_a_team_shares_row_tiles_with_the_column_tiles():
+    """13 column tiles of 16 for two threads: by column tiles alone one thread took 7;
+    the row tiles below are shared with them (the pair collapsed), the last row tile
+    short and the bias and relu written back where a thread's half ends mid-column."""
+    def bias_relu(b, y, inputs, rng, shape):
+        inputs["bias"] = _rand(rng, shape[-1:])
+        return b.relu(b.add(y, b.input("bias", shape[-1:])))
+    graph, inputs = _matmul((200, 128), (128, 208), epilogue=bias_relu)
+    compiled = _check(graph, inputs, Options(threads=2, gemm_kernel=PORTABLE))
+    (plan,) = _gemm_marks(compiled)
+    assert marks.parse(plan).par == "inner" and marks.parse(plan).loops == ("jr", "ir"), plan
+    assert "omp for collapse(2) schedule(static)" in compiled.c_source
+
+
+def test_only_loops_with_bounds_apart_collapse():
+    def ast(domain):
+        build = isl.AstBuild.alloc(isl.DEFAULT_CONTEXT)
+        return build.node_from_schedule(isl.Schedule.from_domain(isl.UnionSet(domain))
+                                        .insert_partial_schedule(isl.MultiUnionPwAff(
+                                            "[{ S[i, j] -> [(i)] }, { S[i, j] -> [(j)] }]")))
+    assert _rectangular_pair(ast("{ S[i, j] : 0 <= i < 10 and 3 <= j < 20 }"))
+    assert not _rectangular_pair(ast("{ S[i, j] : 0 <= i < 10 and i <= j < 20 }"))
+    assert not _rectangular_pair(ast("{ S[i, 0] : 0 <= i < 10 }"))  # one loop
 
 
 def test_four_column_tiles_a_thread_are_too_few_to_share():

@@ -315,29 +315,31 @@ class PackMixin:
             return None
         names = lambda pos: f"mk_s{pos}"
         outer, lo_terms, hi_terms = [], [], []
-        row_bounds: list[tuple[int, int, str]] | None = []  # of a whole row, if alike in all
+        # a whole row's guards along q, its steps t with lo <= a t + rest < hi: the same
+        # for every such row of a K row where rest holds no own dim (else None)
+        row_bounds: list[tuple[str, str]] | None = []
         for b in bounds:
             a = dict(b.aff.terms).get(q, 0)
+            if a < 0:
+                return None
             if a == 0:
                 r = b.aff.render(names)
                 outer.append(f"{b.lo} <= ({r}) && ({r}) < {b.hi}")
-            elif a == 1:
-                rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
-                r = rest.render(names)
+                continue
+            rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
+            r = rest.render(names)
+            if a == 1:
                 lo_terms.append(f"{b.lo} - ({r}) - {qname}")
                 hi_terms.append(f"{b.hi} - ({r}) - {qname}")
-                if row_bounds is not None and not iterators(rest) & set(own_pos):
-                    row_bounds.append((b.lo, b.hi, r))
-                else:
-                    row_bounds = None
-            elif a > 1:  # a strided window's pad: the run's steps t with lo <= a t + c < hi
-                rest = Aff(tuple((p_, c) for p_, c in b.aff.terms if p_ != q), b.aff.const)
-                c = f"({rest.render(names)}) + {a} * {qname}"
+                row = (f"{b.lo} - ({r})", f"{b.hi} - ({r})")
+            else:  # a strided window's pad
+                c = f"({r}) + {a} * {qname}"
                 lo_terms.append(f"-floord({c} - ({b.lo}), {a})")
                 hi_terms.append(f"floord({b.hi} - 1 - ({c}), {a}) + 1")
+                row = (f"-floord(({r}) - ({b.lo}), {a})", f"floord({b.hi} - 1 - ({r}), {a}) + 1")
+            if row_bounds is not None and not iterators(rest) & set(own_pos):
+                row_bounds.append(row)
             else:
-                return None
-            if a > 1:
                 row_bounds = None
         zero = ExprPrinter(self.b.arrays, names).value(other) if other is not None else "0.0f"
         src = ExprPrinter(self.b.arrays, lambda pos: "mk_q" if pos == q else f"mk_s{pos}"
@@ -390,8 +392,8 @@ class PackMixin:
             cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),
             cgen.Block([cgen.Statement("long mk_lo = 0, mk_hi = mk_run"), *limits, parts])]
         per_row: list[cgen.Generable] = []
-        whole_row = self._whole_row(arr, load, q, E, row_bounds, outer, zero) \
-            if cq == 1 and row_bounds is not None else None
+        whole_row = self._whole_row(arr, load, q, E, cq, row_bounds, outer, zero) \
+            if row_bounds is not None else None
         if whole_row is not None:
             per_row, first, cond, copy = whole_row
             run[1:] = [first, if_(cond, copy, run[1])]
@@ -419,34 +421,37 @@ class PackMixin:
                     cgen.For("long mk_p = 0", "mk_p < mk_g", "mk_p++", cgen.Statement(
                         f"memcpy(mk_o + mk_p * {tile}, mk_rows + mk_p * {row} + mk_xp, {4 * tile})")))]))]))
 
-    def _whole_row(self, arr, load: Load, q: int, E: int, row_bounds, outer: list[str],
-                   zero: str) -> tuple[list[cgen.Generable], cgen.Generable, str,
-                                       cgen.Generable] | None:
-        """A run over a whole row of the innermost own dim `q` (E long, unit stride):
-        its guards along q (`row_bounds`: lo <= rest + q < hi, rest free of own dims) are
-        the same for every such run of a K row, so the K row computes them once (the
-        statements returned first) and the run is one fixed-length copy of the row, the
-        window's shift included, then the pad at its ends: (the K row's statements, the
-        run's first element, the condition, the copy). The copy may
-        read a float or two of the neighbouring rows, never outside the tensor (the
-        condition checks; a run at its ends takes the general path). A masked copy with
-        its bounds worked out per run had been most of the packing of 8x256x14x14 3x3
-        (1 thread, in pairs: 6-8% faster). None where the tensor's size is not fixed."""
+    def _whole_row(self, arr, load: Load, q: int, E: int, cq: int, row_bounds: list[tuple[str, str]],
+                   outer: list[str], zero: str) -> tuple[list[cgen.Generable], cgen.Generable,
+                                                         str, cgen.Generable] | None:
+        """A run over a whole row of the innermost own dim `q` (E long, `cq` floats a
+        step): its guards along q (`row_bounds`) are the same for every such run of a K
+        row, so the K row works them out once (the statements returned first) and the
+        run is one fixed-length copy of the row, the window's shift included, then the
+        pad at its ends: (the K row's statements, the run's first element, the
+        condition, the copy). The copy may read a float or two of the neighbouring rows,
+        never outside the tensor (the condition checks; a run at its ends takes the
+        general path). A masked copy with its bounds worked out per run had been most of
+        the packing of 8x256x14x14 3x3 (1 thread, in pairs: 6-7% faster). None where the
+        tensor's size is not fixed."""
         total = math.prod(arr.type.shape)
         if arr.kept is not None or arr.block is not None or type(total) is not int:
             return None
-        names = lambda pos: f"mk_s{pos}"
-        at = ExprPrinter(self.b.arrays, lambda pos: "0" if pos == q else names(pos)
+        at = ExprPrinter(self.b.arrays, lambda pos: "0" if pos == q else f"mk_s{pos}"
                          ).access(load.tensor, load.index)
         flat = at[len(arr.c_name) + 1:-1]
         per_row = [cgen.Statement(f"long mk_wlo = 0, mk_whi = {E}")]
-        per_row += [cgen.Statement(f"mk_wlo = max(mk_wlo, {lo} - ({r}))") for lo, _, r in row_bounds]
-        per_row += [cgen.Statement(f"mk_whi = min(mk_whi, {hi} - ({r}))") for _, hi, r in row_bounds]
+        per_row += [cgen.Statement(f"mk_wlo = max(mk_wlo, {lo})") for lo, _ in row_bounds]
+        per_row += [cgen.Statement(f"mk_whi = min(mk_whi, {hi})") for _, hi in row_bounds]
         per_row.append(cgen.Statement("mk_whi = max(mk_whi, mk_wlo)"))
         cond = " && ".join([f"mk_run == {E}", *(f"({c})" for c in outer),
-                            f"0 <= mk_f0 && mk_f0 + {E} <= {total}"])
+                            f"0 <= mk_f0 && mk_f0 + {cq * (E - 1)} < {total}"])
+        copy = cgen.Statement(f"memcpy(mk_d + mk_x, &{arr.c_name}[mk_f0], {4 * E})") if cq == 1 \
+            else cgen.Block([cgen.Pragma("omp simd"), cgen.For(
+                "long mk_t = 0", f"mk_t < {E}", "mk_t++",
+                cgen.Assign("mk_d[mk_x + mk_t]", f"{arr.c_name}[mk_f0 + {cq} * mk_t]"))])
         code = cgen.Block([
-            cgen.Statement(f"memcpy(mk_d + mk_x, &{arr.c_name}[mk_f0], {4 * E})"),
+            copy,
             cgen.For("long mk_t = 0", "mk_t < mk_wlo", "mk_t++",
                      cgen.Assign("mk_d[mk_x + mk_t]", zero)),
             cgen.For("long mk_t = mk_whi", f"mk_t < {E}", "mk_t++",

@@ -647,9 +647,9 @@ def test_batched_conv2d_packs_the_weights_once_for_all_images(xs, ws, pads, tile
     # C a graph output with no epilogue
     ((3, 40, 9, 9), (30, 40, 1, 1), {"strides": [2, 2]}, (("kc", 16), ("mc", 12)), 1, True),
     ((3, 40, 9, 9), (30, 40, 1, 1), {"strides": [2, 2]}, (("kc", 16), ("mc", 12)), 2, True),
-    # a team keeps the batch loop for images of 64 columns or more
+    # images of 64 columns or more keep the batch loop, for a team or one thread
     ((3, 72, 9, 9), (256, 72, 1, 1), {}, (), 2, False),
-    ((3, 72, 9, 9), (256, 72, 1, 1), {}, (), 1, True),
+    ((3, 72, 9, 9), (256, 72, 1, 1), {}, (), 1, False),
 ], ids=["7x7", "strided-kblocks-1", "strided-kblocks-2", "team-keeps-images", "9x9"])
 @pytest.mark.parametrize("bias_relu", [True, False])
 def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, threads, folded,
@@ -671,10 +671,10 @@ def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, thre
 
 
 @pytest.mark.parametrize("other,flat", [
-    ((3, 16, 9, 9), True),  # a residual: its planes are runs as C's
+    ((3, 16, 7, 7), True),  # a residual: its planes are runs as C's
     ((16, 1, 1), True),  # a bias per channel: the columns do not move it
-    ((1, 1, 9), False),  # a row broadcast down each plane: not one run
-    ((9, 1), False),  # a column broadcast along each row
+    ((1, 1, 7), False),  # a row broadcast down each plane: not one run
+    ((7, 1), False),  # a column broadcast along each row
 ])
 def test_the_write_back_of_a_folded_tile_indexes_its_planes_flat(other, flat):
     """The write-back of a full tile inside one image addresses its columns as the
@@ -683,16 +683,16 @@ def test_the_write_back_of_a_folded_tile_indexes_its_planes_flat(other, flat):
     broadcast along one of the plane's dims keeps the per-element row and column."""
     rng = np.random.default_rng(8)
     b = GraphBuilder("conv_residual")
-    y = b.conv2d(b.input("x", (3, 24, 9, 9)), b.input("w", (16, 24, 1, 1)))
+    y = b.conv2d(b.input("x", (3, 24, 7, 7)), b.input("w", (16, 24, 1, 1)))
     graph = b.build([b.relu(b.add(y, b.input("r", other)))])
-    inputs = {"x": _rand(rng, (3, 24, 9, 9)), "w": _rand(rng, (16, 24, 1, 1)),
+    inputs = {"x": _rand(rng, (3, 24, 7, 7)), "w": _rand(rng, (16, 24, 1, 1)),
               "r": _rand(rng, other)}
     compiled = _check(graph, inputs, Options(threads=1, gemm_kernel=PORTABLE), atol=3e-4)
     assert "b=folded" in _gemm_marks(compiled)[0]
-    # 81 columns an image: tiles of 16 inside one image take the flat path, the others
+    # 49 columns an image: tiles of 16 inside one image take the flat path, the others
     # (and every tile where it does not apply) divide
-    assert ("mk_jt % 81 + mk_c" in compiled.c_source) == flat
-    assert "(mk_jt + mk_c) % 9" in compiled.c_source
+    assert ("mk_jt % 49 + mk_c" in compiled.c_source) == flat
+    assert "(mk_jt + mk_c) % 7" in compiled.c_source
 
 
 def test_a_shared_a_folds_a_batched_b():
@@ -846,18 +846,17 @@ def test_a_1x1_conv2d_over_small_planes_packs_b():
 
 @pytest.mark.parametrize("xs,ws,threads,mark", [((1, 40, 13, 13), (24, 40, 1, 1), 1, "b=packed"),
                                                 ((1, 128, 23, 23), (48, 128, 1, 1), 2, "par=inner"),
-                                                ((2, 40, 13, 13), (24, 40, 1, 1), 1, "b=folded")])
+                                                ((2, 40, 13, 13), (24, 40, 1, 1), 1, "b0,")])
 def test_a_1x1_conv2d_packs_its_pixels_as_rows_of_one_run(xs, ws, threads, mark):
     """A stride-1 1x1 window reads each input plane's pixels end to end: B's K rows are
     contiguous across the image's row wraps, packed as a matmul's are, with no gathered
-    row between (169 and 529 pixels: the last panel partial). Two images folded into the
-    columns: a panel across the first image's end (at 160 + 9) is read column by column."""
+    row between (169 and 529 pixels: the last panel partial). Two images of 169 pixels
+    keep their batch loop (`plan.FOLD_TEAM_COLUMNS`), each packed so."""
     graph, inputs = _conv(xs, ws, bias_relu=True)
     options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("kc", 24),))
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert mark in _gemm_marks(compiled)[0]
     assert "mk_rows" not in compiled.c_source and "mk_g += mk_gs" in compiled.c_source
-    assert ("mk_jr + 16 <= 169" in compiled.c_source) == (xs[0] > 1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1712,7 +1711,7 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     if case == "conv-padded":  # 18 x 20 - 2 = 358 virtual columns: the last tile partial
         graph, _ = _conv((1, 5, 18, 18), (12, 5, 3, 3), bias_relu=True, pads=[1, 1, 1, 1])
         options = Options(microkernel_tiles=(("kc", 20),))
-    elif case == "conv-1x1":  # 2 x 169 pixels packed K row by K row, two panels partial
+    elif case == "conv-1x1":  # 169 pixels an image packed K row by K row, the last panel partial
         graph, _ = _conv((2, 40, 13, 13), (24, 40, 1, 1), bias_relu=True)
         options = Options(gemm_kernel=PORTABLE, threads=1, microkernel_tiles=(("kc", 24),))
     elif case == "conv-in-place":
@@ -1749,7 +1748,7 @@ def test_kernels_stay_inside_their_buffers(case, tmp_path, monkeypatch):
     if case == "conv-a-once":
         assert marks.parse(_gemm_marks(compiled)[0]).a == "once"
     if case == "conv-1x1":
-        assert "mk_jr + 16 <= 169" in compiled.c_source
+        assert "loops=pc,b0," in _gemm_marks(compiled)[0] and "mk_rows" not in compiled.c_source
     if case == "attention":
         plan = marks.parse(_gemm_marks(compiled)[0])
         assert plan.then and plan.then_depth == "0" and "ic" in plan.loops, plan

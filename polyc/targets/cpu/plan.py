@@ -44,12 +44,14 @@ A_IN_PLACE_TILES = 8
 AHEAD_ROW_TILES = 16
 # ... and where B, all its images, is over this share of L3: it streams from memory
 AHEAD_L3_SHARE = 8
-# an image of this many columns keeps its batch loop for a team, and B read in place
-# (`cpu_gemm_view`); smaller ones are folded into the columns. Zen 3, folded against
-# not: 2 threads, 8x512x28x28 to 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256
-# 97 against 105, 8x2048x7x7 to 512 116 against 79; 1 thread, 3x3 read in place
-# against folded: 8x512x7x7 66 against 80, 8x512x14x14 /2 57 against 72, 8x256x14x14
-# 76 against 78
+# an image of this many columns keeps its batch loop (`cpu_gemm_view`); smaller ones
+# are folded into the columns. Zen 3, folded against not: 2 threads, 8x512x28x28 to
+# 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256 97 against 105, 8x2048x7x7 to
+# 512 116 against 79; 1 thread, 3x3 read in place against folded: 8x512x7x7 66 against
+# 80, 8x512x14x14 /2 57 against 72, 8x256x14x14 76 against 78. Sapphire Rapids, 1
+# thread, in pairs of calls, the images kept against folded: 8x512x28x28 to 128 1x1
+# 0.80x the time, 8x1024x14x14 to 256 0.84x, 8x512x28x28 to 1024 /2 0.86x, 8x256x56x56
+# to 512 /2 0.94x, 8x256x14x14 3x3 0.98x; 7x7 outputs 1.10-1.25x
 FOLD_TEAM_COLUMNS = 64
 # with fewer column tiles than this per thread, each thread of a team takes whole row
 # blocks (par=rows) instead of sharing the tiles of every block (Zen 3, 2 threads:
@@ -75,8 +77,7 @@ def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0,
     return mk.name if mk else None
 
 
-def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True,
-                  then: bool = True) -> GemmView | None:
+def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmView | None:
     """`gemm_view` with the row tail the cpu nest places (`trees._tail_tree`), except
     after a contraction whose B is read in place (conv2d, `analysis.b_rows`): packing it
     for the tail's single column block would cost more than the tail's kernel saves.
@@ -84,17 +85,18 @@ def cpu_gemm_view(kernel: Kernel, team: int = 1, fold: bool = True,
     the columns (`gemm_view(fold=True)`): one A block then serves every image's columns,
     packed once, and a small image (conv5's 7x7) does not leave most of a column panel
     empty (49 columns in 64); images that small are folded and packed even where B
-    could be read in place. Not for a `team` of several threads when an image has
-    FOLD_TEAM_COLUMNS columns or more: each thread's own images (par=batch) beat a team
-    sharing every block. `fold` False: never folded (`CpuOptions.fold_batch`). `then`: a
-    contraction after the tail is taken too (`Options.tail_contraction`)."""
+    could be read in place. Not when an image has FOLD_TEAM_COLUMNS columns or more:
+    an image's blocks stay in cache where all images' do not (one thread), and each
+    thread's own images (par=batch) beat a team sharing every block. `fold` False:
+    never folded (`CpuOptions.fold_batch`). `then`: a contraction after the tail is
+    taken too (`Options.tail_contraction`)."""
     view = gemm_view(kernel, tail=True, then=then)
     if view is None or (not view.tail and not fold):
         return view
     in_place = b_rows(view, kernel) is not None
     if view.tail:
         return None if in_place else view
-    if view.N >= FOLD_TEAM_COLUMNS and (in_place or team > 1):
+    if view.N >= FOLD_TEAM_COLUMNS:
         return view
     folded = gemm_view(kernel, fold=True)
     return view if in_place and folded.c_matrix else folded

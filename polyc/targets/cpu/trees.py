@@ -71,7 +71,6 @@ from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
-from . import tuning
 from .plan import (choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_view,
                    streams_b)
 
@@ -93,8 +92,7 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.uses_microkernels(kernel.name):
         return model
-    view = cpu_gemm_view(kernel, tuning.team(options, machine), options.fold_batch,
-                         options.tail_contraction)
+    view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction)
     streaming = view is not None and streams_b(view, kernel, machine)
     if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming)

@@ -150,34 +150,20 @@ class PackMixin:
         share = [cgen.Pragma("omp for schedule(static)")] if team else []
         block = t.nc if side == "b" else t.mc
         edge = bool(total % tile or block % tile)
-        flat = self._flat(expr, own, tile) if inner_is_own and len(own) > 1 else 0
-        if inner_is_own and (flat == len(own) or len(own) == 1):
+        flat = inner_is_own and len(own) > 1 and self._one_run(expr, own)
+        if inner_is_own and (flat or len(own) == 1):
             prebuilt = self._column_panels(expr, own, tile, total, start, size, buf, share)
             if prebuilt is not None:
                 return prebuilt
         if flat:
-            # the inner `flat` own dims are one run in memory (a 1x1 stride-1 conv2d's
-            # pixels): their flattened index in the last, the others of the run at 0,
-            # packed K row by K row straight from the operand (gathered into a row first,
-            # every float was copied twice: 1x512x28x28 to 128 1x1, 1 thread, 5% slower)
-            run = math.prod(own_ext[-flat:])
-
-            def at(outer: str, last: str) -> list[cgen.Generable]:
-                """The own dims: those above the run from column `outer`, the run's
-                flattened index `last`."""
-                return [*decompose(own_names[:-flat], own_ext[:-flat], f"({outer}) / {run}"),
-                        *(cgen.Statement(f"const long {n} = 0") for n in own_names[-flat:-1]),
-                        cgen.Statement(f"const long {own_names[-1]} = {last}")]
-            if flat == len(own):
-                col = f"{start} + mk_xp + mk_x"
-                return self._panel_rows(dst, value, at(col, col), k_vars, tile, total, start,
-                                        size, buf, share, edge)
-            # an image's run ends inside a few panels: those take each column apart
-            head = [cgen.Statement(f"const long mk_j = {start} + mk_xp"),
-                    cgen.Statement(f"const long mk_jr = mk_j % {run}")]
-            return self._panel_rows(dst, value, x_vars, k_vars, tile, total, start, size, buf,
-                                    share, True, head,
-                                    (f"mk_jr + {tile} <= {run}", at("mk_j", "mk_jr + mk_x")))
+            # the own dims are one run in memory (a 1x1 stride-1 conv2d's pixels): the
+            # last takes the flattened index, the others 0, packed K row by K row straight
+            # from the operand (gathered into a row first, every float was copied twice:
+            # 1x512x28x28 to 128 1x1, 1 thread, 5% slower)
+            col = [*(cgen.Statement(f"const long {n} = 0") for n in own_names[:-1]),
+                   cgen.Statement(f"const long {own_names[-1]} = {start} + mk_xp + mk_x")]
+            return self._panel_rows(dst, value, col, k_vars, tile, total, start, size, buf,
+                                    share, edge)
         runs = self._run_nest(expr, own_names, own_ext, [view.out_iter[d] for d in own], tile,
                               start, size, buf, k_vars,
                               up(min(t.nc if side == "b" else t.mc, total), tile)
@@ -243,16 +229,12 @@ class PackMixin:
 
     def _panel_rows(self, dst: str, value: str, x_vars, k_vars, tile: int, total: int,
                     start: str, size: str, buf: str, share: list[cgen.Generable],
-                    edge: bool = True, head: list[cgen.Generable] = (),
-                    straight: tuple[str, list[cgen.Generable]] | None = None
-                    ) -> list[cgen.Generable]:
+                    edge: bool = True) -> list[cgen.Generable]:
         """Panels whose `tile` elements are contiguous in a row of the operand, filled K
         row by K row across a group of them (`GROUP`, or a thread's share if less): each K
         row is read as one run over the group's panels. Panel by panel down all K rows
         read 64 bytes a row, a new page each (linear+gelu's 1024x4096 B, 1 thread: the
-        pack's and the write-back's samples from 13-15% of the kernel's to 10%). With
-        `straight` (a condition on what `head` computes at the panel's first column, and
-        the columns' own dims where it holds), only those panels are read as a run."""
+        pack's and the write-back's samples from 13-15% of the kernel's to 10%)."""
         # `omp simd`: left to itself gcc sometimes unrolls the row into scalar moves, unsure
         # the panel does not alias the operand (batched 16x(256x64 @ 64x256): the pack took
         # as long as the multiplies). A panel over the operand's edge is the same loop with
@@ -261,17 +243,14 @@ class PackMixin:
         # linear+gelu); a full panel has no mask to pay (matmul 127x255x383: 5% slower
         # with one); where blocks and the operand are whole panels (`edge` False), there is
         # no such panel to compile
-        def row(v: str, own_vars=x_vars) -> cgen.Block:
+        def row(v: str) -> cgen.Block:
             return cgen.Block([cgen.Pragma("omp simd"), cgen.For(
                 "long mk_x = 0", f"mk_x < {tile}", "mk_x++",
-                cgen.Block(own_vars + [cgen.Assign(dst, v)]))])
-        full, fast = (f"mk_nv == {tile}", row(value)) if straight is None else (
-            f"mk_nv == {tile} && {straight[0]}", row(value, straight[1]))
+                cgen.Block(x_vars + [cgen.Assign(dst, v)]))])
         panel = cgen.Block([
             cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
             cgen.Statement(f"const long mk_nv = min({tile}, {total} - ({start} + mk_xp))"),
-            *head,
-            if_(full, fast, row(f"mk_x < mk_nv ? ({value}) : 0.0f"))
+            if_(f"mk_nv == {tile}", row(value), row(f"mk_x < mk_nv ? ({value}) : 0.0f"))
         ] if edge else [cgen.Statement(f"float *restrict mk_dst = {buf} + mk_xp * mk_kc"),
                         row(value)])
         rows = cgen.For("long mk_p = 0", "mk_p < mk_kc", "mk_p++", cgen.Block(k_vars + [
@@ -517,20 +496,15 @@ class PackMixin:
                          else "0" if pos in red else f"mk_s{pos}").access(expr.tensor, expr.index)
         return f"&{at} + mk_k0"
 
-    def _flat(self, expr: Expr, own: tuple[int, ...], tile: int) -> int:
-        """How many of the block's inner own dims `expr` reads as one run in memory
-        (`analysis.flat_along`), for an operand stored whole; 0 when none, or when the
-        run is too short for most panels to fall inside one (below eight panels, each
-        wrapping one in the per-column way is a loss against packing by runs)."""
+    def _one_run(self, expr: Expr, own: tuple[int, ...]) -> bool:
+        """Does `expr`, an operand stored whole, read all of the block's own dims as one
+        run in memory (`analysis.flat_along`)? (Folded images, each a run of its own,
+        are under FOLD_TEAM_COLUMNS columns: packed by runs.)"""
         view = self.view
         if not isinstance(expr, Load) or self.b.arrays[expr.tensor].kept is not None:
-            return 0
-        dims, ext = [view.out_iter[d] for d in own], [view.shape[d] for d in own]
-        shape = self.b.arrays[expr.tensor].type.shape
-        for f in range(len(own), 0, -1):
-            if flat_along(expr, dims[-f:], ext[-f:], shape):
-                return f if f == len(own) or math.prod(ext[-f:]) >= 8 * tile else 0
-        return 0
+            return False
+        return flat_along(expr, [view.out_iter[d] for d in own], [view.shape[d] for d in own],
+                          self.b.arrays[expr.tensor].type.shape)
 
     @staticmethod
     def _contiguous_along(expr: Expr, own: set[int]) -> bool:

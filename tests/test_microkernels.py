@@ -33,7 +33,7 @@ from polyc.schedule_tree import marks
 from polyc.targets.cpu.emit.gemm import _rectangular_pair
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.machine import cpu_toolchain
-from polyc.targets.cpu.plan import FOLD_TEAM_COLUMNS
+from polyc.targets.cpu.plan import FOLD_COLUMNS
 
 ISAS = ["avx512", "avx2", "portable"]
 PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of structure
@@ -628,8 +628,8 @@ def test_batched_conv2d_packs_the_weights_once_for_all_images(xs, ws, pads, tile
                                                               threads, par):
     """The weights (A) have no batch dim: the batch loop runs inside the A block, so each
     block is packed once and serves the 3 images (par=inner: the team packs it, then
-    shares each image's tiles); a packed B (a 1x1 conv over planes too large to fold for
-    a team, `plan.FOLD_TEAM_COLUMNS`) is packed per image below it."""
+    shares each image's tiles); a packed B (a 1x1 conv over planes too large to fold,
+    `plan.FOLD_COLUMNS`) is packed per image below it."""
     graph, inputs = _conv(xs, ws, bias_relu=True, pads=pads)
     compiled = _check(graph, inputs, Options(threads=threads, microkernel_tiles=tiles),
                       atol=3e-4)
@@ -851,7 +851,7 @@ def test_a_1x1_conv2d_packs_its_pixels_as_rows_of_one_run(xs, ws, threads, mark)
     """A stride-1 1x1 window reads each input plane's pixels end to end: B's K rows are
     contiguous across the image's row wraps, packed as a matmul's are, with no gathered
     row between (169 and 529 pixels: the last panel partial). Two images of 169 pixels
-    keep their batch loop (`plan.FOLD_TEAM_COLUMNS`), each packed so."""
+    keep their batch loop (`plan.FOLD_COLUMNS`), each packed so."""
     graph, inputs = _conv(xs, ws, bias_relu=True)
     options = Options(gemm_kernel=PORTABLE, threads=threads, microkernel_tiles=(("kc", 24),))
     compiled = _check(graph, inputs, options, atol=3e-4)
@@ -900,7 +900,7 @@ def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, paralle
     virtual = (wp - min(pads[1], pads[3], dil * (kw - 1))) * (oh - 1) + ow
     # unpadded, with no wasted virtual column, a plane under PLANE_IN_PLACE floats is packed
     small_plane = not any(pads) and virtual == oh * ow < PLANE_IN_PLACE
-    folded = fold and n > 1 and oh * ow < FOLD_TEAM_COLUMNS
+    folded = fold and n > 1 and oh * ow < FOLD_COLUMNS
     if marks and folded:
         assert "b=folded" in marks[0], marks
     # rows made longer against L1 conflicts (`analysis._crowded`) add up to 8 columns each

@@ -52,7 +52,7 @@ AHEAD_L3_SHARE = 8
 # thread, in pairs of calls, the images kept against folded: 8x512x28x28 to 128 1x1
 # 0.80x the time, 8x1024x14x14 to 256 0.84x, 8x512x28x28 to 1024 /2 0.86x, 8x256x56x56
 # to 512 /2 0.94x, 8x256x14x14 3x3 0.98x; 7x7 outputs 1.10-1.25x
-FOLD_TEAM_COLUMNS = 64
+FOLD_COLUMNS = 64
 # with fewer column tiles than this per thread, each thread of a team takes whole row
 # blocks (par=rows) instead of sharing the tiles of every block (Zen 3, 2 threads:
 # conv5 512x7x7 3x3, 4 tiles: 93 GFLOP/s shared, 106 by row blocks; conv4 256x28x28
@@ -85,7 +85,7 @@ def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmV
     the columns (`gemm_view(fold=True)`): one A block then serves every image's columns,
     packed once, and a small image (conv5's 7x7) does not leave most of a column panel
     empty (49 columns in 64); images that small are folded and packed even where B
-    could be read in place. Not when an image has FOLD_TEAM_COLUMNS columns or more:
+    could be read in place. Not when an image has FOLD_COLUMNS columns or more:
     an image's blocks stay in cache where all images' do not (one thread), and each
     thread's own images (par=batch) beat a team sharing every block. `fold` False:
     never folded (`CpuOptions.fold_batch`). `then`: a contraction after the tail is
@@ -96,7 +96,7 @@ def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmV
     in_place = b_rows(view, kernel) is not None
     if view.tail:
         return None if in_place else view
-    if view.N >= FOLD_TEAM_COLUMNS:
+    if view.N >= FOLD_COLUMNS:
         return view
     folded = gemm_view(kernel, fold=True)
     return view if in_place and folded.c_matrix else folded

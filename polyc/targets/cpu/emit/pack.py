@@ -499,7 +499,7 @@ class PackMixin:
     def _one_run(self, expr: Expr, own: tuple[int, ...]) -> bool:
         """Does `expr`, an operand stored whole, read all of the block's own dims as one
         run in memory (`analysis.flat_along`)? (Folded images, each a run of its own,
-        are under FOLD_TEAM_COLUMNS columns: packed by runs.)"""
+        are under FOLD_COLUMNS columns: packed by runs.)"""
         view = self.view
         if not isinstance(expr, Load) or self.b.arrays[expr.tensor].kept is not None:
             return False

@@ -545,6 +545,16 @@ def test_a_whole_row_of_a_window_is_one_copy_and_its_pad(pads, strides):
     assert ("mk_f0 + 2 * mk_t" if strides == 2 else "mk_f0 + 13 < 9408") in src
 
 
+def test_a_strided_window_of_more_tiles_in_place_is_packed():
+    """28x28 /2: a copy in phases would take 14 column tiles for the 13 of 196 columns
+    (`analysis.MAX_TILE_WASTE`): packed, by runs, each whole row one strided copy."""
+    graph, inputs = _conv((1, 8, 28, 28), (16, 8, 3, 3), bias_relu=True, pads=[1] * 4,
+                          strides=[2, 2])
+    compiled = _check(graph, inputs, atol=3e-4)
+    assert "b=packed" in _gemm_marks(compiled)[0]
+    assert "mk_f0 + 2 * mk_t" in compiled.c_source.split("polyc_k0")[-1]
+
+
 def _conv(xs, ws, bias_relu=False, seed=5, **attrs):
     rng = np.random.default_rng(seed)
     b = GraphBuilder("conv")
@@ -710,15 +720,12 @@ def test_a_shared_a_folds_a_batched_b():
 @pytest.mark.parametrize("xs,ws,attrs,layout,passes", [
     ((1, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,7,7",
      8 * 2 * 7),
-    # 14 column tiles for 13: in place only by MAX_STRIDED_TILE_WASTE
-    ((1, 8, 28, 28), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1] * 4}, "1,8,2,2,15,15",
-     8 * 2 * 15),
     ((2, 5, 15, 65), (12, 5, 3, 3), {"strides": [2, 2], "pads": [1, 0, 2, 1]}, "2,5,2,2,9,33",
      2 * 5 * 2 * 9),
     ((1, 4, 20, 21), (8, 4, 3, 2), {"strides": [3, 2]}, "1,4,3,2,6,10", 4 * 3 * 6),
     ((1, 4, 20, 21), (8, 4, 5, 3), {"strides": [2, 1], "pads": [1] * 4, "dilations": [2, 1]},
      "1,4,2,11,22", 4 * 2 * 11),
-], ids=["resnet", "resnet-14x14-out", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
+], ids=["resnet", "batch-odd-pads", "3x2-strides", "dilated-height-only"])
 @pytest.mark.parametrize("isa", ISAS)
 def test_strided_conv2d_reads_b_by_rows_from_phases(xs, ws, attrs, layout, passes, isa):
     """A strided window: the copy splits each strided dim into its phases (analysis.b_rows),
@@ -1607,20 +1614,23 @@ def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
 
 
 def test_a_kernel_is_chosen_by_the_virtual_columns_its_tiles_cover(monkeypatch):
-    """A 14x14 output of a 3x3 /2 window read in place spans 209 virtual columns (14 rows
-    of 15, the pads between them): 14 tiles of the 6x16 kernel, 9 of the 4x24. By C's own
-    196 columns the 6x16 would waste less (13 tiles against 9); 24 channels fit both."""
+    """A 17x17 output of a 3x3 /2 window read in place spans 305 virtual columns (17 rows
+    of 18, the pads between them): 20 tiles of the 6x16 kernel (320 columns), 13 of the
+    4x24 (312). By C's own 289 columns the 6x16 would waste less (19 tiles, 304 columns);
+    24 channels fit both."""
     options = _isa("avx2")
     from polyc.targets.cpu import calibrate
     monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
         m.name: 100.0 for m in kernels})
     b = GraphBuilder("conv")
-    graph = b.build([b.conv2d(b.input("x", (1, 8, 28, 28)), b.input("w", (24, 8, 3, 3)),
+    graph = b.build([b.conv2d(b.input("x", (1, 8, 33, 33)), b.input("w", (24, 8, 3, 3)),
                               pads=[1, 1, 1, 1], strides=[2, 2])])
     rng = np.random.default_rng(6)
-    inputs = {"x": _rand(rng, (1, 8, 28, 28)), "w": _rand(rng, (24, 8, 3, 3))}
-    (mark,) = _gemm_marks(_check(graph, inputs, options, atol=3e-4))
-    assert "sgemm_avx2_4x24" in mark and "n=196" in mark and "b=rows" in mark, mark
+    inputs = {"x": _rand(rng, (1, 8, 33, 33)), "w": _rand(rng, (24, 8, 3, 3))}
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    (mark,) = _gemm_marks(compiled)
+    assert "sgemm_avx2_4x24" in mark and "n=289" in mark and "b=rows" in mark, mark
+    assert "305 virtual columns for 289" in compiled.c_source
 
 
 @pytest.mark.parametrize("sa,sb", [((50, 70), (70, 445)), ((2, 1, 13, 21), (3, 21, 417)),

@@ -405,13 +405,13 @@ def masked_depth(view: GemmView, kernel: Kernel) -> int | None:
 # (8 images at 2 threads: 84 against 118); with the rows sharing their pad (15 floats, 209
 # virtual columns), 14 tiles for 13: 75 against 76 (8 images: 70 against 82, 101
 # against 139 at 2 threads), still packed; 28x28 images, 35 tiles for 33 (24 wide): 80
-# against 69 (34 for 33 since); 7x7, 4 for 4: alike
+# against 69 (34 for 33 since); 7x7, 4 for 4: alike. A strided window's copy in phases
+# too, since whole rows of it are packed by one strided copy each (`_whole_row`): 28x28
+# /2, 3x3 to 256, 14 tiles for 13, Sapphire Rapids, in pairs of calls, packed against
+# in place: 8 images 0.885x the time at 1 thread, 0.878x at 2, one image 0.91x and
+# 0.97x (it had been allowed 1.1: 8 images 67 against 69 GFLOP/s, one 72 against 64);
+# 56x56 /2 to 128, 51 tiles for 49, stays in place (packed: 1.01x, 8 images 1.05x)
 MAX_TILE_WASTE = 1.07
-# a strided window's copy in phases may take more: packing gathers every s-th element
-# instead (28x28 /2, 3x3 to 256, 14 tiles for 13: 1 image 72 in place against 64
-# packed, 125 against 113 at 2 threads; 8 images 67 against 69, at 2 threads 121
-# against 100)
-MAX_STRIDED_TILE_WASTE = 1.1
 COLUMN_TILE = 16
 PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)
 # bytes: a B copy over this is made one batch point at a time (`BRows.slices`); under
@@ -661,8 +661,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns take over
-    MAX_TILE_WASTE times the column tiles (MAX_STRIDED_TILE_WASTE for a strided window)
-    is left to packing. `extra`: P is a copy
+    MAX_TILE_WASTE times the column tiles is left to packing. `extra`: P is a copy
     whose rows are that many floats longer (zeros past the tensor's), whatever the
     guard."""
     if not view.c_matrix:
@@ -752,8 +751,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
                    const=const, split=tuple(split))
     if 4 * math.prod(shape) > SLICED_COPY:
         rows = replace(rows, slices=_slices(view, load, copy))
-    waste = MAX_STRIDED_TILE_WASTE if max(phases) > 1 else MAX_TILE_WASTE
-    if -(-rows.width // COLUMN_TILE) > waste * -(-view.N // COLUMN_TILE) or (
+    if -(-rows.width // COLUMN_TILE) > MAX_TILE_WASTE * -(-view.N // COLUMN_TILE) or (
             not copy and rows.width == view.N < PLANE_IN_PLACE):
         return None
     return rows

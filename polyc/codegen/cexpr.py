@@ -241,6 +241,11 @@ class ExprPrinter:
         a = self.arrays[tensor]
         if a.kept == ():
             return a.c_name  # a buffer of one element is a C scalar
+        return f"{a.c_name}[{self.flat(tensor, index)}]"
+
+    def flat(self, tensor: str, index: tuple[Index, ...]) -> str:
+        """The element's offset in the tensor's (or its buffer's) C array."""
+        a = self.arrays[tensor]
         dims = range(a.type.ndim) if a.kept is None else a.kept  # a buffer drops pinned dims
         if a.block is not None:  # one block of rows: the dims before dropped, the rows wrapped
             dims = range(a.block[0], a.type.ndim)
@@ -256,7 +261,7 @@ class ExprPrinter:
                 terms.append(e if stride == 1 else f"{e} * {stride}" if type(stride) is int
                              else f"{e} * ({c_size(stride)})")
             stride *= a.type.shape[d]
-        return f"{a.c_name}[{' + '.join(reversed(terms)) or '0'}]"
+        return " + ".join(reversed(terms)) or "0"
 
     def value(self, e: Expr) -> str:
         if isinstance(e, Load):

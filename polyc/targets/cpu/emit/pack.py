@@ -367,16 +367,18 @@ class PackMixin:
                     f"mk_t >= mk_lo && mk_t < mk_hi ? mk_src[mk_t - mk_lo] : {zero}"))])
             whole = if_("mk_lo < mk_hi", cgen.Block([*source, masked]), pad("0", str(E)))
             parts = if_(f"mk_run == {E}", whole, parts)
-        run: list[cgen.Generable] = [
-            cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),
-            cgen.Block([cgen.Statement("long mk_lo = 0, mk_hi = mk_run"), *limits, parts])]
-        per_row: list[cgen.Generable] = []
+        general = [cgen.Statement("long mk_lo = 0, mk_hi = mk_run"), *limits, parts]
         whole_row = self._whole_row(arr, load, q, E, cq, row_bounds, outer, zero) \
             if row_bounds is not None else None
-        if whole_row is not None:
+        per_row: list[cgen.Generable] = []
+        if whole_row is not None:  # a whole row's copy first, the general path else
             per_row, first, cond, copy = whole_row
-            run[1:] = [first, if_(cond, copy, run[1])]
-        run = cgen.Block(run + [cgen.Statement("mk_x += mk_run"), *step])
+            general = [first, if_(cond, copy, cgen.Block(general))]
+        run = cgen.Block([
+            cgen.Statement(f"const long mk_run = min({size} - mk_x, {E} - {qname})"),
+            *general,
+            cgen.Statement("mk_x += mk_run"),
+            *step])
         base = decompose([f"mk_b{n}" for n in own_names], own_ext, start)
         base += [cgen.Statement(f"long {n} = mk_b{n}") for n in own_names]
         G, row = ROWS, cap + tile  # rows gathered per pass; each panel then gets G rows at once
@@ -416,9 +418,8 @@ class PackMixin:
         total = math.prod(arr.type.shape)
         if arr.kept is not None or arr.block is not None or type(total) is not int:
             return None
-        at = ExprPrinter(self.b.arrays, lambda pos: "0" if pos == q else f"mk_s{pos}"
-                         ).access(load.tensor, load.index)
-        flat = at[len(arr.c_name) + 1:-1]
+        flat = ExprPrinter(self.b.arrays, lambda pos: "0" if pos == q else f"mk_s{pos}"
+                           ).flat(load.tensor, load.index)
         per_row = [cgen.Statement(f"long mk_wlo = 0, mk_whi = {E}")]
         per_row += [cgen.Statement(f"mk_wlo = max(mk_wlo, {lo})") for lo, _ in row_bounds]
         per_row += [cgen.Statement(f"mk_whi = min(mk_whi, {hi})") for _, hi in row_bounds]

@@ -33,7 +33,7 @@ from polyc.schedule_tree import marks
 from polyc.targets.cpu.emit.gemm import _rectangular_pair
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.machine import cpu_toolchain
-from polyc.targets.cpu.plan import FOLD_COLUMNS
+from polyc.targets.cpu.plan import FOLD_COLUMNS, measured
 
 ISAS = ["avx512", "avx2", "portable"]
 PORTABLE = "sgemm_vec_6x16"  # builds and runs on every x86-64: for tests of structure
@@ -47,6 +47,15 @@ def _isa(isa: str) -> Options:
     if not host_can_run(target.arch):
         pytest.skip(f"this host cannot run -march={target.arch} code")
     return Options(microkernel_isa=isa)
+
+
+def _packing(options: Options = Options()) -> Options:
+    """`options` pinning the kernel the calibration picks, so that a window stays off
+    the window kernel (`plan.window_kernel`) and takes the path a test is about."""
+    target = cpu_machine()
+    mk = registry.select("gemm", "float32", target, options.microkernel_isa,
+                         rates=measured(target))
+    return replace(options, gemm_kernel=mk.name)
 
 
 def _target_isas() -> list[str]:
@@ -538,7 +547,7 @@ def test_a_whole_row_of_a_window_is_one_copy_and_its_pad(pads, strides):
                               strides=[strides, strides])])
     rng = np.random.default_rng(4)
     inputs = {"x": _rand(rng, xs), "w": _rand(rng, ws)}
-    compiled = _check(graph, inputs, atol=3e-4)
+    compiled = _check(graph, inputs, _packing(), atol=3e-4)
     assert "b=packed" in _gemm_marks(compiled)[0] or "b=folded" in _gemm_marks(compiled)[0]
     src = compiled.c_source.split("polyc_k0")[-1]
     assert "mk_wlo" in src
@@ -550,7 +559,7 @@ def test_a_strided_window_of_more_tiles_in_place_is_packed():
     (`analysis.MAX_TILE_WASTE`): packed, by runs, each whole row one strided copy."""
     graph, inputs = _conv((1, 8, 28, 28), (16, 8, 3, 3), bias_relu=True, pads=[1] * 4,
                           strides=[2, 2])
-    compiled = _check(graph, inputs, atol=3e-4)
+    compiled = _check(graph, inputs, _packing(), atol=3e-4)
     assert "b=packed" in _gemm_marks(compiled)[0]
     assert "mk_f0 + 2 * mk_t" in compiled.c_source.split("polyc_k0")[-1]
 
@@ -603,6 +612,56 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     compiled = _check(graph, inputs, options, atol=3e-4)
     assert "b=rows" in _gemm_marks(compiled)[0]
     assert ("polyc_scratch(4," in compiled.c_source) == copy
+
+
+WINDOW = "sgemm_avx512_32x14"
+
+
+@pytest.mark.parametrize("xs,ws,attrs,threads,tiles", [
+    ((2, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, 1, "jy"),  # a tile a row
+    ((1, 8, 28, 28), (32, 8, 3, 3), {"pads": [1] * 4}, 1, "jy,jr"),  # two tiles a row
+    ((1, 24, 7, 7), (64, 24, 3, 3), {"pads": [1] * 4}, 1, "jr"),  # tiles across rows
+    ((2, 8, 28, 28), (40, 8, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}, 1, "jy"),
+    ((1, 6, 16, 30), (32, 6, 3, 3), {}, 1, "jy,jr"),  # no pad: rows of x itself
+    ((3, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, 2, "jy"),  # par=batch
+    ((1, 32, 28, 28), (64, 32, 3, 3), {"pads": [1] * 4}, 2, "jy,jr"),
+], ids=["14x14", "28x28", "7x7", "strided-40", "valid", "team-batch", "team"])
+def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles):
+    """On avx512, a conv2d's window is the window kernel's (its weights the vectors, its
+    pixels broadcast from the padded copy): where an output row is whole tiles of 14,
+    the tiles start at each row (`jy`) and their write-back is straight; a partial row
+    tile (40 channels) and K rows read from x itself too; against the reference."""
+    options = replace(_isa("avx512"), threads=threads)
+    graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    mark = marks.parse(_gemm_marks(compiled)[0])
+    assert (mark.kernel, mark.b) == (WINDOW, "rows")
+    assert ",".join(loop for loop in mark.loops if loop[0] == "j") == tiles
+    assert f"polyc_{WINDOW}_b_rows(" in compiled.c_source
+
+
+def test_k_blocks_of_the_window_kernel_add_up_in_its_virtual_columns():
+    """Tiles of a few K rows each (kc 40): partial sums in the virtual columns, the init
+    and the epilogue at the last block."""
+    options = replace(_isa("avx512"), microkernel_tiles=(("kc", 40),))
+    graph, inputs = _conv((2, 16, 14, 14), (32, 16, 3, 3), bias_relu=True, pads=[1] * 4)
+    compiled = _check(graph, inputs, options, atol=3e-4)
+    mark = marks.parse(_gemm_marks(compiled)[0])
+    assert mark.kernel == WINDOW and "pc" in mark.loops
+
+
+@pytest.mark.parametrize("xs,ws,attrs,kernel,b", [
+    ((8, 16, 7, 7), (64, 16, 3, 3), {"pads": [1] * 4}, "", "folded"),
+    ((1, 16, 14, 14), (64, 16, 1, 1), {}, "", "packed"),
+    ((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, "sgemm_avx512_14x32", "packed"),
+], ids=["7x7-images", "1x1", "asked"])
+def test_the_window_kernel_leaves_what_it_does_not_win(xs, ws, attrs, kernel, b):
+    """Images of 7x7 outputs are folded for the other kernels; a 1x1 conv2d has no
+    window; a kernel the options name is taken."""
+    options = replace(_isa("avx512"), gemm_kernel=kernel)
+    graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
+    mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert mark.kernel != WINDOW and mark.b == b
 
 
 @pytest.mark.parametrize("case", ["conv-rows", "linear-packed"])
@@ -829,7 +888,7 @@ def test_tiles_at_the_right_edge_of_every_width_match_the_reference(kernel):
     b, inputs, outputs = GraphBuilder("edges"), {}, []
     m, k = 99, 256  # rows past a whole tile too; products big enough to keep their kernels
     for e in (w for w in (5, 12, 20, 40) if w < mk.nr):
-        n = mk.nr + e
+        n = 2 * mk.nr + e  # 32x14's 19 columns would be a kernel with another product
         for epilogue in (False, True):
             names = [f"{x}{e}{'g' if epilogue else ''}" for x in "awc"]
             shapes = [(m, k), (k, n), (n,)]
@@ -1882,7 +1941,7 @@ def test_four_column_tiles_a_thread_are_too_few_to_share():
                                       ((1, 512, 7, 7), (100, 512, 1, 1), 0)])  # B packed
 def test_a_team_splits_the_row_blocks_when_few_column_tiles(xs, ws, kc):
     graph, inputs = _conv(xs, ws, bias_relu=True, pads=[ws[2] // 2] * 4)
-    options = Options(threads=2, microkernel_tiles=(("kc", kc),) if kc else ())
+    options = _packing(Options(threads=2, microkernel_tiles=(("kc", kc),) if kc else ()))
     compiled = _check(graph, inputs, options, atol=3e-4)
     (plan,) = _gemm_marks(compiled)
     mark = marks.parse(plan)

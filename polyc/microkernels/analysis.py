@@ -622,17 +622,19 @@ def _slices(view: GemmView, load: Load, copy: bool) -> tuple[tuple[int, int], ..
     return tuple(out)
 
 
-def b_rows(view: GemmView, kernel: Kernel) -> BRows | None:
+def b_rows(view: GemmView, kernel: Kernel, tile: int = COLUMN_TILE,
+           waste: float = MAX_TILE_WASTE) -> BRows | None:
     """B as rows of a (padded, phase-split) tensor (`_b_rows`). Where its K rows would
     lie a multiple of 1 KiB apart (`_crowded`: power-of-two planes, 32x32 or 64x64),
     they fall into a few of L1's sets and evict each other before the next tile reads
     them again (1x256x64x64 to 64 1x1: 28 GFLOP/s, 1x256x64x65: 69): the copy is then
-    made with its rows a float or more longer, the extra columns virtual."""
-    rows = _b_rows(view, kernel)
+    made with its rows a float or more longer, the extra columns virtual. `tile` and
+    `waste` as in `_b_rows`."""
+    rows = _b_rows(view, kernel, 0, tile, waste)
     if rows is None or max(rows.phases) > 1 or not _crowded(rows, view):
         return rows
     for extra in range(1, 9):
-        wider = _b_rows(view, kernel, extra)
+        wider = _b_rows(view, kernel, extra, tile, waste)
         if wider is None or not _crowded(wider, view):
             return wider
     return rows
@@ -650,7 +652,8 @@ def _crowded(rows: BRows, view: GemmView) -> bool:
     return any(w and ext[p] > 8 and (4 * w) % CROWDED_STRIDE == 0 for p, w in rows.red_weights)
 
 
-def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
+def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
+            waste: float) -> BRows | None:
     """B as rows of a (padded, phase-split) tensor, or None when B is anything but one
     load (guarded by bounds on its index dims) whose column dims, once strided dims are
     split into phases, walk memory with unit stride innermost, or when that gains
@@ -661,7 +664,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
     tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
     GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
     1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns take over
-    MAX_TILE_WASTE times the column tiles is left to packing. `extra`: P is a copy
+    `waste` times the column tiles of `tile` is left to packing. `extra`: P is a copy
     whose rows are that many floats longer (zeros past the tensor's), whatever the
     guard."""
     if not view.c_matrix:
@@ -751,7 +754,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int = 0) -> BRows | None:
                    const=const, split=tuple(split))
     if 4 * math.prod(shape) > SLICED_COPY:
         rows = replace(rows, slices=_slices(view, load, copy))
-    if -(-rows.width // COLUMN_TILE) > MAX_TILE_WASTE * -(-view.N // COLUMN_TILE) or (
+    if -(-rows.width // tile) > waste * -(-view.N // tile) or (
             not copy and rows.width == view.N < PLANE_IN_PLACE):
         return None
     return rows

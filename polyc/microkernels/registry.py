@@ -48,6 +48,9 @@ class Microkernel:
     # a row kernel built once as a prebuilt part: its entry's C prototype (one that
     # calls the codegen prelude's functions, polyc_expf, is pasted into each unit)
     entry: str = ""
+    # gemm: made for a convolution's window read in place (B broadcast, C stored by
+    # scatters): `choose` never picks it, the cpu plan does for such a B (`window_kernel`)
+    window: bool = False
 
     @property
     def c_function(self) -> str:
@@ -60,18 +63,18 @@ class Microkernel:
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
                 "b_rows_ahead_variant": self.b_rows_ahead_variant,
-                "a_rows_variant": self.a_rows_variant,
+                "a_rows_variant": self.a_rows_variant, "window": self.window,
                 "target": self.target}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
           needs: tuple[str, ...] = (), a_rows_variant: str = "",
-          b_rows_ahead_variant: str = "") -> Microkernel:
+          b_rows_ahead_variant: str = "", window: bool = False) -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
-        b_rows_ahead_variant=b_rows_ahead_variant,
+        b_rows_ahead_variant=b_rows_ahead_variant, window=window,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -98,6 +101,10 @@ REGISTRY: tuple[Microkernel, ...] = (
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",),
           b_rows_ahead_variant="polyc_sgemm_avx512_8x48_b_rows_ahead",
           a_rows_variant="polyc_sgemm_avx512_8x48_a_rows"),
+    # the weights as vectors, a window's pixels broadcast: conv2d's window read in place
+    _gemm("sgemm_avx512_32x14", "sgemm_avx512_32x14.c", ("avx512f",), 32, 14, 64, rank=3,
+          rows_variant="polyc_sgemm_avx512_32x14_rows",
+          b_rows_variant="polyc_sgemm_avx512_32x14_b_rows", window=True),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
@@ -123,7 +130,7 @@ REGISTRY: tuple[Microkernel, ...] = (
                 "C += A B, always whole", (), target="manycore"),
 )
 
-ISAS = {"avx512": ("sgemm_avx512_14x32", "sgemm_avx512_8x48"), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
+ISAS = {"avx512": ("sgemm_avx512_14x32", "sgemm_avx512_8x48", "sgemm_avx512_32x14"), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
         "portable": ("sgemm_vec_6x16",)}
 
 
@@ -172,8 +179,9 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
     not see), each score is also weighed by the kernel's `intensity` against the best of
     its instruction set: 6 x 16 loads 22 floats a K step for 96 multiply-adds, 4 x 24
     loads 28 (measured on avx2; the avx512 pair is weighed alike by the same count). A
-    target this host cannot run keeps the registry's rank (widest ISA first)."""
-    fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
+    target this host cannot run keeps the registry's rank (widest ISA first). A kernel
+    made for a window read in place (`Microkernel.window`) is not among them."""
+    fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype and not m.window
             and set(m.features) <= target_features(target)]
     if isa and kind == "gemm":
         fits = [m for m in fits if m.name in ISAS.get(isa, ())]

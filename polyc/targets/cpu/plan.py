@@ -2,7 +2,8 @@
 
 The kernel is the one `options.kernel_gemm` names for this kernel, or else
 `options.gemm_kernel` for every kernel, else the one `polyc tune` measured
-fastest for this contraction, else the fastest the host's calibration measured for C's
+fastest for this contraction, else, for a convolution's window read in place, the
+target's window kernel (`window_kernel`), else the fastest the host's calibration measured for C's
 shape (`registry.choose` on `calibrate.rates`); tiles come from the memory model
 (`tiles.py`), then the tuning cache, then `options.microkernel_tiles`. The plan is the
 `gemm` mark (`schedule_tree.marks.Gemm`): everything codegen needs beyond the kernel's
@@ -59,6 +60,10 @@ FOLD_COLUMNS = 64
 # /2, 9 tiles: by row blocks 3-7% faster in three runs in turns; 14 tiles of a 14x14
 # image: shared 124, by row blocks 100)
 ROWS_TEAM_TILES = 5
+# the window kernel reads a window in place where its virtual columns take at most this
+# many times the tiles of 14 the output's own would: 15 for 14 on a 14x14 output
+# (every 3x3 ResNet-50 conv is then read in place)
+WINDOW_TILE_WASTE = 1.1
 
 
 def measured(machine: Machine) -> dict[str, float]:
@@ -77,7 +82,8 @@ def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0,
     return mk.name if mk else None
 
 
-def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmView | None:
+def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True,
+                  window: registry.Microkernel | None = None) -> GemmView | None:
     """`gemm_view` with the row tail the cpu nest places (`trees._tail_tree`), except
     after a contraction whose B is read in place (conv2d, `analysis.b_rows`): packing it
     for the tail's single column block would cost more than the tail's kernel saves.
@@ -89,9 +95,13 @@ def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmV
     an image's blocks stay in cache where all images' do not (one thread), and each
     thread's own images (par=batch) beat a team sharing every block. `fold` False:
     never folded (`CpuOptions.fold_batch`). `then`: a contraction after the tail is
-    taken too (`Options.tail_contraction`)."""
+    taken too (`Options.tail_contraction`). Nor where `window`, the target's window
+    kernel (`window_kernel`), reads B in place (`reads_windows`): it does so image by
+    image."""
     view = gemm_view(kernel, tail=True, then=then)
     if view is None or (not view.tail and not fold):
+        return view
+    if window is not None and reads_windows(view, kernel, window):
         return view
     in_place = b_rows(view, kernel) is not None
     if view.tail:
@@ -100,6 +110,56 @@ def cpu_gemm_view(kernel: Kernel, fold: bool = True, then: bool = True) -> GemmV
         return view
     folded = gemm_view(kernel, fold=True)
     return view if in_place and folded.c_matrix else folded
+
+
+def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microkernel | None:
+    """The kernel that reads a convolution's window in place with the weights as its
+    vectors (`Microkernel.window`), if the target has one within
+    `options.microkernel_isa`, and neither the options nor `polyc tune` name another
+    for `kernel`. On Sapphire Rapids, 1 thread, in pairs of calls against packing B or
+    reading it in place for the 14 x 32 kernel: 8x256x14x14 3x3 0.89x the time, 8x512x7x7
+    0.84x, 8x512x14x14 /2 0.90x, one image of 512x7x7 0.75x, of 256x14x14 0.85x (by hand,
+    before it was built in; 8x64x56x56 1.05x). Not for 1x1 convolutions: their K rows
+    are whole planes apart, 14 floats of a line each, 1.4-2.6x the time."""
+    isa = options.microkernel_isa
+    mine = [name for k, name in options.kernel_gemm if k == kernel.name]
+    asked = mine[0] if mine else options.gemm_kernel
+    tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
+    named = asked or tuned.get("microkernel", "")
+    fits = [m for m in registry.REGISTRY if m.window and set(m.features) <= machine.features
+            and (not isa or m.name in registry.ISAS[isa]) and (not named or m.name == named)]
+    return fits[0] if fits else None
+
+
+def reads_windows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> bool:
+    """Does `mk`, a window kernel, read this contraction's B in place: a window
+    (`analysis.windowed`), as rows of its (padded) input (`plan_rows`), in tiles at
+    each output row (`row_tiles`) or of one image? Images of 7x7 outputs are folded for
+    the other kernels instead (`cpu_gemm_view`): each tile of 14 there spans two rows
+    and the pad between them, 4 tiles for 49 pixels (Sapphire Rapids, 1 thread, in
+    pairs of calls against torch: 8x512x7x7 0.85x read in place, 0.87x folded;
+    8x512x14x14 /2 0.89x and 0.99x; one image of 512x7x7 1.42x and 1.22x)."""
+    if not (mk.window and windowed(view)):
+        return False
+    rows = plan_rows(view, kernel, mk)
+    return rows is not None and (row_tiles(view, rows, mk) or view.batches == 1)
+
+
+def plan_rows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> BRows | None:
+    """B as the rows `mk` reads in place (`analysis.b_rows`), or None: a window kernel's
+    tile is its own 14 columns, whose waste WINDOW_TILE_WASTE bounds."""
+    if not mk.b_rows_variant:
+        return None
+    return b_rows(view, kernel, mk.nr, WINDOW_TILE_WASTE) if mk.window else b_rows(view, kernel)
+
+
+def row_tiles(view: GemmView, rows: BRows, mk: registry.Microkernel) -> bool:
+    """Do a window kernel's column tiles start at each output row (`jy` loop, then `jr`
+    within the row), not every 14 virtual columns? Where the rows are whole tiles wide:
+    a 14x14 output is 14 tiles so, 15 across the pad columns between its rows (0.92x
+    the time of 8x256x14x14 3x3, 1 thread, in pairs of calls), and every tile is
+    straight, written back without a test of where its rows wrap."""
+    return mk.window and len(view.cols) > 1 and view.shape[view.cols[-1]] % mk.nr == 0
 
 
 def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
@@ -183,6 +243,10 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
     if name and any(m.name == name for m in allowed):
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
+    window = window_kernel(kernel, machine, options)
+    if window is not None and reads_windows(view, kernel, window):
+        return window, ("B is a window read in place: the weights as vectors, its pixels "
+                        "broadcast (the direct convolution)")
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
                            rates=measured(machine), streaming=streaming)
 
@@ -251,12 +315,16 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     inside = not const and not view.tail and _batch_inside_a(view, rows, par, loops,
                                                               -(-M // tiles.mc))
     loops = loops + batch if inside else batch + loops
-    loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
+    if rows and row_tiles(view, rows, mk):
+        loops += ["jy"] if N > view.shape[view.cols[-1]] else []
+        loops += ["jr"] if view.shape[view.cols[-1]] > mk.nr else []
+    else:
+        loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
     # unbalanced, a block's row-tile loop stays where the rows fill one tile: whether it
     # is there must not hinge on a size a symbolic compile's probes fall either side of
     # (rows 2 to 15 probed at 13, 11 and 7 on an 8-row kernel)
     loops += ["ir"] if (min(M, tiles.mc) if options.balance_tiles else tiles.mc) > mk.mr else []
-    if par == "inner" and not {"jr", "ir"} & set(loops):
+    if par == "inner" and not {"jy", "jr", "ir"} & set(loops):
         par = "none"  # one tile per block: nothing for a team to share
     if par == "rows" and "ic" not in loops:
         par = "none"  # one row block

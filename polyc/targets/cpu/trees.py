@@ -71,8 +71,8 @@ from ...schedule_tree import marks, text
 from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
-from .plan import (choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_view,
-                   streams_b)
+from .plan import (choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_rows,
+                   plan_view, streams_b, window_kernel)
 
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
@@ -92,13 +92,14 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.uses_microkernels(kernel.name):
         return model
-    view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction)
+    view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction,
+                         window_kernel(kernel, machine, options))
     streaming = view is not None and streams_b(view, kernel, machine)
     if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
         mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
-        rows = b_rows(view, kernel) if mk.b_rows_variant else None
+        rows = plan_rows(view, kernel, mk)
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
         if not view.c_matrix and report is not None:
             dims = ", ".join(f"dim {d} ({view.shape[d]})" for d in view.cols if d < view.rows[0])
@@ -163,6 +164,7 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
                          extra=_ATOMIC if options else "")
 
     mark = text.mark
+    loops = plan.loops
     # innermost first: the point loops and the statements' own order
     red = text.band([text.member([s0], lambda s, p=p: s.iter_name(p)) for p in view.red],
                     permutable=False)
@@ -172,14 +174,18 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     tree = mark(marks.Microkernel(plan.kernel, s0.name), tree)
     tiled = {
         "ir": lambda s: f"{mk.mr}*floor(({flat(s, view.rows)})/{mk.mr})",
-        "jr": lambda s: f"{mk.nr}*floor(({flat(s, view.cols)})/{mk.nr})",
+        "jr": lambda s: (f"{mk.nr}*floor(({out(s, view.cols[-1])})/{mk.nr})" if "jy" in loops
+                         else f"{mk.nr}*floor(({flat(s, view.cols)})/{mk.nr})"),
+        # a window kernel's tiles at each output row (`plan.row_tiles`): the row's first
+        # virtual column, `jr` then the tile's within the row
+        "jy": lambda s: " + ".join(f"{w}*{out(s, d)}"
+                                   for d, w in zip(view.cols[:-1], rows.col_weights)),
         "ic": lambda s: f"{t.mc}*floor(({flat(s, view.rows)})/{t.mc})",
         "pc": lambda s: (f"{t.kc}*floor(({kflat})/{t.kc})" if s is s0
                          else "0" if s is view.init else str(last_pc)),
         "jc": lambda s: f"{t.nc}*floor(({flat(s, view.cols)})/{t.nc})",
     }
-    loops = plan.loops
-    for name in ("ir", "jr"):
+    for name in ("ir", "jr", "jy"):
         if name in loops:
             tree = band([member(tiled[name], False)], tree)
     if plan.par == "inner":

@@ -34,9 +34,9 @@ from ....codegen.ast_to_c import mentions
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....errors import InternalError
 from ....microkernels import registry
-from ....microkernels.analysis import BRows, GemmView, b_rows, loads_of
+from ....microkernels.analysis import BRows, GemmView, loads_of
 from ....schedule_tree import marks
-from ..plan import plan_view
+from ..plan import plan_rows, plan_view
 from .brows import BRowsMixin
 from .common import up
 from .pack import PackMixin
@@ -123,7 +123,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         mk = registry.by_name(plan.kernel)
         if mk not in self.used:
             self.used.append(mk)
-        self.rows = b_rows(view, self.b.kernel) if plan.b == "rows" else None
+        self.rows = plan_rows(view, self.b.kernel, mk) if plan.b == "rows" else None
         if plan.b == "rows" and (self.rows is None or not mk.b_rows_variant):
             raise InternalError("codegen", f"mark {str(plan)!r}: B cannot be read by rows")
         self.plan, self.view, self.base, self.mk = plan, view, len(self.b.loops), mk

@@ -28,6 +28,8 @@ class WriteBackMixin:
         MR, NR = mk.mr, mk.nr
         it = loops.get("ir", loops.get("ic", "0"))
         jt = loops.get("jr", loops.get("jc", "0"))
+        if "jy" in plan.loops:  # a window kernel's tile: its row's start, then within it
+            jt = f"{loops.get('jy', '0')} + {loops.get('jr', '0')}"
         has_pc = "pc" in plan.loops
         # A read in place: its row stride, which the tile's pointer and every call take
         lda = c_size(a_row_stride(view, self.b.kernel)) if plan.a == "rows" else ""

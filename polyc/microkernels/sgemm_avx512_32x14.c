@@ -1,0 +1,135 @@
+/* polyc microkernel sgemm_avx512_32x14: a float32 matmul tile whose A side is the
+ * vector side, for a convolution's window read in place (the direct convolution).
+ *
+ * Contract (mirrored as data in polyc/microkernels/registry.py):
+ *   tile        MR = 32 rows x NR = 14 columns of C, any depth kc >= 1
+ *   A           packed column panel, A[p * 32 + r] = a(r, p); 64-byte aligned; rows past
+ *               the matrix edge are packed as zeros
+ *   B           packed row panel, B[p * 14 + c] = b(p, c), any alignment; columns past
+ *               the matrix edge are packed as zeros
+ *   C           row-major tile C[r * ldc + c], no alignment needed; all 32 x 14 entries
+ *               are written
+ *   accumulate  0: C = A B (C is not read), 1: C += A B
+ *   features    avx512f. 28 zmm accumulators (a column's 32 rows in two), the 2 A
+ *               vectors of a K step, B broadcast from memory into each FMA: 30 of 32 zmm.
+ *               The accumulators hold C's columns, so C is stored by scatters.
+ *
+ *   Why the sides are swapped. A convolution's C has the output channels as rows (A,
+ *   the weights) and the pixels as columns (B, the window). The other gemm kernels
+ *   load B's rows as vectors: read in place from the padded input, each K row's 32
+ *   floats start anywhere and cross lines, and a 14x14 output is 7 tiles of 32 for 196
+ *   pixels. Here the weights are the vectors (aligned, 32 channels: ResNet's counts are
+ *   multiples of 32) and a window row's 14 pixels are broadcast, whatever their
+ *   alignment: oneDNN's direct convolution, with the weights' layout made at compile
+ *   time and the pixels read where the padded copy holds them.
+ *
+ *   polyc_sgemm_avx512_32x14_rows(kc, A, B, C, ldc, accumulate, rows, cols),
+ *   1 <= rows <= 32, 1 <= cols <= 14: the same on the tile's first `rows` rows and
+ *   `cols` columns only (operands still packed 32 and 14 wide); other entries of C are
+ *   neither read nor written (masked scatters).
+ *
+ *   polyc_sgemm_avx512_32x14_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed
+ *   but read in place, row p being the 14 floats at B + off[p] (any alignment, all 14
+ *   readable).
+ */
+#ifndef POLYC_SGEMM_AVX512_32X14
+#define POLYC_SGEMM_AVX512_32X14
+#include <immintrin.h>
+
+static inline __attribute__((always_inline)) void
+polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *restrict B,
+                              const long *restrict off, float *restrict C, long ldc,
+                              int accumulate, long rows, const int W)
+{
+  __m512 acc[14][2];
+#pragma GCC unroll 14
+  for (int c = 0; c < W; c++) {
+    acc[c][0] = _mm512_setzero_ps();
+    acc[c][1] = _mm512_setzero_ps();
+  }
+  for (long p = 0; p < kc; p++) {
+    const __m512 a0 = _mm512_load_ps(A + p * 32), a1 = _mm512_load_ps(A + p * 32 + 16);
+    _mm_prefetch((const char *)(A + (p + 8) * 32), _MM_HINT_T0);
+    _mm_prefetch((const char *)(A + (p + 8) * 32 + 16), _MM_HINT_T0);
+    const float *b = B + p * 14;
+    if (off) {  /* constant in every caller: gcc keeps one of the two */
+      b = B + off[p];
+      /* the window's row 16 K steps on (off holds kc + 16 entries): a channel's plane
+         is a new stretch of the copy, which the hardware fetches too late */
+      _mm_prefetch((const char *)(B + off[p + 16]), _MM_HINT_T0);
+      _mm_prefetch((const char *)(B + off[p + 16] + 13), _MM_HINT_T0);
+    }
+    /* b in one register, so that each FMA's operand is b + 4c: else gcc forms B + off +
+       4c with a lea per column, on the FMAs' ports */
+    __asm__("" : "+r"(b));
+#pragma GCC unroll 14
+    for (int c = 0; c < W; c++) {
+      /* b(p, c) as the FMAs' broadcast operand ({1to16}), as in sgemm_avx512.c */
+      __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]" : [c] "+v"(acc[c][0]) : [a] "v"(a0), [b] "m"(b[c]));
+      __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]" : [c] "+v"(acc[c][1]) : [a] "v"(a1), [b] "m"(b[c]));
+    }
+  }
+  /* a column's rows are ldc floats apart: 16 of them per scatter, as 32-bit element
+     offsets where they fit (a tile's rows span 31 ldc), else one by one */
+  const __mmask16 m0 = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
+  const __mmask16 m1 = rows >= 32 ? (__mmask16)0xFFFF
+                       : rows <= 16 ? (__mmask16)0 : (__mmask16)((1u << (rows - 16)) - 1u);
+  if (ldc <= (1L << 25)) {
+    const __m512i at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)ldc));
+#pragma GCC unroll 14
+    for (int c = 0; c < W; c++) {
+      float *lo = C + c, *hi = C + 16 * ldc + c;
+      if (accumulate) {
+        acc[c][0] = _mm512_add_ps(acc[c][0], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, at, lo, 4));
+        acc[c][1] = _mm512_add_ps(acc[c][1], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m1, at, hi, 4));
+      }
+      _mm512_mask_i32scatter_ps(lo, m0, at, acc[c][0], 4);
+      _mm512_mask_i32scatter_ps(hi, m1, at, acc[c][1], 4);
+    }
+    return;
+  }
+  float t[32] __attribute__((aligned(64)));
+#pragma GCC unroll 14  /* acc indexed by a variable would live in memory */
+  for (int c = 0; c < W; c++) {
+    _mm512_store_ps(t, acc[c][0]);
+    _mm512_store_ps(t + 16, acc[c][1]);
+    for (long r = 0; r < rows; r++)
+      C[r * ldc + c] = accumulate ? C[r * ldc + c] + t[r] : t[r];
+  }
+}
+
+/* cols < 14: one instantiation per column count */
+#define POLYC_32X14_COLS(k) \
+  case k: polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, C, ldc, accumulate, rows, k); break;
+
+POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate)
+{
+  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, C, ldc, accumulate, 32, 14);
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_rows(
+    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
+    int accumulate, long rows, long cols)
+{
+  switch (cols) {
+  POLYC_32X14_COLS(1) POLYC_32X14_COLS(2) POLYC_32X14_COLS(3) POLYC_32X14_COLS(4)
+  POLYC_32X14_COLS(5) POLYC_32X14_COLS(6) POLYC_32X14_COLS(7) POLYC_32X14_COLS(8)
+  POLYC_32X14_COLS(9) POLYC_32X14_COLS(10) POLYC_32X14_COLS(11) POLYC_32X14_COLS(12)
+  POLYC_32X14_COLS(13)
+  default: polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, C, ldc, accumulate, rows, 14);
+  }
+}
+
+POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_rows(
+    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
+    float *restrict C, long ldc, int accumulate)
+{
+  if (!off)  /* never; told so, gcc drops the packed B's loads */
+    __builtin_unreachable();
+  polyc_sgemm_avx512_32x14_impl(kc, A, B, off, C, ldc, accumulate, 32, 14);
+}
+#endif

@@ -617,26 +617,32 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
 WINDOW = "sgemm_avx512_32x14"
 
 
-@pytest.mark.parametrize("xs,ws,attrs,threads,tiles", [
-    ((2, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, 1, "jy"),  # a tile a row
-    ((1, 8, 28, 28), (32, 8, 3, 3), {"pads": [1] * 4}, 1, "jy,jr"),  # two tiles a row
-    ((1, 24, 7, 7), (64, 24, 3, 3), {"pads": [1] * 4}, 1, "jr"),  # tiles across rows
-    ((2, 8, 28, 28), (40, 8, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}, 1, "jy"),
-    ((1, 6, 16, 30), (32, 6, 3, 3), {}, 1, "jy,jr"),  # no pad: rows of x itself
-    ((3, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, 2, "jy"),  # par=batch
-    ((1, 32, 28, 28), (64, 32, 3, 3), {"pads": [1] * 4}, 2, "jy,jr"),
-], ids=["14x14", "28x28", "7x7", "strided-40", "valid", "team-batch", "team"])
-def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles):
+@pytest.mark.parametrize("xs,ws,attrs,threads,tiles,taps", [
+    ((2, 128, 14, 14), (64, 128, 3, 3), {"pads": [1] * 4}, 1, "jy", 9),  # a tile a row
+    ((1, 128, 28, 28), (32, 128, 3, 3), {"pads": [1] * 4}, 1, "jy,jr", 9),  # two a row
+    ((2, 128, 7, 7), (64, 128, 3, 3), {"pads": [1] * 4}, 1, "jy", 9),  # two rows a tile
+    ((1, 128, 20, 20), (64, 128, 3, 3), {"pads": [1] * 4}, 1, "jr", 9),  # across rows
+    ((2, 128, 28, 28), (40, 128, 3, 3), {"pads": [1] * 4, "strides": [2, 2]}, 1, "jy", 9),
+    ((1, 128, 16, 30), (32, 128, 3, 3), {}, 1, "jy,jr", 9),  # no pad: rows of x itself
+    ((1, 128, 9, 9), (32, 128, 3, 3), {}, 1, "jy", 9),  # no pad, two rows a tile
+    ((3, 128, 14, 14), (64, 128, 3, 3), {"pads": [1] * 4}, 2, "jy", 9),  # par=batch
+    ((1, 128, 28, 28), (64, 128, 3, 3), {"pads": [1] * 4}, 2, "jy,jr", 9),
+], ids=["14x14", "28x28", "7x7", "20x20", "strided-40", "valid", "valid-7x7",
+        "team-batch", "team"])
+def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles, taps):
     """On avx512, a conv2d's window is the window kernel's (its weights the vectors, its
     pixels broadcast from the padded copy): where an output row is whole tiles of 14,
-    the tiles start at each row (`jy`) and their write-back is straight; a partial row
-    tile (40 channels) and K rows read from x itself too; against the reference."""
+    the tiles start at each row (`jy`) and their write-back is straight, and so do
+    tiles of two rows of 7 (a 3x3 window, its taps a plane apart: `taps=9`), a last row
+    alone on 7 columns; one image of 20x20 in tiles across its rows; a partial row tile
+    (40 channels) and K rows read from x itself too; against the reference."""
     options = replace(_isa("avx512"), threads=threads)
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
     compiled = _check(graph, inputs, options, atol=3e-4)
     mark = marks.parse(_gemm_marks(compiled)[0])
-    assert (mark.kernel, mark.b) == (WINDOW, "rows")
+    assert (mark.kernel, mark.b, mark.taps) == (WINDOW, "rows", taps)
     assert ",".join(loop for loop in mark.loops if loop[0] == "j") == tiles
+    assert mark.row_tile == (0 if tiles == "jr" else 2 if xs[2] < 14 else 1)
     assert f"polyc_{WINDOW}_b_rows(" in compiled.c_source
 
 
@@ -644,20 +650,23 @@ def test_k_blocks_of_the_window_kernel_add_up_in_its_virtual_columns():
     """Tiles of a few K rows each (kc 40): partial sums in the virtual columns, the init
     and the epilogue at the last block."""
     options = replace(_isa("avx512"), microkernel_tiles=(("kc", 40),))
-    graph, inputs = _conv((2, 16, 14, 14), (32, 16, 3, 3), bias_relu=True, pads=[1] * 4)
-    compiled = _check(graph, inputs, options, atol=3e-4)
+    graph, inputs = _conv((2, 128, 14, 14), (32, 128, 3, 3), bias_relu=True, pads=[1] * 4)
+    compiled = _check(graph, inputs, options, atol=1e-3)
     mark = marks.parse(_gemm_marks(compiled)[0])
-    assert mark.kernel == WINDOW and "pc" in mark.loops
+    assert mark.kernel == WINDOW and "pc" in mark.loops and not mark.taps
 
 
 @pytest.mark.parametrize("xs,ws,attrs,kernel,b", [
-    ((8, 16, 7, 7), (64, 16, 3, 3), {"pads": [1] * 4}, "", "folded"),
-    ((1, 16, 14, 14), (64, 16, 1, 1), {}, "", "packed"),
-    ((1, 16, 14, 14), (64, 16, 3, 3), {"pads": [1] * 4}, "sgemm_avx512_14x32", "packed"),
-], ids=["7x7-images", "1x1", "asked"])
+    ((4, 24, 9, 9), (64, 24, 5, 5), {"pads": [1] * 4}, "", "folded"),
+    ((2, 64, 14, 14), (64, 64, 3, 3), {"pads": [1] * 4}, "", "packed"),
+    ((1, 128, 14, 14), (64, 128, 1, 1), {}, "", "packed"),
+    ((1, 128, 14, 14), (64, 128, 3, 3), {"pads": [1] * 4}, "sgemm_avx512_14x32", "packed"),
+], ids=["7x7-images", "shallow", "1x1", "asked"])
 def test_the_window_kernel_leaves_what_it_does_not_win(xs, ws, attrs, kernel, b):
-    """Images of 7x7 outputs are folded for the other kernels; a 1x1 conv2d has no
-    window; a kernel the options name is taken."""
+    """Images of 7x7 outputs of a 5x5 window are folded for the other kernels (a tile
+    of theirs would span two rows and the pads between); a window under WINDOW_MIN_K
+    deep is left to them; a 1x1 conv2d has no window; a kernel the options name is
+    taken."""
     options = replace(_isa("avx512"), gemm_kernel=kernel)
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
     mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])

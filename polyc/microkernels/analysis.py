@@ -585,6 +585,65 @@ class BRows:
         return max((k for k, w in enumerate(self.col_weights) if w), default=None)
 
 
+def flat_columns_from(view: GemmView, shape_of) -> int:
+    """The first column dim from which on the columns are one row-major run in every
+    tensor the write-back reads or writes (a convolution's planes: (y, x) is
+    y * W + x in C, in its output and in a residual), so that a tile's columns there
+    are one flat index: the last dim holds it, the others 0. Not past a dim a guard
+    or a non-affine index reads, which needs its own value; the last dim alone at
+    least. `shape_of` gives a tensor's shape."""
+    cols = view.cols
+    exact: set[int] = set()
+    accesses = []
+    for s in (view.init, *view.epilogue):
+        accesses += [(s.target, s.index), *((x.tensor, x.index) for x in loads_of(s.expr))]
+        exact |= _guarded(s.expr)
+    weights = []
+    for tensor, index in accesses:
+        shape = shape_of(tensor)
+        if not all(isinstance(n, int) for n in (*shape, *view.shape)):
+            return len(cols) - 1
+        weight = dict.fromkeys(cols, 0)
+        for t, x in enumerate(index):
+            if not isinstance(x, Aff):
+                exact |= iterators(x)
+                continue
+            for d, c in x.terms:
+                if d in weight:
+                    weight[d] += c * math.prod(shape[t + 1:])
+        weights.append(weight)
+    k = len(cols) - 1
+    while k > 0 and not exact & set(cols[k - 1:]) and all(
+            w[cols[k - 1]] == w[cols[k]] * view.shape[cols[k]] for w in weights):
+        k -= 1
+    return k
+
+
+def _guarded(e) -> set[int]:
+    """Iterator positions a guard in `e` tests."""
+    if isinstance(e, Guarded):
+        return ({p for b in e.bounds for p in iterators(b.aff)}
+                | _guarded(e.then) | _guarded(e.otherwise))
+    if isinstance(e, Call):
+        return set().union(*map(_guarded, e.args))
+    return set()
+
+
+def window_taps(view: GemmView, rows: "BRows") -> int:
+    """The floats of P between channels where B's K rows are a 3x3 window's nine taps
+    over them: K is (channel, 3 window rows, 3 window columns) and the channel moves a
+    row by that plane alone, so row p is at (p / 9) * plane + off(p % 9) (the window
+    kernel's `b_taps_variant`); 0 where they are not."""
+    ext = view.stmt.extents
+    if len(view.red) != 3 or ext[view.red[1]] * ext[view.red[2]] != 9:
+        return 0
+    channel = view.red[0]
+    plane = dict(rows.red_weights).get(channel, 0)
+    if plane <= 0 or any(p == channel for terms, *_ in rows.split for p, _ in terms):
+        return 0
+    return plane
+
+
 def windowed(view: GemmView) -> bool:
     """Does a dim of B's operand move with both a column and a K iterator (conv2d's
     window: x[.., y + ky, x + kx]), so that neighbouring K rows of a tile overlap?"""

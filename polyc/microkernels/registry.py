@@ -51,6 +51,10 @@ class Microkernel:
     # gemm: made for a convolution's window read in place (B broadcast, C stored by
     # scatters): `choose` never picks it, the cpu plan does for such a B (`window_kernel`)
     window: bool = False
+    # gemm: as b_rows_variant on a 3x3 window, K row p at B + (p / 9) * plane +
+    # off[p % 9], in two runs of nr / 2 `step` floats apart (two output rows of nr / 2
+    # pixels), on the first `cols` columns
+    b_taps_variant: str = ""
 
     @property
     def c_function(self) -> str:
@@ -64,17 +68,20 @@ class Microkernel:
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
                 "b_rows_ahead_variant": self.b_rows_ahead_variant,
                 "a_rows_variant": self.a_rows_variant, "window": self.window,
+                "b_taps_variant": self.b_taps_variant,
                 "target": self.target}
 
 
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
           needs: tuple[str, ...] = (), a_rows_variant: str = "",
-          b_rows_ahead_variant: str = "", window: bool = False) -> Microkernel:
+          b_rows_ahead_variant: str = "", window: bool = False,
+          b_taps_variant: str = "") -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
         b_rows_ahead_variant=b_rows_ahead_variant, window=window,
+        b_taps_variant=b_taps_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -104,7 +111,8 @@ REGISTRY: tuple[Microkernel, ...] = (
     # the weights as vectors, a window's pixels broadcast: conv2d's window read in place
     _gemm("sgemm_avx512_32x14", "sgemm_avx512_32x14.c", ("avx512f",), 32, 14, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_32x14_rows",
-          b_rows_variant="polyc_sgemm_avx512_32x14_b_rows", window=True),
+          b_rows_variant="polyc_sgemm_avx512_32x14_b_rows", window=True,
+          b_taps_variant="polyc_sgemm_avx512_32x14_b_taps9"),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
@@ -270,6 +278,9 @@ def prototypes(m: Microkernel) -> str:
     for variant in filter(None, (m.b_rows_variant, m.b_rows_ahead_variant)):
         lines.append(f"{_HIDDEN} void {variant}({_ENTRY_ARGS}"
                      f"const long *restrict off, {_C_ARGS});")
+    if m.b_taps_variant:
+        lines.append(f"{_HIDDEN} void {m.b_taps_variant}({_ENTRY_ARGS}const long *restrict off, "
+                     f"long plane, long step, {_C_ARGS}, long cols);")
     if m.a_rows_variant:
         lines.append(f"{_HIDDEN} void {m.a_rows_variant}(long kc, const float *restrict A, "
                      f"long lda, const float *restrict B, {_C_ARGS}, long rows, long cols);")

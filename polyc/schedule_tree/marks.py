@@ -190,6 +190,13 @@ class Gemm(Mark):
     then: str = ""
     # d: that contraction's A is 0 past K index row + d (as `depth`)
     then_depth: str = "-"
+    # r: with B read in place by a window kernel, each column tile covers r whole output
+    # rows, the tiles starting at each (`jy` loop, then `jr` within a row:
+    # `plan.row_tiles`); 0: a tile every nr virtual columns
+    row_tile: int = 0
+    # 9: B's K rows are a 3x3 window's taps over its channels, read by the kernel's
+    # `b_taps_variant` (`analysis.window_taps`)
+    taps: int = 0
 
     @property
     def tiles(self) -> Tiles:
@@ -215,7 +222,9 @@ class Gemm(Mark):
                 + (f" depth={self.depth}" if self.depth != "-" else "")
                 + (f" ahead={self.ahead}" if self.ahead != "-" else "")
                 + (f" then={self.then}" if self.then else "")
-                + (f" then_depth={self.then_depth}" if self.then_depth != "-" else ""))
+                + (f" then_depth={self.then_depth}" if self.then_depth != "-" else "")
+                + (f" row_tile={self.row_tile}" if self.row_tile else "")
+                + (f" taps={self.taps}" if self.taps else ""))
 
 
 @dataclass(frozen=True)

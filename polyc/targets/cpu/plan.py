@@ -11,6 +11,7 @@ statements.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ...errors import GraphError, Problem
@@ -18,8 +19,9 @@ from ...kernel import Kernel
 from ...kernel.comprehension import Load
 from ...machine import Machine
 from ...microkernels import registry
-from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, gemm_view, iterators,
-                                     masked_columns, masked_depth, windowed)
+from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, flat_columns_from,
+                                     gemm_view, iterators, masked_columns, masked_depth,
+                                     window_taps, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
 from .tiles import B_BLOCK, apply_overrides, balanced, model_tiles
@@ -64,6 +66,10 @@ ROWS_TEAM_TILES = 5
 # many times the tiles of 14 the output's own would: 15 for 14 on a 14x14 output
 # (every 3x3 ResNet-50 conv is then read in place)
 WINDOW_TILE_WASTE = 1.1
+# ... and only where K (channels x window) is at least this deep: a tile's scattered
+# stores and its write-back are paid once per K steps (8x64x56x56 3x3, K = 576:
+# 1.03-1.07x the time of the 8x48 kernel over the same rows, 1 thread, in pairs)
+WINDOW_MIN_K = 1024
 
 
 def measured(machine: Machine) -> dict[str, float]:
@@ -133,33 +139,51 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
 
 def reads_windows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> bool:
     """Does `mk`, a window kernel, read this contraction's B in place: a window
-    (`analysis.windowed`), as rows of its (padded) input (`plan_rows`), in tiles at
-    each output row (`row_tiles`) or of one image? Images of 7x7 outputs are folded for
-    the other kernels instead (`cpu_gemm_view`): each tile of 14 there spans two rows
-    and the pad between them, 4 tiles for 49 pixels (Sapphire Rapids, 1 thread, in
-    pairs of calls against torch: 8x512x7x7 0.85x read in place, 0.87x folded;
-    8x512x14x14 /2 0.89x and 0.99x; one image of 512x7x7 1.42x and 1.22x)."""
-    if not (mk.window and windowed(view)):
+    (`analysis.windowed`) at least WINDOW_MIN_K deep, as rows of its (padded) input
+    (`plan_rows`), in tiles at each output row or pair of rows (`row_tiles`), or of one
+    image? Where a tile would span rows and the pads between them (a 7x7 output's 49
+    pixels in 4 tiles of 14 virtual columns, a window other than 3x3), a batch of
+    images is folded for the other kernels instead (`cpu_gemm_view`; Sapphire Rapids,
+    1 thread, in pairs of calls against torch: 8x512x7x7 0.85x so, 0.87x folded; one
+    image 1.42x and 1.22x)."""
+    if not (mk.window and windowed(view)) or view.K < WINDOW_MIN_K:
         return False
     rows = plan_rows(view, kernel, mk)
-    return rows is not None and (row_tiles(view, rows, mk) or view.batches == 1)
+    return rows is not None and (row_tiles(view, rows, mk, kernel) > 0 or view.batches == 1)
 
 
 def plan_rows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> BRows | None:
-    """B as the rows `mk` reads in place (`analysis.b_rows`), or None: a window kernel's
-    tile is its own 14 columns, whose waste WINDOW_TILE_WASTE bounds."""
+    """B as the rows `mk` reads in place (`analysis.b_rows`), or None. A window kernel's
+    tiles are its own 14 columns: at each output row or pair of rows (`row_tiles`) they
+    are the output's own, else WINDOW_TILE_WASTE bounds those past it."""
     if not mk.b_rows_variant:
         return None
-    return b_rows(view, kernel, mk.nr, WINDOW_TILE_WASTE) if mk.window else b_rows(view, kernel)
+    if not mk.window:
+        return b_rows(view, kernel)
+    rows = b_rows(view, kernel, mk.nr, math.inf)
+    if rows is None or row_tiles(view, rows, mk, kernel):
+        return rows
+    return rows if -(-rows.width // mk.nr) <= WINDOW_TILE_WASTE * -(-view.N // mk.nr) else None
 
 
-def row_tiles(view: GemmView, rows: BRows, mk: registry.Microkernel) -> bool:
-    """Do a window kernel's column tiles start at each output row (`jy` loop, then `jr`
-    within the row), not every 14 virtual columns? Where the rows are whole tiles wide:
+def row_tiles(view: GemmView, rows: BRows, mk: registry.Microkernel, kernel: Kernel) -> int:
+    """The output rows a window kernel's column tile covers where its tiles start at
+    each output row, or pair of rows (`jy` loop, then `jr` within the row), rather than
+    every 14 virtual columns; 0 where they do not. 1 where the rows are whole tiles wide:
     a 14x14 output is 14 tiles so, 15 across the pad columns between its rows (0.92x
     the time of 8x256x14x14 3x3, 1 thread, in pairs of calls), and every tile is
-    straight, written back without a test of where its rows wrap."""
-    return mk.window and len(view.cols) > 1 and view.shape[view.cols[-1]] % mk.nr == 0
+    straight, written back without a test of where its rows wrap. 2 where two rows fill
+    a tile, read as two runs by the kernel's `b_taps_variant` (a 3x3 window), one flat
+    run in every tensor the write-back touches (`analysis.flat_columns_from`): a 7x7
+    output is 3.5 tiles so, 4 across the pads (by hand, against torch in pairs:
+    8x512x7x7 1.02x so, 0.85x across; 8x512x14x14 /2 1.10x and 0.89x)."""
+    if not mk.window or len(view.cols) < 2:
+        return 0
+    width = view.shape[view.cols[-1]]
+    if width % mk.nr == 0:
+        return 1
+    flat = flat_columns_from(view, lambda t: kernel.array(t).type.shape) <= len(view.cols) - 2
+    return 2 if 2 * width == mk.nr and mk.b_taps_variant and window_taps(view, rows) and flat else 0
 
 
 def plan_view(kernel: Kernel, plan: Gemm) -> GemmView | None:
@@ -312,12 +336,22 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
     const = constant_operand(view, kernel, "a")  # never packed again: images outside
-    inside = not const and not view.tail and _batch_inside_a(view, rows, par, loops,
-                                                              -(-M // tiles.mc))
+    # but for a window kernel, whose block of weights then serves every image from L2
+    # (8x512x7x7 3x3, its 9.4 MB streamed once, not once per image: 0.96-0.97x the
+    # time, 1 thread, in pairs; level on 14x14 to 56x56 outputs)
+    inside = (not const or mk.window) and not view.tail and _batch_inside_a(
+        view, rows, par, loops, -(-M // tiles.mc))
     loops = loops + batch if inside else batch + loops
-    if rows and row_tiles(view, rows, mk):
-        loops += ["jy"] if N > view.shape[view.cols[-1]] else []
-        loops += ["jr"] if view.shape[view.cols[-1]] > mk.nr else []
+    per_tile = row_tiles(view, rows, mk, kernel) if rows else 0
+    # a 3x3 window's taps in one K block (a K block would have to start at a channel);
+    # two rows a tile only so: their partial sums would need split virtual columns too
+    taps = 9 if rows and mk.b_taps_variant and window_taps(view, rows) and "pc" not in loops else 0
+    if per_tile == 2 and not taps:
+        per_tile = 0
+    if per_tile:
+        width = view.shape[view.cols[-1]]
+        loops += ["jy"] if N > per_tile * width else []
+        loops += ["jr"] if width > mk.nr else []
     else:
         loops += ["jr"] if (rows.width if rows else min(N, tiles.nc)) > mk.nr else []
     # unbalanced, a block's row-tile loop stays where the rows fill one tile: whether it
@@ -345,7 +379,7 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
                 "-" if depth is None else str(depth), a, ahead, then,
-                "-" if then_depth is None else str(then_depth))
+                "-" if then_depth is None else str(then_depth), row_tile=per_tile, taps=taps)
 
 
 def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine) -> bool:

@@ -174,12 +174,13 @@ def gemm_schedule(model: PolyModel, view: GemmView, plan: marks.Gemm,
     tree = mark(marks.Microkernel(plan.kernel, s0.name), tree)
     tiled = {
         "ir": lambda s: f"{mk.mr}*floor(({flat(s, view.rows)})/{mk.mr})",
-        "jr": lambda s: (f"{mk.nr}*floor(({out(s, view.cols[-1])})/{mk.nr})" if "jy" in loops
+        "jr": lambda s: (f"{mk.nr}*floor(({out(s, view.cols[-1])})/{mk.nr})" if plan.row_tile
                          else f"{mk.nr}*floor(({flat(s, view.cols)})/{mk.nr})"),
-        # a window kernel's tiles at each output row (`plan.row_tiles`): the row's first
-        # virtual column, `jr` then the tile's within the row
-        "jy": lambda s: " + ".join(f"{w}*{out(s, d)}"
-                                   for d, w in zip(view.cols[:-1], rows.col_weights)),
+        # a window kernel's tiles at each output row, or pair of rows (`plan.row_tiles`):
+        # the first one's first virtual column, `jr` then the tile's within the row
+        "jy": lambda s: " + ".join(
+            f"{w}*({plan.row_tile}*floor(({out(s, d)})/{plan.row_tile}))" if d == view.cols[-2]
+            else f"{w}*{out(s, d)}" for d, w in zip(view.cols[:-1], rows.col_weights)),
         "ic": lambda s: f"{t.mc}*floor(({flat(s, view.rows)})/{t.mc})",
         "pc": lambda s: (f"{t.kc}*floor(({kflat})/{t.kc})" if s is s0
                          else "0" if s is view.init else str(last_pc)),

@@ -215,5 +215,8 @@ class BRowsMixin:
                                 if radix else "mk_nr - mk_c0"),
                     cgen.Statement(f"const long mk_end = mk_c0 + min(mk_run, {ext[q]} - mk_q)"),
                     if_(valid, run)]))]))
+        if self.plan.row_tile == 2:  # a split tile's columns are no virtual run: straight
+            return if_("mk_straight", cgen.Block([nest("mk_mr", self._straight_cols(), "0",
+                                                       str(self.mk.nr))]), cgen.Block([by_runs]))
         return if_(f"mk_straight && mk_mr == {MR}", cgen.Block([straight]), cgen.Block([by_runs]))
 

@@ -10,8 +10,9 @@ import cgen
 from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
-from ....kernel.comprehension import Aff, Call, Const, Guarded, calls
-from ....microkernels.analysis import a_row_stride, iterators, loads_of
+from ....kernel.comprehension import Const, calls
+from ....microkernels.analysis import (a_row_stride, flat_columns_from, iterators, loads_of,
+                                        window_taps)
 from .common import decompose, in_scalars, read_only, stride, virtual
 
 # the target features whose masked vector loads and stores cost what plain ones do:
@@ -58,7 +59,9 @@ class WriteBackMixin:
                 f"{n} * {c_size(real[d])}" for n, d in zip(names, view.cols))))
             q = rows.inner
             straight = f"{names[q]} + {NR} <= {rows.col_extents[q]}" if q is not None else "0"
-            if self._flat_columns():  # a full tile is consecutive across row wraps too
+            if self._flat_columns() or plan.row_tile == 2:
+                # a full tile is consecutive across row wraps too (two whole rows of a
+                # split tile, which `plan.row_tiles` checked are flat in the output)
                 straight = f"mk_nr == {NR}"
             out.append(cgen.Statement(f"const int mk_straight = {straight}"))
         point = self._acc_per_point()  # the partial sums are the batch point's alone
@@ -124,10 +127,21 @@ class WriteBackMixin:
             variant = ""
             b_rows = mk.b_rows_ahead_variant if plan.ahead == "tile" else mk.b_rows_variant
             whole = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
+            edge = whole if rows.copy else self._edge_panel(call)
+            kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
+            if plan.taps:
+                # a 3x3 window's taps a plane apart; with two output rows a tile, the
+                # second a virtual row on, and a last row alone on 7 columns
+                step = rows.col_weights[-2] if plan.row_tile == 2 else NR // 2
+                taps = (f"{mk.b_taps_variant}(mk_kc, mk_ap, mk_bp, mk_offk, "
+                        f"{window_taps(view, rows)}, {step}, ")
+                whole = cgen.Statement(f"{taps}mk_tile, {NR}, 0, {NR})")
+                if plan.row_tile == 2:
+                    edge = cgen.Statement(f"{taps}mk_tile, {NR}, 0, {NR // 2})")
+                kernel = f"{taps}{cptr}, {plan.n}, !{first}, {NR})"
             slow = [cgen.Statement(f"float mk_tile[{MR * NR}] __attribute__((aligned(64)))"),
                     *self._fetch_stores(last),
-                    whole if rows.copy else if_(f"mk_nr == {NR}", whole, self._edge_panel(call))]
-            kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"
+                    whole if rows.copy and plan.row_tile != 2 else if_(f"mk_nr == {NR}", whole, edge)]
         if vacc:
             # a K block but the last adds to the partial sums in place; the last one's
             # tile is computed apart, the sums so far read beside it
@@ -183,37 +197,7 @@ class WriteBackMixin:
                 and self._flat_from() == 0)
 
     def _flat_from(self) -> int:
-        """The first column dim from which on the columns are one row-major run in every
-        tensor the write-back reads or writes (a convolution's planes: (y, x) is
-        y * W + x in C, in its output and in a residual), so that a tile's columns there
-        are one flat index: the last dim holds it, the others 0. Not past a dim a guard
-        or a non-affine index reads, which needs its own value; the last dim alone at
-        least."""
-        view, cols = self.view, self.view.cols
-        exact: set[int] = set()
-        accesses = []
-        for s in (view.init, *view.epilogue):
-            accesses += [(s.target, s.index), *((x.tensor, x.index) for x in loads_of(s.expr))]
-            exact |= _guarded(s.expr)
-        weights = []
-        for tensor, index in accesses:
-            shape = self.b.arrays[tensor].type.shape
-            if not all(isinstance(n, int) for n in (*shape, *view.shape)):
-                return len(cols) - 1
-            weight = dict.fromkeys(cols, 0)
-            for t, x in enumerate(index):
-                if not isinstance(x, Aff):
-                    exact |= iterators(x)
-                    continue
-                for d, c in x.terms:
-                    if d in weight:
-                        weight[d] += c * stride(shape, t)
-            weights.append(weight)
-        k = len(cols) - 1
-        while k > 0 and not exact & set(cols[k - 1:]) and all(
-                w[cols[k - 1]] == w[cols[k]] * view.shape[cols[k]] for w in weights):
-            k -= 1
-        return k
+        return flat_columns_from(self.view, lambda t: self.b.arrays[t].type.shape)
 
     def _masked_tile(self) -> str:
         """The C condition that the tile is masked, or ''."""
@@ -413,12 +397,3 @@ def _row(j: int) -> str:
     """The tile's row mk_r + j, in C."""
     return f"(mk_r + {j})" if j else "mk_r"
 
-
-def _guarded(e) -> set[int]:
-    """Iterator positions a guard in `e` tests."""
-    if isinstance(e, Guarded):
-        return ({p for b in e.bounds for p in iterators(b.aff)}
-                | _guarded(e.then) | _guarded(e.otherwise))
-    if isinstance(e, Call):
-        return set().union(*map(_guarded, e.args))
-    return set()

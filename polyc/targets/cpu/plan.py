@@ -122,11 +122,11 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
     """The kernel that reads a convolution's window in place with the weights as its
     vectors (`Microkernel.window`), if the target has one within
     `options.microkernel_isa`, and neither the options nor `polyc tune` name another
-    for `kernel`. On Sapphire Rapids, 1 thread, in pairs of calls against packing B or
-    reading it in place for the 14 x 32 kernel: 8x256x14x14 3x3 0.89x the time, 8x512x7x7
-    0.84x, 8x512x14x14 /2 0.90x, one image of 512x7x7 0.75x, of 256x14x14 0.85x (by hand,
-    before it was built in; 8x64x56x56 1.05x). Not for 1x1 convolutions: their K rows
-    are whole planes apart, 14 floats of a line each, 1.4-2.6x the time."""
+    for `kernel`. Sapphire Rapids, 1 thread, in pairs of calls against torch in one
+    process, the plans before it and with it: 8x256x14x14 3x3 0.86-0.88x and 1.04x,
+    8x512x7x7 0.88x and 0.96x, 8x128x28x28 0.92x and 1.09-1.19x, one image of 512x7x7
+    1.20x and 1.61x. Not for 1x1 convolutions: their K rows are whole planes apart, 14
+    floats of a line each (by hand, 1.4-2.6x the time)."""
     isa = options.microkernel_isa
     mine = [name for k, name in options.kernel_gemm if k == kernel.name]
     asked = mine[0] if mine else options.gemm_kernel

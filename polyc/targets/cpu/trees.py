@@ -42,7 +42,10 @@ B is not packed (`b=rows`): `mark "b_rows S0"` above the batch band (below it wh
 copy is made per image, `BRows.slices`) makes the padded copy and
 the row offsets once, there is no jc band and no pack_b, and the jr tiles cut the
 output's columns linearised with the copy's strides (`57*i2 + i3`), so each tile's B
-rows are contiguous in the copy. That is the direct convolution, without im2col.
+rows are contiguous in the copy. That is the direct convolution, without im2col. With
+the window kernel (`plan.window_kernel`: the weights its vectors, the pixels broadcast)
+the column tiles start at each output row or pair of rows (`Gemm.row_tile`): a band
+`jy` over the rows' first virtual columns (`15*(2*floor(i2/2))`), then `jr` within a row.
 
 When a block of A serves a few column tiles only (`plan.reads_a_in_place`) and A is
 row-major along K, `pack_a` packs nothing: it sets the block's first row, and the tiles

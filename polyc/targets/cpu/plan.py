@@ -62,9 +62,9 @@ FOLD_COLUMNS = 64
 # /2, 9 tiles: by row blocks 3-7% faster in three runs in turns; 14 tiles of a 14x14
 # image: shared 124, by row blocks 100)
 ROWS_TEAM_TILES = 5
-# the window kernel reads a window in place where its virtual columns take at most this
-# many times the tiles of 14 the output's own would: 15 for 14 on a 14x14 output
-# (every 3x3 ResNet-50 conv is then read in place)
+# the window kernel reads a window in place in tiles every 14 virtual columns (where
+# they cannot start at each output row: `row_tiles`) where those take at most this many
+# times the tiles of 14 the output's own would (a 20x20 output: 30 for 29)
 WINDOW_TILE_WASTE = 1.1
 # ... and only where K (channels x window) is at least this deep: a tile's scattered
 # stores and its write-back are paid once per K steps (8x64x56x56 3x3, K = 576:

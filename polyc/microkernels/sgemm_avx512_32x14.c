@@ -101,8 +101,8 @@ polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *res
       POLYC_32X14_STEP(p, b, b + 7);
     }
   }
-  /* a column's rows are ldc floats apart: 16 of them per scatter, as 32-bit element
-     offsets where they fit (a tile's rows span 31 ldc), else one by one */
+  /* a column's rows are ldc floats apart: 16 of them per scatter, at 32-bit element
+     offsets up to 15 ldc where those fit, else one by one */
   const __mmask16 m0 = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
   const __mmask16 m1 = rows >= 32 ? (__mmask16)0xFFFF
                        : rows <= 16 ? (__mmask16)0 : (__mmask16)((1u << (rows - 16)) - 1u);

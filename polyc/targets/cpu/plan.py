@@ -240,12 +240,14 @@ def tail_rows(view: GemmView, mk: registry.Microkernel, machine: Machine) -> int
 
 
 def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options,
-                       streaming: bool = False) -> tuple[registry.Microkernel, str]:
+                       streaming: bool = False, window: registry.Microkernel | None = None
+                       ) -> tuple[registry.Microkernel, str]:
     """The gemm kernel for this contraction and why: the one `options.kernel_gemm` names
     for this kernel, else the one `options.gemm_kernel` names, else the one `polyc tune`
-    measured fastest for this kernel, else the fastest the calibration measured for the
-    shape (`registry.choose`, `streaming` as in `streams_b`); within
-    `options.microkernel_isa` when it names one."""
+    measured fastest for this kernel, else `window` (`window_kernel`) where it reads B
+    in place, else the fastest the calibration measured for the shape
+    (`registry.choose`, `streaming` as in `streams_b`); within `options.microkernel_isa`
+    when it names one."""
     isa = options.microkernel_isa
     allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
                and set(m.features) <= machine.features
@@ -267,7 +269,6 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
     if name and any(m.name == name for m in allowed):
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
-    window = window_kernel(kernel, machine, options)
     if window is not None and reads_windows(view, kernel, window):
         return window, ("B is a window read in place: the weights as vectors, its pixels "
                         "broadcast (the direct convolution)")

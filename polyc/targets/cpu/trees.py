@@ -95,11 +95,11 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.uses_microkernels(kernel.name):
         return model
-    view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction,
-                         window_kernel(kernel, machine, options))
+    window = window_kernel(kernel, machine, options)
+    view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction, window)
     streaming = view is not None and streams_b(view, kernel, machine)
     if gemm_microkernel(view, machine, options.microkernel_isa, streaming=streaming) is not None:
-        mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming)
+        mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming, window)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
         rows = plan_rows(view, kernel, mk)

@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void
 polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *restrict B,
                               const long *restrict off, long plane, long step,
                               float *restrict C, long ldc, int accumulate, long rows,
-                              const int W, const int TAPS)
+                              long cols, const int W, const int TAPS)
 {
   __m512 acc[14][2];
 #pragma GCC unroll 14
@@ -112,6 +112,8 @@ polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *res
         _mm512_set1_epi32((int)ldc));
 #pragma GCC unroll 14
     for (int c = 0; c < W; c++) {
+      if (c >= cols)
+        break;
       float *lo = C + c, *hi = C + 16 * ldc + c;
       if (accumulate) {
         acc[c][0] = _mm512_add_ps(acc[c][0], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, at, lo, 4));
@@ -125,6 +127,8 @@ polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *res
   float t[32] __attribute__((aligned(64)));
 #pragma GCC unroll 14  /* acc indexed by a variable would live in memory */
   for (int c = 0; c < W; c++) {
+    if (c >= cols)
+      break;
     _mm512_store_ps(t, acc[c][0]);
     _mm512_store_ps(t + 16, acc[c][1]);
     for (long r = 0; r < rows; r++)
@@ -132,28 +136,21 @@ polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *res
   }
 }
 
-/* cols < 14: one instantiation per column count */
-#define POLYC_32X14_COLS(k) \
-  case k: polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, rows, k, 0); break;
-
 POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate)
 {
-  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, 32, 14, 0);
+  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, 32, 14, 14, 0);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_rows(
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
     int accumulate, long rows, long cols)
 {
-  switch (cols) {
-  POLYC_32X14_COLS(1) POLYC_32X14_COLS(2) POLYC_32X14_COLS(3) POLYC_32X14_COLS(4)
-  POLYC_32X14_COLS(5) POLYC_32X14_COLS(6) POLYC_32X14_COLS(7) POLYC_32X14_COLS(8)
-  POLYC_32X14_COLS(9) POLYC_32X14_COLS(10) POLYC_32X14_COLS(11) POLYC_32X14_COLS(12)
-  POLYC_32X14_COLS(13)
-  default: polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, rows, 14, 0);
-  }
+  /* all 14 columns computed (B's are packed with zeros past its edge), the first
+     `cols` stored: one instantiation per column count had cost gcc 4 s of the
+     kernel's 7, and the first compile on a machine builds every kernel */
+  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, rows, cols, 14, 0);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_rows(
@@ -162,7 +159,7 @@ POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_rows(
 {
   if (!off)  /* never; told so, gcc drops the packed B's loads */
     __builtin_unreachable();
-  polyc_sgemm_avx512_32x14_impl(kc, A, B, off, 0, 0, C, ldc, accumulate, 32, 14, 0);
+  polyc_sgemm_avx512_32x14_impl(kc, A, B, off, 0, 0, C, ldc, accumulate, 32, 14, 14, 0);
 }
 
 POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_taps9(
@@ -172,8 +169,8 @@ POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_taps9(
   if (!off)  /* never: as in _b_rows */
     __builtin_unreachable();
   if (cols == 7)
-    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 7, 9);
+    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 7, 7, 9);
   else
-    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 14, 9);
+    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 14, 14, 9);
 }
 #endif

@@ -28,7 +28,7 @@ from polyc.codegen.runtime import Program
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.microkernels import registry
-from polyc.microkernels.analysis import COLUMN_TILE, MAX_TILE_WASTE, PLANE_IN_PLACE
+from polyc.microkernels.analysis import COLUMN_TILE, MAX_TILE_WASTE
 from polyc.schedule_tree import marks
 from polyc.targets.cpu.emit.gemm import _rectangular_pair
 from polyc.targets.cpu import cpu_machine, host_can_run
@@ -600,10 +600,10 @@ def test_conv2d_reads_b_by_rows_from_a_padded_copy(monkeypatch):
 
 @pytest.mark.parametrize("xs,ws,attrs,copy", [
     ((2, 4, 12, 30), (8, 4, 3, 3), {}, False),
-    ((1, 4, 32, 40), (16, 4, 1, 1), {}, False),
+    ((1, 4, 32, 40), (16, 4, 1, 3), {}, False),
     ((2, 3, 15, 40), (12, 3, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, True),
     ((1, 6, 20, 40), (12, 6, 3, 3), {"pads": [2, 1, 0, 2]}, True),
-], ids=["valid", "1x1", "dilated", "odd-pads"])
+], ids=["valid", "1x3", "dilated", "odd-pads"])
 @pytest.mark.parametrize("isa", ISAS)
 def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     """No padding: the rows are read from x itself; padding: from a padded copy."""
@@ -838,9 +838,9 @@ def test_k_blocks_of_a_b_read_in_place_add_up_in_its_virtual_columns(xs, threads
 
 
 @pytest.mark.parametrize("xs,ws,pads,layout", [
-    ((1, 24, 32, 32), (12, 24, 1, 1), [0] * 4, "1,24,32,33"),  # 4 KiB planes, no guard
+    ((1, 24, 32, 32), (12, 24, 3, 1), [0] * 4, "1,24,32,33"),  # 4 KiB planes, no guard
     ((1, 16, 30, 31), (8, 16, 3, 3), [1] * 4, "1,16,32,33"),  # padded to 32x32 (shared pad)
-], ids=["1x1-32x32", "3x3-30x31-pad1"])
+], ids=["3x1-32x32", "3x3-30x31-pad1"])
 def test_rows_a_multiple_of_1_kib_apart_are_copied_wider(xs, ws, pads, layout):
     """K rows 4 KiB apart would share a few L1 sets (`analysis._crowded`): B's copy gets
     rows one float longer, the extra column virtual and dropped."""
@@ -973,16 +973,16 @@ def test_conv2d_b_rows_random(n, c, h, w, co, kh, kw, dil, pads, kc, mc, paralle
     # a row's right pad and the next row's left one are shared in the copy, as far as
     # the row stays as wide as the outputs
     virtual = (wp - min(pads[1], pads[3], dil * (kw - 1))) * (oh - 1) + ow
-    # unpadded, with no wasted virtual column, a plane under PLANE_IN_PLACE floats is packed
-    small_plane = not any(pads) and virtual == oh * ow < PLANE_IN_PLACE
+    # a 1x1 window's K rows are whole planes apart: packed
+    no_window = kh == kw == 1
     folded = fold and n > 1 and oh * ow < FOLD_COLUMNS
     if marks and folded:
         assert "b=folded" in marks[0], marks
     # rows made longer against L1 conflicts (`analysis._crowded`) add up to 8 columns each
     elif marks and (oh == 1 or _tiles(virtual + 8 * (oh - 1)) <= MAX_TILE_WASTE * _tiles(oh * ow)) \
-            and not small_plane:
+            and not no_window:
         assert "b=rows" in marks[0], marks
-    elif marks and _tiles(virtual) > MAX_TILE_WASTE * _tiles(oh * ow):
+    elif marks and (no_window or _tiles(virtual) > MAX_TILE_WASTE * _tiles(oh * ow)):
         assert "b=rows" not in marks[0], marks
 
 
@@ -1101,43 +1101,29 @@ def test_a_symbolic_kernel_packs_its_constant_weights_once():
         np.testing.assert_allclose(compiled(x=x)["y"], x @ w, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("isa,kernel,o", [("avx2", "sgemm_avx2_6x16", 20),
-                                          ("avx512", "sgemm_avx512_14x32", 100),
-                                          ("avx512", "sgemm_avx512_8x48", 60)])
-@pytest.mark.parametrize("images,ws,ahead", [(3, (1, 24, 1, 1), True),
-                                             (1, (1, 24, 1, 1), True),
-                                             (3, (1, 24, 3, 3), False),
-                                             (3, (6, 24, 1, 1), False)])
-def test_b_rows_fetch_the_next_tile_where_they_stream_from_memory(isa, kernel, o, images, ws,
-                                                                   ahead, monkeypatch):
-    """A B read in place by whole planes (no window), over a share of L3 (here any),
-    under a C of few row tiles: each K step also fetches the next column tile's row
-    (`ahead=tile`, the kernel's `_b_rows_ahead`); not a window's overlapping rows, nor
-    over 16 row tiles (`o` output channels a row tile of the kernel's: 1 is a few row
-    tiles, 6 over 16)."""
-    from polyc.targets.cpu import plan
-    options = replace(_isa(isa), gemm_kernel=kernel)
-    monkeypatch.setattr(plan, "AHEAD_L3_SHARE", 1 << 40)
-    ws = (ws[0] * o,) + ws[1:]
-    graph, inputs = _conv((images, 24, 33, 35), ws, bias_relu=True, pads=[ws[2] // 2] * 4)
-    compiled = _check(graph, inputs, options, atol=3e-4)
+@pytest.mark.parametrize("images,threads,alone", [(1, 1, True), (2, 2, True), (1, 2, False)])
+def test_a_1x1_conv2d_is_packed_in_blocks_that_stay_in_l2_where_one_thread_has_it(
+        images, threads, alone):
+    """A 1x1 window's K rows are whole planes apart: B is packed (`analysis.b_rows`), even
+    over 56x56 planes. Its one block of A reads each B block once, so where one thread
+    computes the whole contraction (one thread, or a thread per image) the block fills
+    an eighth of L2 (`tiles.model_tiles`' `alone`), in several blocks; a team sharing
+    the one image's blocks keeps a share of L3, here one block."""
+    graph, inputs = _conv((images, 64, 56, 56), (32, 64, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, Options(threads=threads, gemm_kernel="sgemm_vec_6x16"),
+                      atol=3e-4)
     (mark,) = _gemm_marks(compiled)
-    assert "b=rows" in mark and ("ahead=tile" in mark) == ahead, mark
-    assert (f"polyc_{kernel}_b_rows_ahead(mk_kc" in compiled.c_source) == ahead
-
-
-@pytest.mark.parametrize("images,ahead", [(8, True), (1, False)])
-def test_b_rows_fetch_ahead_past_a_few_mib_whatever_l3_is_shown(images, ahead, monkeypatch):
-    """A virtual machine sees its socket's whole L3 (300 MiB), so a share of it says
-    nothing: a B over tiles.B_BLOCK (8 images of 64x56x56, 6.4 MB) streams from memory and
-    is fetched a tile ahead; one image (0.8 MB) stays in cache and is not."""
-    from polyc.targets.cpu import plan
-    options = replace(_isa("avx2"), gemm_kernel="sgemm_avx2_6x16")
-    monkeypatch.setattr(plan, "AHEAD_L3_SHARE", 1)  # the whole L3, as a guest is shown
-    graph, inputs = _conv((images, 64, 56, 56), (20, 64, 1, 1), bias_relu=True)
-    compiled = _check(graph, inputs, options, atol=3e-4)
-    (mark,) = _gemm_marks(compiled)
-    assert "b=rows" in mark and ("ahead=tile" in mark) == ahead, mark
+    plan = marks.parse(mark)
+    assert plan.b == "packed" and plan.par == ("inner" if not alone else
+                                               "batch" if images > 1 else "none"), mark
+    from polyc.targets.cpu.tiles import model_tiles
+    machine = cpu_machine()
+    if alone:
+        assert 4 * plan.kc * plan.nc <= machine.fusion_level.capacity // 8, mark
+        assert "jc" in plan.loops, mark
+    else:
+        shared = model_tiles(32, 56 * 56, 64, registry.by_name("sgemm_vec_6x16"), machine)
+        assert plan.nc == shared.nc, mark
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1637,9 +1623,9 @@ def test_streaming_b_weighs_each_kernel_by_its_loads(shape, name):
 
 @pytest.mark.parametrize("x,w,packed", [((8, 512, 28, 28), (128, 512, 1, 1), True),
                                          ((1, 512, 28, 28), (128, 512, 1, 1), True),
-                                         ((1, 64, 56, 56), (256, 64, 1, 1), False),
+                                         ((1, 64, 56, 56), (256, 64, 1, 1), True),
                                          ((1, 64, 56, 56), (64, 64, 3, 3), False)])
-def test_b_streams_when_packed_beside_a_large_c_or_read_in_place_without_a_window(x, w, packed):
+def test_b_streams_when_packed_beside_a_large_c_not_a_window_read_in_place(x, w, packed):
     from polyc.graph.decompose import decompose_graph
     from polyc.kernel import build_kernels
     from polyc.microkernels.analysis import b_rows
@@ -1650,10 +1636,9 @@ def test_b_streams_when_packed_beside_a_large_c_or_read_in_place_without_a_windo
     (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
     view = cpu_gemm_view(kernel)
     assert (b_rows(view, kernel) is None) == packed
-    if packed:  # deep K blocks: C over four times L2 (the 8 images folded, on this host)
-        want = view.M * view.N * 4 > 4 * machine.fusion_level.capacity
-    else:  # K rows whole planes apart (1x1), or a window's overlapping rows (3x3)
-        want = w[2] == 1
+    # deep K blocks: C over four times L2 (the 8 images folded, on this host); a
+    # window's rows read in place overlap in cache
+    want = packed and view.M * view.N * 4 > 4 * machine.fusion_level.capacity
     assert streams_b(view, kernel, machine) == want
 
 

@@ -413,7 +413,6 @@ def masked_depth(view: GemmView, kernel: Kernel) -> int | None:
 # 56x56 /2 to 128, 51 tiles for 49, stays in place (packed: 1.01x, 8 images 1.05x)
 MAX_TILE_WASTE = 1.07
 COLUMN_TILE = 16
-PLANE_IN_PLACE = 1024  # floats: a 1x1 convolution's planes under this are packed (b_rows)
 # bytes: a B copy over this is made one batch point at a time (`BRows.slices`); under
 # it, the whole copy stays in cache and slicing only repeats the offsets (8x512x7x7 to
 # 512, 1.3 MB: 3-5% slower sliced; 8x256x28x28 /2, 7.4 MB: 5-17% faster)
@@ -686,7 +685,8 @@ def b_rows(view: GemmView, kernel: Kernel, tile: int = COLUMN_TILE,
     """B as rows of a (padded, phase-split) tensor (`_b_rows`). Where its K rows would
     lie a multiple of 1 KiB apart (`_crowded`: power-of-two planes, 32x32 or 64x64),
     they fall into a few of L1's sets and evict each other before the next tile reads
-    them again (1x256x64x64 to 64 1x1: 28 GFLOP/s, 1x256x64x65: 69): the copy is then
+    them again (1x256x64x64 to 64 1x1, when 1x1s were read in place: 28 GFLOP/s,
+    1x256x64x65: 69): the copy is then
     made with its rows a float or more longer, the extra columns virtual. `tile` and
     `waste` as in `_b_rows`."""
     rows = _b_rows(view, kernel, 0, tile, waste)
@@ -716,17 +716,22 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
     """B as rows of a (padded, phase-split) tensor, or None when B is anything but one
     load (guarded by bounds on its index dims) whose column dims, once strided dims are
     split into phases, walk memory with unit stride innermost, or when that gains
-    nothing: a plain matmul's B (one column dim, no guard)
-    is faster packed (its rows a whole row of B apart: 127x255x383 ran at 61 GFLOP/s in
-    place against 80 packed), and so is a 1x1 convolution's over small planes (no guard,
-    dense columns, under PLANE_IN_PLACE floats: its K rows are whole planes apart, each
-    tile touching a few lines of every one: 1x1024x14x14 to 256 channels ran at 112
-    GFLOP/s in place against 145 packed, 8x512x28x28 to 128 at 105 against 130;
-    1x256x56x56 to 64 at 135 against 96), and a layout whose virtual columns take over
-    `waste` times the column tiles of `tile` is left to packing. `extra`: P is a copy
-    whose rows are that many floats longer (zeros past the tensor's), whatever the
+    nothing: a B without a window (`windowed`) is faster packed. A plain matmul's rows
+    are a whole row of B apart (127x255x383 ran at 61 GFLOP/s in place against 80
+    packed); a 1x1 convolution's are whole planes apart, each tile touching a few lines
+    of every one (Zen 3: 1x1024x14x14 to 256 channels 112 GFLOP/s in place against 145
+    packed, 8x512x28x28 to 128 105 against 130). Its 56x56 planes had stayed in place
+    while a packed B block filled a share of L3 (Zen 3, 1x256x56x56 to 64: 135 against
+    96); with the block in L2 where one thread computes the whole contraction
+    (`tiles.model_tiles`' `alone`), packed against in place, Sapphire Rapids, in pairs
+    of calls, 1 thread: 1x and 8x256x56x56 to 64 1.12x and 1.19x the speed, 1x and
+    8x64x56x56 to 64 1.22x and 1.20x, 8x64x56x56 to 256 1.11x (the 6x16 and 4x24
+    kernels, 1.14-1.48x); 2 threads, 8 images 1.06-1.21x, one image (a team sharing
+    each block of L3's share) 0.98-1.19x. A layout whose virtual columns take over
+    `waste` times the column tiles of `tile` is left to packing too. `extra`: P is a
+    copy whose rows are that many floats longer (zeros past the tensor's), whatever the
     guard."""
-    if not view.c_matrix:
+    if not view.c_matrix or not windowed(view):
         return None
     e = view.b_expr
     bounds, load, pad = (e.bounds, e.then, e.otherwise) if isinstance(e, Guarded) else ((), e, None)
@@ -813,8 +818,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
                    const=const, split=tuple(split))
     if 4 * math.prod(shape) > SLICED_COPY:
         rows = replace(rows, slices=_slices(view, load, copy))
-    if -(-rows.width // tile) > waste * -(-view.N // tile) or (
-            not copy and rows.width == view.N < PLANE_IN_PLACE):
+    if -(-rows.width // tile) > waste * -(-view.N // tile):
         return None
     return rows
 

@@ -40,8 +40,6 @@ class Microkernel:
     rows_variant: str = ""  # gemm: C function computing only a tile's first rows x cols
     # gemm: C function reading B in place, row p at B + off[p] (off: kc + B_ROWS_AHEAD)
     b_rows_variant: str = ""
-    # gemm: as b_rows_variant, also fetching the next column tile's rows into cache
-    b_rows_ahead_variant: str = ""
     # gemm: C function reading A in place, row r at A + r * lda, on a tile's first rows x cols
     a_rows_variant: str = ""
     target: str = "cpu"  # the target whose code calls it
@@ -66,7 +64,6 @@ class Microkernel:
                 "tile": [self.mr, self.nr], "alignment": self.alignment,
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
-                "b_rows_ahead_variant": self.b_rows_ahead_variant,
                 "a_rows_variant": self.a_rows_variant, "window": self.window,
                 "b_taps_variant": self.b_taps_variant,
                 "target": self.target}
@@ -75,12 +72,12 @@ class Microkernel:
 def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, alignment: int,
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
           needs: tuple[str, ...] = (), a_rows_variant: str = "",
-          b_rows_ahead_variant: str = "", window: bool = False,
+          window: bool = False,
           b_taps_variant: str = "") -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
-        b_rows_ahead_variant=b_rows_ahead_variant, window=window,
+        window=window,
         b_taps_variant=b_taps_variant,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
@@ -101,12 +98,10 @@ REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_14x32_rows",
           b_rows_variant="polyc_sgemm_avx512_14x32_b_rows", needs=("sgemm_avx512.c",),
-          b_rows_ahead_variant="polyc_sgemm_avx512_14x32_b_rows_ahead",
           a_rows_variant="polyc_sgemm_avx512_14x32_a_rows"),
     _gemm("sgemm_avx512_8x48", "sgemm_avx512_8x48.c", ("avx512f",), 8, 48, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_8x48_rows",
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",),
-          b_rows_ahead_variant="polyc_sgemm_avx512_8x48_b_rows_ahead",
           a_rows_variant="polyc_sgemm_avx512_8x48_a_rows"),
     # the weights as vectors, a window's pixels broadcast: conv2d's window read in place
     _gemm("sgemm_avx512_32x14", "sgemm_avx512_32x14.c", ("avx512f",), 32, 14, 64, rank=3,
@@ -116,7 +111,6 @@ REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
-          b_rows_ahead_variant="polyc_sgemm_avx2_6x16_b_rows_ahead",
           a_rows_variant="polyc_sgemm_avx2_6x16_a_rows"),
     _gemm("sgemm_avx2_4x24", "sgemm_avx2_4x24.c", ("avx2", "fma"), 4, 24, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_4x24_rows",
@@ -275,8 +269,8 @@ def prototypes(m: Microkernel) -> str:
     if m.rows_variant:
         lines.append(f"{_HIDDEN} void {m.rows_variant}({_ENTRY_ARGS}{_C_ARGS}, long rows, "
                      "long cols);")
-    for variant in filter(None, (m.b_rows_variant, m.b_rows_ahead_variant)):
-        lines.append(f"{_HIDDEN} void {variant}({_ENTRY_ARGS}"
+    if m.b_rows_variant:
+        lines.append(f"{_HIDDEN} void {m.b_rows_variant}({_ENTRY_ARGS}"
                      f"const long *restrict off, {_C_ARGS});")
     if m.b_taps_variant:
         lines.append(f"{_HIDDEN} void {m.b_taps_variant}({_ENTRY_ARGS}const long *restrict off, "

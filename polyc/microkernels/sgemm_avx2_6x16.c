@@ -27,10 +27,7 @@
  *   holds kc + 16 entries (registry.B_ROWS_AHEAD): rows up to 16 steps ahead are
  *   fetched with no test of p at each step; the entries past kc need only be offsets
  *   into B (their rows are prefetched, never read).
- *
- *   polyc_sgemm_avx2_6x16_b_rows_ahead(kc, A, B, off, C, ldc, accumulate): as _b_rows,
- *   also fetching the next column tile's rows (B + off[p] + 16, never read here): where
- *   B's rows stream from memory, the next tile's first row tile finds them in cache.
+
  */
 #ifndef POLYC_SGEMM_AVX2_6X16
 #define POLYC_SGEMM_AVX2_6X16
@@ -79,7 +76,7 @@ static inline __attribute__((always_inline)) void
 polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
                            const float *restrict B, const long *restrict off,
                            float *restrict C, long ldc, int accumulate, const int R, long cols,
-                           const int next_tile, const int W)
+                           const int W)
 {  /* W: the vectors of 8 columns computed; at a right edge, those it stores only */
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)cols), lane);
@@ -96,10 +93,6 @@ polyc_sgemm_avx2_rows_impl(long kc, const float *restrict A, long lda,
       const float *ahead = B + off[p + POLYC_AHEAD_6X16];
       _mm_prefetch((const char *)ahead, _MM_HINT_T0);
       _mm_prefetch((const char *)(ahead + 15), _MM_HINT_T0);
-      if (next_tile) {  /* the next column tile's row: a sweep of row tiles ahead */
-        _mm_prefetch((const char *)(B + off[p] + 16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(B + off[p] + 31), _MM_HINT_T0);
-      }
       b0 = _mm256_loadu_ps(B + off[p]), b1 = _mm256_loadu_ps(B + off[p] + 8);
     } else {
       b0 = _mm256_load_ps(B + p * 16), b1 = W > 1 ? _mm256_load_ps(B + p * 16 + 8) : b0;
@@ -142,16 +135,16 @@ polyc_sgemm_avx2_6x16_by_rows(long kc, const float *restrict A, long lda,
                               int accumulate, long rows, long cols)
 {
   switch (rows) {
-  case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols, 0, 2); break;
-  case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols, 0, 2); break;
-  case 3: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols, 0, 2); break;
-  case 4: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 0, 2); break;
-  case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols, 0, 2); break;
+  case 1: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 1, cols, 2); break;
+  case 2: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 2, cols, 2); break;
+  case 3: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 3, cols, 2); break;
+  case 4: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 4, cols, 2); break;
+  case 5: polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 5, cols, 2); break;
   default:  /* a tile at the right edge computes the vectors it stores only */
     if (cols <= 8)
-      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 0, 1);
+      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 1);
     else
-      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 0, 2);
+      polyc_sgemm_avx2_rows_impl(kc, A, lda, B, 0, C, ldc, accumulate, 6, cols, 2);
     break;
   }
 }
@@ -179,15 +172,6 @@ POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows(
   if (!off)  /* never; told so, gcc keeps only the in-place loads in the K loop, not a
                 test of off at every step (1x1 conv2d over 8x64x56x56: 3-5% faster) */
     __builtin_unreachable();
-  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 0, 2);
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx2_6x16_b_rows_ahead(
-    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
-    float *restrict C, long ldc, int accumulate)
-{
-  if (!off)  /* never: as in _b_rows */
-    __builtin_unreachable();
-  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 1, 2);
+  polyc_sgemm_avx2_rows_impl(kc, A, 0, B, off, C, ldc, accumulate, 6, 16, 2);
 }
 #endif

@@ -12,15 +12,12 @@
  *       (masked stores past `cols`), others neither read nor written;
  *       accumulate 0: C = A B, 1: C += A B
  *
- *   POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) defines the five entry points of a kernel:
+ *   POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) defines the four entry points of a kernel:
  *   name(kc, A, B, C, ldc, accumulate) on a whole tile, name_rows(..., rows, cols) on its
  *   first rows x cols, name_b_rows(kc, A, B, off, C, ldc, accumulate) with B in place,
- *   name_b_rows_ahead(...) as _b_rows, also fetching the next column tile's rows (B +
- *   off[p] + NR, never read here: where B's rows stream from memory, the next tile's
- *   first row tile finds them in cache), name_a_rows(kc, A, lda, B, C, ldc, accumulate,
- *   rows, cols) as _rows with A read in place, a(r, p) = A[r * lda + p] for r < rows (a
- *   row tail's contraction reads the rows it has just written: attention's
- *   probabilities times v).
+ *   name_a_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols) as _rows with A read in
+ *   place, a(r, p) = A[r * lda + p] for r < rows (a row tail's contraction reads the
+ *   rows it has just written: attention's probabilities times v).
  */
 #ifndef POLYC_SGEMM_AVX512
 #define POLYC_SGEMM_AVX512
@@ -40,7 +37,7 @@ static inline __attribute__((always_inline)) void
 polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float *restrict B,
                         const long *restrict off, float *restrict C, long ldc,
                         int accumulate, const int R, const int MR, const int NV, const int W,
-                        long cols, const int next_tile)
+                        long cols)
 {
   const int NR = 16 * NV;  /* the panel's width; W <= NV vectors of it are computed */
   __m512 acc[14][3];  /* fully unrolled below: gcc keeps the R x NV used in registers */
@@ -60,12 +57,6 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
       for (int v = 0; v < W; v++)
         _mm_prefetch((const char *)(ahead + 16 * v), _MM_HINT_T0);
       _mm_prefetch((const char *)(ahead + NR - 1), _MM_HINT_T0);
-      if (next_tile) {  /* the next column tile's row: a sweep of row tiles ahead */
-#pragma GCC unroll 3
-        for (int v = 0; v < W; v++)
-          _mm_prefetch((const char *)(B + off[p] + NR + 16 * v), _MM_HINT_T0);
-        _mm_prefetch((const char *)(B + off[p] + 2 * NR - 1), _MM_HINT_T0);
-      }
 #pragma GCC unroll 3
       for (int v = 0; v < W; v++)
         b[v] = _mm512_loadu_ps(B + off[p] + 16 * v);
@@ -119,14 +110,14 @@ polyc_sgemm_avx512_impl(long kc, const float *restrict A, long lda, const float 
 
 /* rows < MR: one instantiation per row count below MR (the others are dead code) */
 #define POLYC_AVX512_ROWS_CASE(k, MR, NV) \
-  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, NV, cols, 0); break; } /* fall through */
+  case k: if ((k) < (MR)) { polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, (k) < (MR) ? (k) : (MR), MR, NV, NV, cols); break; } /* fall through */
 
 #define POLYC_SGEMM_AVX512_KERNEL(name, MR, NV) \
 POLYC_MK_ENTRY void name( \
     long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc, \
     int accumulate) \
 { \
-  polyc_sgemm_avx512_impl(kc, A, 0, B, 0, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV), 0); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, 0, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV)); \
 } \
 static inline __attribute__((always_inline)) void name##_by_rows( \
     long kc, const float *restrict A, long lda, const float *restrict B, float *restrict C, \
@@ -142,11 +133,11 @@ static inline __attribute__((always_inline)) void name##_by_rows( \
   POLYC_AVX512_ROWS_CASE(13, MR, NV) \
   default: /* a tile at the right edge computes the vectors it stores only */ \
     if ((NV) > 1 && cols <= 16) \
-      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 1, cols, 0); \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 1, cols); \
     else if ((NV) > 2 && cols <= 32) \
-      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 2, cols, 0); \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, 2, cols); \
     else \
-      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, NV, cols, 0); \
+      polyc_sgemm_avx512_impl(kc, A, lda, B, 0, C, ldc, accumulate, MR, MR, NV, NV, cols); \
   } \
 } \
 POLYC_MK_ENTRY void name##_rows( \
@@ -169,14 +160,6 @@ POLYC_MK_ENTRY void name##_b_rows( \
 { \
   if (!off)  /* never; told so, gcc drops the packed B's loop */ \
     __builtin_unreachable(); \
-  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV), 0); \
-} \
-POLYC_MK_ENTRY void name##_b_rows_ahead( \
-    long kc, const float *restrict A, const float *restrict B, const long *restrict off, \
-    float *restrict C, long ldc, int accumulate) \
-{ \
-  if (!off)  /* never: as in _b_rows */ \
-    __builtin_unreachable(); \
-  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV), 1); \
+  polyc_sgemm_avx512_impl(kc, A, 0, B, off, C, ldc, accumulate, MR, MR, NV, NV, 16 * (NV)); \
 }
 #endif

@@ -21,10 +21,6 @@
  *   but read in place, row p being the 48 floats at B + off[p] (any alignment, all 48
  *   readable): conv2d's window rows straight from its (padded) input, no im2col.
  *
- *   polyc_sgemm_avx512_8x48_b_rows_ahead(kc, A, B, off, C, ldc, accumulate): as _b_rows,
- *   also fetching the next column tile's rows (the 48 floats at B + off[p] + 48, never
- *   read here).
- *
  *   polyc_sgemm_avx512_8x48_a_rows(kc, A, lda, B, C, ldc, accumulate, rows, cols): as _rows,
  *   with A read in place, a(r, p) = A[r * lda + p] for r < rows (lda > 0).
  */

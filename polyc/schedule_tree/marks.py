@@ -182,9 +182,6 @@ class Gemm(Mark):
     # 'once': packed whole before the loop over images, not once per image (`plan.packs_a_once`) |
     # 'const': a constant, packed whole on the kernel's first call and kept (`plan.constant_operand`)
     a: str = "packed"
-    # 'tile': with B read in place, each K step also fetches the next column tile's row
-    # (the kernel's `b_rows_ahead_variant`: `plan.fetches_next_tile`)
-    ahead: str = "-"
     # the kernel of the row tail's contraction (`GemmView.then`: attention's
     # probabilities times v), A read in place by its `a_rows_variant`
     then: str = ""
@@ -220,7 +217,6 @@ class Gemm(Mark):
                 + (f" a={self.a}" if self.a != "packed" else "")
                 + (f" masked={self.masked}" if self.masked != "-" else "")
                 + (f" depth={self.depth}" if self.depth != "-" else "")
-                + (f" ahead={self.ahead}" if self.ahead != "-" else "")
                 + (f" then={self.then}" if self.then else "")
                 + (f" then_depth={self.then_depth}" if self.then_depth != "-" else "")
                 + (f" row_tile={self.row_tile}" if self.row_tile else "")

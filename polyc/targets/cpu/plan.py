@@ -24,7 +24,7 @@ from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, fla
                                      window_taps, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
-from .tiles import B_BLOCK, apply_overrides, balanced, model_tiles
+from .tiles import apply_overrides, balanced, model_tiles
 
 # below this many multiply-adds the naive loops win: packing and the call cost more
 MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
@@ -42,11 +42,6 @@ MIN_TAIL_PANELS = 8
 # @ 512x256 92 against 94, 1x256x14x14 to 256 3x3 (13) 73 against 64, 1024^3 (64) 93
 # against 88
 A_IN_PLACE_TILES = 8
-# a B read in place fetches the next column tile's rows only where C has at most this
-# many row tiles (`fetches_next_tile`)
-AHEAD_ROW_TILES = 16
-# ... and where B, all its images, is over this share of L3: it streams from memory
-AHEAD_L3_SHARE = 8
 # an image of this many columns keeps its batch loop (`cpu_gemm_view`); smaller ones
 # are folded into the columns. Zen 3, folded against not: 2 threads, 8x512x28x28 to
 # 128 1x1 97 against 108 GFLOP/s, 8x1024x14x14 to 256 97 against 105, 8x2048x7x7 to
@@ -293,13 +288,10 @@ def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:
     in-cache calibration does not see what loading them then costs (Zen 3, 6x16 against
     4x24, 8-image 1x1 convolutions folded into one C: 8x256x56x56 to 512 /2, 71 against
     52 GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C
-    stays in cache, 52 against 70). B read in place streams too where its K rows are
-    whole planes apart (a 1x1 convolution: 6x16 6-9% faster on 64 and 256 output
-    channels, 1 and 8 images), not where a window's neighbouring rows overlap (3x3:
-    4x24 5% faster)."""
-    if b_rows(view, kernel) is not None:
-        return not windowed(view)
-    return view.M * view.N * 4 > 4 * machine.fusion_level.capacity
+    stays in cache, 52 against 70). Not a B read in place, a window's, whose
+    neighbouring rows overlap in cache (3x3: 4x24 5% faster)."""
+    return (b_rows(view, kernel) is None
+            and view.M * view.N * 4 > 4 * machine.fusion_level.capacity)
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine: Machine,
@@ -307,9 +299,13 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     """Tiles and loops; with `rows` (B read in place) there is no B block to size, so no
     jc loop, and the column tiles step through the virtual columns."""
     M, N, K = view.M, view.N, view.K
-    tiles = model_tiles(M, N, K, mk, machine, in_place=rows is not None,
-                        balance=options.balance_tiles)
     team = tuning.team(options, machine)
+    par = "none"
+    if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
+        first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
+        par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
+    tiles = model_tiles(M, N, K, mk, machine, in_place=rows is not None,
+                        alone=par != "inner", balance=options.balance_tiles)
     tuned = tuning.lookup(kernel, machine, team) or {}
     overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
     overrides.update(dict(options.microkernel_tiles))
@@ -320,10 +316,6 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
             block = balanced(M, block, mk.mr)
         tiles = replace(tiles, mc=min(tiles.mc, block),
                         nc=max(tiles.nc, -(-N // mk.nr) * mk.nr))
-    par = "none"
-    if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
-        first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
-        par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
     if par == "inner" and not view.tail and view.batches == 1 \
             and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < ROWS_TEAM_TILES * team:
         # too few column tiles to share: each thread takes whole row blocks instead,
@@ -374,32 +366,12 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     depth = masked_depth(view, kernel) if b == "packed" else None
     if b == "packed" and constant_operand(view, kernel, "b"):
         b = "const"
-    ahead = "tile" if rows and fetches_next_tile(view, mk, machine) else "-"
     then = then_kernel(view, machine, options.microkernel_isa).name if view.then else ""
     then_depth = masked_depth(view.then, kernel) if view.then else None
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
-                "-" if depth is None else str(depth), a, ahead, then,
+                "-" if depth is None else str(depth), a, then,
                 "-" if then_depth is None else str(then_depth), row_tile=per_tile, taps=taps)
-
-
-def fetches_next_tile(view: GemmView, mk: registry.Microkernel, machine: Machine) -> bool:
-    """Does each K step of a tile also fetch the next column tile's row of a B read in
-    place (`Gemm.ahead`)? Where B's rows are whole planes apart (no window) and B, all
-    its images, is over an eighth of L3 (AHEAD_L3_SHARE) or over the largest block
-    trusted to stay in L3 (`tiles.B_BLOCK`: a guest is shown its socket's whole L3, 300
-    MiB on a 2-core Sapphire Rapids VM), they stream from memory, and the first row
-    tile of each column waits on every one; with few row tiles (AHEAD_ROW_TILES) that
-    wait is a large share. Zen 3: 8x64x56x56 to 64 1x1 +23% (1 thread, median of 4
-    runs), +26% (2 threads); 8x256x56x56 to 64 +4.9% and -3%; to 256 channels (43 row
-    tiles) +7% and -3.5%; one image, its B in L3, -6% to +1%; a 3x3 window, whose rows
-    overlap in cache, -10%. Sapphire Rapids, 14x32, in pairs of calls: 8x64x56x56 to 64
-    +5-8% at 1 thread, +1% at 2; 8x256x56x56 to 64 +6% and +3%; one image, its 0.8 and
-    3.2 MB of B in cache, -2% and -1%."""
-    streams = min(machine.role("block").capacity // AHEAD_L3_SHARE, B_BLOCK)
-    return (bool(mk.b_rows_ahead_variant) and not windowed(view)
-            and -(-view.M // mk.mr) <= AHEAD_ROW_TILES
-            and 4 * view.batches * view.K * view.N > streams)
 
 
 def constant_operand(view: GemmView, kernel: Kernel, side: str) -> bool:

@@ -25,7 +25,14 @@ overrides from the options and from `polyc tune`.
         thread; level with it there at 2); at most B_BLOCK bytes, as a virtual machine
         is shown its socket's whole L3 (300 MiB on a 2-core Sapphire Rapids guest: 16
         MiB blocks, where 4 MiB ones made 1024x1024 @ 1024x4096 and linear+gelu 8-22%
-        faster at 1 thread in three runs, in turns; 1-2% slower at 2, in two)
+        faster at 1 thread in three runs, in turns; 1-2% slower at 2, in two). Where A
+        is one block (M <= mc) no other block reads B's, and where one thread computes
+        the whole contraction (`alone`: no team shares the block) it fills an eighth of
+        L2 instead: packed, it is read back from L2, not L3 (Sapphire Rapids, 1 thread,
+        in pairs of calls: 8x256x56x56 to 64 1x1 1.16x the speed, 8x512x28x28 to 128
+        1.05x, 64x1024 @ 1024x2048 1.10x, 256x512 @ 512x4096 1.03x, 127x255x383 and
+        300x512 @ 512x1000 level; a quarter of L2 1-3% slower, a sixteenth up to 8%. A
+        team sharing each block, at 2 threads, lost 5-18% to its smaller blocks)
 
 Each is then balanced: the extent is cut into as many blocks as that size needs, and
 the blocks made equal (rounded up to the kernel's tile), so no block is a sliver.
@@ -54,17 +61,20 @@ def balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
 
 
 def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
-                in_place: bool = False, balance: bool = True) -> Tiles:
-    """The blocks of an M x N x K contraction; `balance` False keeps the model's sizes
-    whatever the extents (`CpuOptions.balance_tiles`)."""
+                in_place: bool = False, alone: bool = False, balance: bool = True) -> Tiles:
+    """The blocks of an M x N x K contraction; `alone`: one thread computes all of it;
+    `balance` False keeps the model's sizes whatever the extents
+    (`CpuOptions.balance_tiles`)."""
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
     kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
     kc = balanced(K, kc, 4, balance)
     mc = balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
-    nc = balanced(N, min(B_BLOCK, l3 // 8 // max(1, machine.cores)) // (kc * elem), mk.nr,
-                  balance)
+    block = min(B_BLOCK, l3 // 8 // max(1, machine.cores))
+    if alone and balance and not in_place and M <= mc:  # unbalanced, sizes ignore M
+        block = min(block, l2 // 8)
+    nc = balanced(N, block // (kc * elem), mk.nr, balance)
     return Tiles(mc, nc, kc)
 
 

@@ -125,7 +125,7 @@ class WriteBackMixin:
             kernel = calls(cptr, str(plan.n), f"!{first}")
         else:
             variant = ""
-            b_rows = mk.b_rows_ahead_variant if plan.ahead == "tile" else mk.b_rows_variant
+            b_rows = mk.b_rows_variant
             whole = cgen.Statement(f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, mk_tile, {NR}, 0)")
             edge = whole if rows.copy else self._edge_panel(call)
             kernel = f"{b_rows}(mk_kc, mk_ap, mk_bp, mk_offk, {cptr}, {plan.n}, !{first})"

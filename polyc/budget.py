@@ -26,6 +26,7 @@ compile with a larger budget is a different key and is never served it.
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,6 +77,26 @@ def _past_limit(ctx: isl.Context) -> bool:
     return False
 
 
+_once = threading.local()  # seconds this thread has spent in `once` blocks
+
+
+def _once_seconds() -> float:
+    return getattr(_once, "seconds", 0.0)
+
+
+@contextmanager
+def once() -> Iterator[None]:
+    """Work done once per machine, whichever stage it falls in (the cpu target's gemm
+    kernel calibration, `calibrate.rates`): no stage's budget pays for it. A new
+    machine's first compile had spent most of its 20 s of fusion building and timing
+    every gemm kernel (16.7 s), and a slower host would have fused nothing."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _once.seconds = _once_seconds() + time.perf_counter() - start
+
+
 @dataclass
 class Ledger:
     """The wall seconds each stage may spend in one compile and has spent, and the
@@ -105,11 +126,12 @@ class Ledger:
 
     @contextmanager
     def timing(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, before = time.perf_counter(), _once_seconds()
         try:
             yield
         finally:
-            self.spent[stage] = self.spent.get(stage, 0.0) + time.perf_counter() - start
+            spent = time.perf_counter() - start - (_once_seconds() - before)
+            self.spent[stage] = self.spent.get(stage, 0.0) + spent
 
     def out_of_time(self, stage: str) -> str:
         """Why a question of `stage` is not asked (for its fallback line)."""

@@ -3,6 +3,8 @@ budget, takes its cheaper answer, says so in the report, and the result still ma
 the reference executor."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -64,6 +66,29 @@ def test_a_fusion_budget_of_zero_seconds_leaves_every_node_its_own_kernel():
                            "is spent after 0 proposals")
     assert len(compiled.kernels) == len(compiled.primitive.nodes)
     assert all(line in k.fusion_report for k in compiled.kernels)
+    _check(graph, compiled)
+
+
+def test_the_kernel_calibration_is_no_part_of_the_fusion_budget(monkeypatch):
+    """A new machine's first compile measures its gemm kernels (`calibrate.rates`) from
+    inside the fusion stage: work done once per machine (`budget.once`), which no
+    stage's budget pays for. Here it takes 3 s against a budget of 2."""
+    from polyc.targets.cpu import calibrate
+    calls = []
+
+    def slow(machine, kernels):
+        calls.append(len(kernels))
+        time.sleep(3.0)  # a slow host building and timing every kernel
+        return measure(machine, kernels)
+    measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "_seen", {})
+    monkeypatch.setattr(calibrate, "read_cache_json", lambda name: {})
+    monkeypatch.setattr(calibrate, "write_cache_json", lambda name, data: None)
+    monkeypatch.setattr(calibrate, "measure", slow)
+    graph = _linear_softmax()
+    compiled = compile(graph, options={"fuse_seconds": 2})
+    assert calls and compiled.fallbacks == ()
+    assert len(compiled.kernels) < len(compiled.primitive.nodes)
     _check(graph, compiled)
 
 

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import os
 
+from ...budget import once
 from ...codegen.build import build_shared_object, compiler_version
 from ...machine import Machine
 from ...microkernels.registry import REGISTRY, c_source, unit_source
@@ -129,7 +130,8 @@ def rates(machine: Machine, kernels) -> dict[str, float]:
     if entry is not None and all(n in entry["rates"] for n in names):
         _seen[key, names] = entry["rates"]
         return dict(entry["rates"])
-    measured = measure(machine, kernels)
+    with once():
+        measured = measure(machine, kernels)
     if not measured:
         return {}
     _seen[key, names] = measured

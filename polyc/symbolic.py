@@ -232,9 +232,11 @@ class _ProbeRuns:
         return self.run(self.probes(ranges)[1][0], options)
 
     def folds(self, ranges: dict[str, tuple[int, int]], options) -> bool:
-        """Does a contraction fold a batch into its columns at the first probe?"""
-        return any(m.b == "folded" for r in self.base(ranges, options)[2]
-                   for m in r.marks(mk.Gemm))
+        """Does a contraction fold a batch into its columns, or read B in place over a
+        batch (copied for all its images at some sizes, image by image at others:
+        `CpuOptions.fold_batch`), at the first probe?"""
+        return any(m.b == "folded" or (m.b == "rows" and any(loop[0] == "b" for loop in m.loops))
+                   for r in self.base(ranges, options)[2] for m in r.marks(mk.Gemm))
 
     def maps(self, ranges: dict[str, tuple[int, int]], options, kernel: str | None) -> bool:
         """Is `kernel` mapped onto microkernels at the first probe?"""
@@ -298,7 +300,8 @@ def _pinned(options, run):
 
 
 # what a compile changes, in turn, when the probes decide differently: a symbolic batch
-# folded into a contraction's columns makes a column block that grows with it; tiles
+# folded into a contraction's columns makes a column block that grows with it (a copy
+# of B for all its images too, made at some probes and not others); tiles
 # cut to the extent (1009 in 8 tiles of 127) differ at every probe, the model's sizes do
 # not; a microkernel's emitter may decide by a size it cannot compare
 _FALLBACKS = ({}, {"fold_batch": False}, {"fold_batch": False, "balance_tiles": False},
@@ -306,7 +309,8 @@ _FALLBACKS = ({}, {"fold_batch": False}, {"fold_batch": False, "balance_tiles": 
 # the options naming kernels, which the first version's decisions set
 _KERNEL_OPTIONS = ("options.portable_kernels", "options.kernel_gemm")
 _CHANGED = {"balance_tiles": "tiles and gemm blocks not balanced to the extents",
-            "fold_batch": "no batch folded into a contraction's columns",
+            "fold_batch": "no batch folded into a contraction's columns, nor B copied "
+                          "for all its images",
             "microkernels": "microkernels off, the portable loops instead"}
 
 

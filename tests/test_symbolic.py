@@ -196,6 +196,40 @@ def test_one_compile_runs_every_size(softmax):
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("c,size,o,options,sliced", [
+    (64, 30, 32, {"gemm_kernel": "sgemm_vec_6x16"}, True),  # a copy of 4 MB for 16 images
+    (128, 14, 64, {}, False),  # K 1152: the window kernel, where the host has AVX-512
+], ids=["copy-past-2mb", "default-kernel"])
+def test_a_symbolic_batch_of_convolutions_reads_its_windows_in_place(c, size, o, options,
+                                                                     sliced):
+    """A window read in place over a batch N in [1, 16] (the batch's extent a symbol in
+    codegen, `analysis._b_rows`; it had fallen back to the portable loops). A padded
+    copy of all 16 images that would pass SLICED_COPY at some probes and not at others
+    is made image by image (`CpuOptions.fold_batch`); one under it at every probe, for
+    all the images."""
+    rng = np.random.default_rng(0)
+    w = rng.uniform(-1, 1, (o, c, 3, 3)).astype(np.float32) / np.float32(np.sqrt(9 * c))
+    doc = {"name": "conv", "inputs": [{"name": "x", "shape": ["N", c, size, size],
+                                      "dtype": "float32"}],
+           "constants": [{"name": "w", "shape": [o, c, 3, 3], "dtype": "float32",
+                          "data": w.ravel().tolist()}],
+           "nodes": [{"op": "conv2d", "inputs": ["x", "w"], "outputs": ["y"],
+                      "attrs": {"pads": [1, 1, 1, 1]}}],
+           "outputs": ["y"], "symbols": {"N": {"min": 1, "max": 16}}}
+    compiled = polyc.compile(doc, options={"threads": 1, **options})
+    (kernel,) = compiled.kernels
+    assert kernel.microkernels, kernel.fusion_report
+    plans = [line.split('"')[1] for line in kernel.to_json()["schedule_text"].splitlines()
+             if 'mark: "gemm ' in line]
+    assert len(plans) == 1 and "b=rows" in plans[0], plans
+    assert ("sliced=1" in plans[0]) == sliced, plans
+    graph = load_graph(doc)
+    for n in (1, 2, 9, 16):
+        inputs = random_inputs(graph, seed=n, symbols={"N": n})
+        got, want = compiled(**inputs), run_reference(graph, inputs)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+
+
 def test_call_time_mismatch_names_inputs_and_symbol(softmax):
     with pytest.raises(GraphError) as e:
         softmax(x=np.ones((3, 24), np.float32), b=np.ones((4, 1), np.float32))

@@ -667,9 +667,10 @@ def _phases(view: GemmView, load: Load) -> list[int]:
 
 
 def _slices(view: GemmView, load: Load, copy: bool) -> tuple[tuple[int, int], ...]:
-    """`BRows.slices`: each batch dim of more than one point indexes one dim of the
-    load by itself, and no other; () when any does not (or there is no copy)."""
-    dims = [d for d in view.batch if view.shape[d] > 1]
+    """`BRows.slices`: each batch dim of more than one point (or a symbol's) indexes one
+    dim of the load by itself, and no other; () when any does not (or there is no
+    copy)."""
+    dims = [d for d in view.batch if view.shape[d] != 1]
     out = []
     for d in dims if copy else ():
         it = view.out_iter[d]
@@ -681,19 +682,19 @@ def _slices(view: GemmView, load: Load, copy: bool) -> tuple[tuple[int, int], ..
 
 
 def b_rows(view: GemmView, kernel: Kernel, tile: int = COLUMN_TILE,
-           waste: float = MAX_TILE_WASTE) -> BRows | None:
+           waste: float = MAX_TILE_WASTE, sliced: bool | None = None) -> BRows | None:
     """B as rows of a (padded, phase-split) tensor (`_b_rows`). Where its K rows would
     lie a multiple of 1 KiB apart (`_crowded`: power-of-two planes, 32x32 or 64x64),
     they fall into a few of L1's sets and evict each other before the next tile reads
     them again (1x256x64x64 to 64 1x1, when 1x1s were read in place: 28 GFLOP/s,
     1x256x64x65: 69): the copy is then
-    made with its rows a float or more longer, the extra columns virtual. `tile` and
-    `waste` as in `_b_rows`."""
-    rows = _b_rows(view, kernel, 0, tile, waste)
+    made with its rows a float or more longer, the extra columns virtual. `tile`,
+    `waste` and `sliced` as in `_b_rows`."""
+    rows = _b_rows(view, kernel, 0, tile, waste, sliced)
     if rows is None or max(rows.phases) > 1 or not _crowded(rows, view):
         return rows
     for extra in range(1, 9):
-        wider = _b_rows(view, kernel, extra, tile, waste)
+        wider = _b_rows(view, kernel, extra, tile, waste, sliced)
         if wider is None or not _crowded(wider, view):
             return wider
     return rows
@@ -712,7 +713,7 @@ def _crowded(rows: BRows, view: GemmView) -> bool:
 
 
 def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
-            waste: float) -> BRows | None:
+            waste: float, sliced: bool | None = None) -> BRows | None:
     """B as rows of a (padded, phase-split) tensor, or None when B is anything but one
     load (guarded by bounds on its index dims) whose column dims, once strided dims are
     split into phases, walk memory with unit stride innermost, or when that gains
@@ -730,7 +731,9 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
     each block of L3's share) 0.98-1.19x. A layout whose virtual columns take over
     `waste` times the column tiles of `tile` is left to packing too. `extra`: P is a
     copy whose rows are that many floats longer (zeros past the tensor's), whatever the
-    guard."""
+    guard. `sliced`: is the copy made per batch point (`BRows.slices`)? None: by its
+    size (SLICED_COPY); codegen passes the plan's (`Gemm.sliced`), made at the sizes a
+    symbolic compile probed, as its own sizes may be a symbol's."""
     if not view.c_matrix or not windowed(view):
         return None
     e = view.b_expr
@@ -746,8 +749,9 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
     S, ext = arr.type.shape, view.stmt.extents
     lo, hi, valid = [], [], []
     for d, x in enumerate(load.index):
-        lo.append(x.const + sum(min(0, c * (ext[p] - 1)) for p, c in x.terms))
-        hi.append(x.const + sum(max(0, c * (ext[p] - 1)) for p, c in x.terms))
+        # by the sign of c alone: an extent (at least 1) may be a symbol's (a batch N)
+        lo.append(x.const + sum(c * (ext[p] - 1) for p, c in x.terms if c < 0))
+        hi.append(x.const + sum(c * (ext[p] - 1) for p, c in x.terms if c > 0))
         valid.append([0, S[d]])
     for b in bounds:
         d = next((d for d, x in enumerate(load.index) if dict(x.terms) == dict(b.aff.terms)
@@ -816,7 +820,7 @@ def _b_rows(view: GemmView, kernel: Kernel, extra: int, tile: int,
                    red_weights=tuple((p, weight.get(p, 0)) for p in view.red),
                    batch_weights=tuple((d, weight.get(view.out_iter[d], 0)) for d in view.batch),
                    const=const, split=tuple(split))
-    if 4 * math.prod(shape) > SLICED_COPY:
+    if 4 * math.prod(shape) > SLICED_COPY if sliced is None else sliced:
         rows = replace(rows, slices=_slices(view, load, copy))
     if -(-rows.width // tile) > waste * -(-view.N // tile):
         return None

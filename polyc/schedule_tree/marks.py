@@ -194,6 +194,9 @@ class Gemm(Mark):
     # 9: B's K rows are a 3x3 window's taps over its channels, read by the kernel's
     # `b_taps_variant` (`analysis.window_taps`)
     taps: int = 0
+    # 1: B read in place from a copy made per batch point, inside the batch loop
+    # (`BRows.slices`): decided at the plan's sizes, which codegen's may not be (a symbol)
+    sliced: int = 0
 
     @property
     def tiles(self) -> Tiles:
@@ -220,7 +223,8 @@ class Gemm(Mark):
                 + (f" then={self.then}" if self.then else "")
                 + (f" then_depth={self.then_depth}" if self.then_depth != "-" else "")
                 + (f" row_tile={self.row_tile}" if self.row_tile else "")
-                + (f" taps={self.taps}" if self.taps else ""))
+                + (f" taps={self.taps}" if self.taps else "")
+                + (f" sliced={self.sliced}" if self.sliced else ""))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ class CpuOptions(Options):
     balance_tiles: bool = True
     # batch dims only a contraction's B reads become columns of its C (conv2d's images:
     # `plan.cpu_gemm_view`); False keeps a batch loop, as a symbolic batch needs (its
-    # columns would be a block that grows with it)
+    # columns would be a block that grows with it), and B read in place is copied image
+    # by image (`BRows.slices`), not as a copy of all images, which would grow with it
     fold_batch: bool = True
 
     def named_kernels(self) -> list[tuple[str, str]]:

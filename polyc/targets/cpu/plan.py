@@ -147,15 +147,17 @@ def reads_windows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> b
     return rows is not None and (row_tiles(view, rows, mk, kernel) > 0 or view.batches == 1)
 
 
-def plan_rows(view: GemmView, kernel: Kernel, mk: registry.Microkernel) -> BRows | None:
-    """B as the rows `mk` reads in place (`analysis.b_rows`), or None. A window kernel's
-    tiles are its own 14 columns: at each output row or pair of rows (`row_tiles`) they
-    are the output's own, else WINDOW_TILE_WASTE bounds those past it."""
+def plan_rows(view: GemmView, kernel: Kernel, mk: registry.Microkernel,
+              sliced: bool | None = None) -> BRows | None:
+    """B as the rows `mk` reads in place (`analysis.b_rows`, `sliced` as there), or None.
+    A window kernel's tiles are its own 14 columns: at each output row or pair of rows
+    (`row_tiles`) they are the output's own, else WINDOW_TILE_WASTE bounds those past
+    it."""
     if not mk.b_rows_variant:
         return None
     if not mk.window:
-        return b_rows(view, kernel)
-    rows = b_rows(view, kernel, mk.nr, math.inf)
+        return b_rows(view, kernel, sliced=sliced)
+    rows = b_rows(view, kernel, mk.nr, math.inf, sliced)
     if rows is None or row_tiles(view, rows, mk, kernel):
         return rows
     return rows if -(-rows.width // mk.nr) <= WINDOW_TILE_WASTE * -(-view.N // mk.nr) else None
@@ -371,7 +373,8 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     return Gemm(view.stmt.name, mk.name, M, N, K, tiles.mc, tiles.nc, tiles.kc, par,
                 options.threads, tuple(loops), b, "-" if masked is None else str(masked),
                 "-" if depth is None else str(depth), a, then,
-                "-" if then_depth is None else str(then_depth), row_tile=per_tile, taps=taps)
+                "-" if then_depth is None else str(then_depth), row_tile=per_tile, taps=taps,
+                sliced=int(bool(rows and rows.slices)))
 
 
 def constant_operand(view: GemmView, kernel: Kernel, side: str) -> bool:

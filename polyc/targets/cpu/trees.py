@@ -102,7 +102,9 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
         mk, why = choose_gemm_kernel(view, kernel, machine, options, streaming, window)
         if report is not None:
             report.append(f"{view.stmt.name} ({view.M}x{view.N}x{view.K}) on {mk.name}: {why}")
-        rows = plan_rows(view, kernel, mk)
+        # unfolded, a batch's copy of B is made image by image too: for all its images
+        # it would grow with a symbolic batch
+        rows = plan_rows(view, kernel, mk, None if options.fold_batch else True)
         plan = plan_gemm(view, mk, kernel, machine, options, rows)
         if not view.c_matrix and report is not None:
             dims = ", ".join(f"dim {d} ({view.shape[d]})" for d in view.cols if d < view.rows[0])

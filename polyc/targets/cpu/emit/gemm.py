@@ -123,7 +123,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         mk = registry.by_name(plan.kernel)
         if mk not in self.used:
             self.used.append(mk)
-        self.rows = plan_rows(view, self.b.kernel, mk) if plan.b == "rows" else None
+        self.rows = (plan_rows(view, self.b.kernel, mk, bool(plan.sliced)) if plan.b == "rows"
+                     else None)
         if plan.b == "rows" and (self.rows is None or not mk.b_rows_variant):
             raise InternalError("codegen", f"mark {str(plan)!r}: B cannot be read by rows")
         self.plan, self.view, self.base, self.mk = plan, view, len(self.b.loops), mk

@@ -646,6 +646,20 @@ def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles
     assert f"polyc_{WINDOW}_b_rows(" in compiled.c_source
 
 
+@pytest.mark.parametrize("size,par", [(7, "rows"), (14, "batch")])
+def test_a_team_shares_the_window_kernel_s_weights_by_row_blocks(size, par):
+    """Weights over L2 and images of 49 columns: each thread of a team takes whole row
+    blocks, the batch loop inside them, so that each block of weights serves every
+    image (`plan.shares_weights`); images of 196 columns are the threads' own."""
+    l2 = cpu_machine().fusion_level.capacity
+    o = 32 * (l2 // (4 * 128 * 9 * 32) + 1)  # 4 * o * K bytes of weights: over L2
+    options = replace(_isa("avx512"), threads=2)
+    graph, inputs = _conv((2, 128, size, size), (o, 128, 3, 3), bias_relu=True, pads=[1] * 4)
+    mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert mark.kernel == WINDOW and mark.par == par, mark
+    assert mark.loops[:2] == (("ic", "b0") if par == "rows" else ("b0", "ic")), mark
+
+
 def test_k_blocks_of_the_window_kernel_add_up_in_its_virtual_columns():
     """Tiles of a few K rows each (kc 40): partial sums in the virtual columns, the init
     and the epilogue at the last block."""

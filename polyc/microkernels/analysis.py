@@ -687,9 +687,8 @@ def b_rows(view: GemmView, kernel: Kernel, tile: int = COLUMN_TILE,
     lie a multiple of 1 KiB apart (`_crowded`: power-of-two planes, 32x32 or 64x64),
     they fall into a few of L1's sets and evict each other before the next tile reads
     them again (1x256x64x64 to 64 1x1, when 1x1s were read in place: 28 GFLOP/s,
-    1x256x64x65: 69): the copy is then
-    made with its rows a float or more longer, the extra columns virtual. `tile`,
-    `waste` and `sliced` as in `_b_rows`."""
+    1x256x64x65: 69): the copy is then made with its rows a float or more longer, the
+    extra columns virtual. `tile`, `waste` and `sliced` as in `_b_rows`."""
     rows = _b_rows(view, kernel, 0, tile, waste, sliced)
     if rows is None or max(rows.phases) > 1 or not _crowded(rows, view):
         return rows

@@ -1140,6 +1140,24 @@ def test_a_1x1_conv2d_is_packed_in_blocks_that_stay_in_l2_where_one_thread_has_i
         assert plan.nc == shared.nc, mark
 
 
+@pytest.mark.parametrize("const", [True, False])
+def test_a_constant_a_that_fits_l2_is_one_k_block(const):
+    """One thread, A packed once and whole in a quarter of L2 (conv2d's weights, 32 x
+    1024): K is one block, no pass over C again (`tiles.model_tiles`' `const_a`). A
+    matmul's A of that shape, packed again for each block of B, keeps the L1 rule's
+    K blocks (16 columns x 768 floats of B fill 48 KiB)."""
+    options = Options(threads=1, gemm_kernel="sgemm_vec_6x16")
+    if const:
+        graph = _const_conv(1, (32, 1024, 1, 1), 3)
+        rng = np.random.default_rng(4)
+        inputs = {"x": _rand(rng, (1, 1024, 13, 15)), "b": _rand(rng, (32,))}
+    else:
+        graph, inputs = _matmul((32, 1024), (1024, 195))
+    plan = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert (plan.a == "const") == const, plan
+    assert ("pc" not in plan.loops and plan.kc == 1024) == const, plan
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_forced_variants(isa):
     options = _isa(isa)

@@ -58,7 +58,8 @@ def kernel_candidates(plan, kernels, machine: Machine, budget: int, vary_nc: boo
     per_kernel = []
     for mk in kernels:
         model = model_tiles(plan.m, plan.n, plan.k, mk, machine, in_place=plan.b == "rows",
-                            alone=plan.par in ("none", "batch")).to_json()
+                            alone=plan.par in ("none", "batch"),
+                            const_a=plan.a == "const").to_json()
         per_kernel.append([(mk.name, t) for t in candidates(
             model, plan.m, plan.n, plan.k, mk.mr, mk.nr, budget, vary_nc)])
     out = []

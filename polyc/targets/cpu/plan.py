@@ -306,8 +306,9 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     if view.flops >= MIN_PARALLEL_FLOPS and team > 1:
         first = next((view.shape[d] for d in view.batch if view.shape[d] > 1), 1)
         par = "batch" if first >= team and (first % team == 0 or first >= 4 * team) else "inner"
+    const = constant_operand(view, kernel, "a")  # never packed again: images outside
     tiles = model_tiles(M, N, K, mk, machine, in_place=rows is not None,
-                        alone=par != "inner", balance=options.balance_tiles)
+                        alone=par != "inner", const_a=const, balance=options.balance_tiles)
     tuned = tuning.lookup(kernel, machine, team) or {}
     overrides = dict(tuned.get("tiles", {})) if tuned.get("microkernel", mk.name) == mk.name else {}
     overrides.update(dict(options.microkernel_tiles))
@@ -333,10 +334,10 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops = ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
-    const = constant_operand(view, kernel, "a")  # never packed again: images outside
-    # but for a window kernel, whose block of weights then serves every image from L2
-    # (8x512x7x7 3x3, its 9.4 MB streamed once, not once per image: 0.96-0.97x the
-    # time, 1 thread, in pairs; level on 14x14 to 56x56 outputs)
+    # a constant A is never packed again: images outside, but for a window kernel, whose
+    # block of weights then serves every image from L2 (8x512x7x7 3x3, its 9.4 MB
+    # streamed once, not once per image: 0.96-0.97x the time, 1 thread, in pairs; level
+    # on 14x14 to 56x56 outputs)
     inside = (not const or mk.window) and not view.tail and _batch_inside_a(
         view, rows, par, loops, -(-M // tiles.mc))
     loops = loops + batch if inside else batch + loops

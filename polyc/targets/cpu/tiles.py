@@ -14,7 +14,14 @@ overrides from the options and from `polyc tune`.
         whole 5% faster than in 3 blocks, K = 2304 in 2 blocks 14% faster than in 9; on
         Zen 3's 512 KiB, 1 thread, in turns either way round, K = 1152 whole rather
         than in 2 blocks: 1x128x28x28 to 128 3x3 +4-13%, batch 8 +13-34%; K = 2304 in 2
-        blocks rather than 4, 8x256x28x28 /2: +4-9%)
+        blocks rather than 4, 8x256x28x28 /2: +4-9%). Where one thread computes the
+        whole contraction and A is a constant packed once (conv2d's weights) that fits a
+        quarter of L2 whole, K is one block: no pass over C again, and no more A to pack
+        for the narrower B blocks that follow (below). Sapphire Rapids, 1 thread, in
+        pairs of calls, two runs: 8x512x28x28 to 128 1x1 (K 512 against 2 blocks of 256)
+        1.06x and 1.08x the speed, one image 1.04x and 1.05x; the same rule for matmuls,
+        whose A is packed again for each B block, 0.98-1.02x (64x1024 @ 1024x2048,
+        256x512 @ 512x4096, 128x512 @ 512x1024)
     mc: the packed A block (mc x kc) fills a quarter of L2 (the B micro-panel and the C
         tiles stream through it too: on a 2 MiB L2, 1024^3 with the 14x32 kernel ran at
         185 GFLOP/s with half, 199-203 with a quarter to an eighth)
@@ -61,14 +68,18 @@ def balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
 
 
 def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
-                in_place: bool = False, alone: bool = False, balance: bool = True) -> Tiles:
+                in_place: bool = False, alone: bool = False, const_a: bool = False,
+                balance: bool = True) -> Tiles:
     """The blocks of an M x N x K contraction; `alone`: one thread computes all of it;
-    `balance` False keeps the model's sizes whatever the extents
-    (`CpuOptions.balance_tiles`)."""
+    `const_a`: A's panels are packed once, for every block of B (a constant's,
+    `plan.constant_operand`); `balance` False keeps the model's sizes whatever the
+    extents (`CpuOptions.balance_tiles`)."""
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
     kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
+    if alone and const_a and balance and not in_place and M * K * elem <= l2 // 4:
+        kc = K  # A whole in a quarter of L2: see the module's docstring
     kc = balanced(K, kc, 4, balance)
     mc = balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
     block = min(B_BLOCK, l3 // 8 // max(1, machine.cores))

@@ -319,16 +319,15 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
             block = balanced(M, block, mk.mr)
         tiles = replace(tiles, mc=min(tiles.mc, block),
                         nc=max(tiles.nc, -(-N // mk.nr) * mk.nr))
-    if par == "inner" and not view.tail and view.batches == 1 \
-            and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < ROWS_TEAM_TILES * team:
-        # too few column tiles to share: each thread takes whole row blocks instead,
-        # about four of them (mc rounded up to the kernel's rows; a packed B, that
-        # narrow, packed by each thread). One image only: no batch loop, which the
-        # per-image copies of B (`BRows.slices`) would share inside the blocks
-        par = "rows"
-        tiles = replace(tiles, mc=min(tiles.mc, -(-M // (4 * team * mk.mr)) * mk.mr))
-    elif par == "batch" and shares_weights(view, mk, rows, machine):
-        par = "rows"  # the batch loop then runs inside each thread's row blocks
+    # too few column tiles to share: each thread takes whole row blocks instead (a
+    # packed B, that narrow, packed by each thread). One image only: no batch loop,
+    # which the per-image copies of B (`BRows.slices`) would share inside the blocks
+    few_tiles = par == "inner" and not view.tail and view.batches == 1 \
+        and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < ROWS_TEAM_TILES * team
+    # or a window kernel's weights, each block serving every image (the batch loop then
+    # inside each thread's row blocks)
+    if few_tiles or (par == "batch" and shares_weights(view, mk, rows, machine)):
+        par = "rows"  # about four blocks a thread (mc rounded up to the kernel's rows)
         tiles = replace(tiles, mc=min(tiles.mc, -(-M // (4 * team * mk.mr)) * mk.mr))
     batch = [f"b{d}" for d in view.batch if view.shape[d] > 1]
     loops = ["jc"] if N > tiles.nc and rows is None else []

@@ -570,6 +570,33 @@ def test_nan_in_a_dict_is_refused_too(v):
     refused(const_doc([1.0, 2.0, v, 4.0]), node="c", field="data", says="finite number")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_integer_past_floats_range_in_float_data(dtype):
+    # math.isfinite raised OverflowError on it: a crash, not a GraphError
+    refused(const_doc([1.0, 2.0, 10**400, 4.0], dtype=dtype), node="c", field="data",
+            says="finite number")
+    text = json.dumps(const_doc([1, 2, 3, 4], dtype=dtype)).replace("4]", f"{10**400}]")
+    refused(json.loads(text), node="c", field="data", says="finite number")
+
+
+def test_a_bad_value_deep_in_large_data_is_named():
+    """Large data is checked in numpy; a bad value in it is still named by the loop."""
+    n = 200_000
+    good = [float(i % 7) - 3.0 for i in range(n - 1)] + [5]
+    graph = load_graph(const_doc(good, shape=(n,)))
+    assert graph.constants[0].data == tuple(good)
+    for bad, says in ((math.nan, "got nan"), (True, "got True"), ("1.5", "got '1.5'"),
+                      (None, "got None")):
+        refused(const_doc(good[:-1] + [bad], shape=(n,)), node="c", field="data", says=says)
+    ints = [i % 1000 for i in range(n - 1)]
+    assert load_graph(const_doc(ints + [2**31 - 1], shape=(n,), dtype="int32")
+                      ).constants[0].data[-1] == 2**31 - 1
+    refused(const_doc(ints + [2**31], shape=(n,), dtype="int32"), node="c", field="data",
+            says="does not fit in int32")
+    refused(const_doc(ints + [0.5], shape=(n,), dtype="int32"), node="c", field="data",
+            says="got 0.5")
+
+
 def test_bool_in_constant_data():
     refused(const_doc([1.0, True, 0.0, 1.0]), node="c", field="data", says="got True")
 

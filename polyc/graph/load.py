@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import GraphError, Problem
 from .ir import DTYPES, INT_BITS, FrozenDict, Graph, Node, Tensor, TensorType, int_range
 from .ops import OPS, OpError, check_attrs, infer
@@ -302,12 +304,14 @@ class _Loader:
             self.error(f"data has {len(data)} values but shape {list(t.shape)} needs {t.size}",
                        name, field="data")
             return None
+        if _plain_numbers(data, t.dtype):
+            return tuple(data)
         for v in data:
             if t.dtype == "bool":
                 ok = v in (0, 1)  # true, false, 0 or 1
             else:
                 ok = (not isinstance(v, bool) and isinstance(v, (int, float))
-                      and math.isfinite(v) and (t.dtype not in INT_BITS or isinstance(v, int)))
+                      and _finite(v) and (t.dtype not in INT_BITS or isinstance(v, int)))
             if not ok:
                 kind = ("an integer" if t.dtype in INT_BITS else
                         "true, false, 0 or 1" if t.dtype == "bool" else "a finite number")
@@ -483,3 +487,31 @@ def _drop_dead(nodes: list[Node], outputs: list[str]) -> tuple[list[Node], list[
     notes = [f"node {n.name!r} ({n.op}) reaches no output and was dropped"
              for n in nodes if n.output not in live]
     return kept[::-1], notes
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past float's range
+        return False
+
+
+def _plain_numbers(data: list, dtype: str) -> bool:
+    """Is every value of a constant's data valid for `dtype`, checked in numpy? Only for
+    data of Python ints and floats (bools, subclasses and the rest take the loop that
+    names the bad value): a loop over ResNet's 2.4M weights took 0.58 s, 80% of the
+    compile."""
+    if dtype == "bool":
+        return False
+    kinds = set(map(type, data))
+    if dtype in INT_BITS:
+        if not kinds <= {int}:
+            return False
+        lo, hi = int_range(dtype)
+        return not data or (lo <= min(data) and max(data) <= hi)
+    if not kinds <= {int, float}:
+        return False
+    try:
+        return bool(np.isfinite(np.array(data, dtype=np.float64)).all())
+    except OverflowError:
+        return False

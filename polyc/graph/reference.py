@@ -10,9 +10,7 @@ runs one op and is shared with constant folding; `run_reference` runs a whole gr
 """
 from __future__ import annotations
 
-import collections
 import math
-import threading
 from typing import Callable
 
 import numpy as np
@@ -47,34 +45,7 @@ def constant_value(tensor: Tensor, values: dict[str, int] | None = None) -> np.n
     if isinstance(tensor.data, Iota):
         return np.arange(substitute(tensor.data.count, values), dtype=t.dtype).reshape(
             substitute_shape(t.shape, values))
-    return constant_array(tensor).reshape(t.shape)
-
-
-_ARRAYS: collections.OrderedDict = collections.OrderedDict()
-_ARRAYS_KEPT = 8
-_ARRAYS_LOCK = threading.Lock()
-
-
-def constant_array(tensor: Tensor) -> np.ndarray:
-    """A constant's data (a tuple) as a flat read-only array, made once for the same
-    tuple: a compile converts it in several passes (merged duplicates, digests, the
-    program's arguments), and 2.4M floats of ResNet weights took 16 ms each time, a
-    fifth of a conv2d's compile. Keyed by the tuple's identity (hashing it would cost
-    as much as converting it), which the entry keeps alive; the last few are kept."""
-    data = tensor.data
-    key = (id(data), tensor.type.dtype)
-    with _ARRAYS_LOCK:
-        hit = _ARRAYS.get(key)
-        if hit is not None and hit[0] is data:
-            _ARRAYS.move_to_end(key)
-            return hit[1]
-    array = np.array(data, dtype=tensor.type.dtype)
-    array.flags.writeable = False
-    with _ARRAYS_LOCK:
-        _ARRAYS[key] = (data, array)
-        while len(_ARRAYS) > _ARRAYS_KEPT:
-            _ARRAYS.popitem(last=False)
-    return array
+    return tensor.array.reshape(t.shape)
 
 
 def check_inputs(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from .ir import FrozenDict, Graph, Node, Tensor
 from .ops import OPS
-from .reference import constant_array, constant_value, eval_node
+from .reference import constant_value, eval_node
 
 FOLD_LIMIT = 4096  # elements: folding must not turn a small expression into a huge constant
 
@@ -210,7 +210,7 @@ def merge_duplicates(graph: Graph) -> Graph:
     for c in graph.constants:
         # Compare the bytes, not the floats: 0.0 == -0.0 but they differ under 1/x,
         # and NaN != NaN though two NaN constants are interchangeable.
-        data = (constant_array(c) if isinstance(c.data, tuple)
+        data = (c.array if isinstance(c.data, tuple)
                 else np.asarray(c.data, dtype=c.type.dtype)).tobytes()
         join(c.name, const_keys, (c.type, data))
     node_keys: dict = {}

@@ -579,6 +579,20 @@ def test_integer_past_floats_range_in_float_data(dtype):
     refused(json.loads(text), node="c", field="data", says="finite number")
 
 
+@pytest.mark.parametrize("dtype,big,largest", [("float32", 1e39, 3.4028234663852886e38),
+                                               ("float16", 70000.0, 65504),
+                                               ("bfloat16", 3.5e38, 3.3895313892515355e38)])
+def test_float_constant_out_of_its_dtypes_range(dtype, big, largest):
+    """A finite JSON number that is infinite in the constant's dtype was an Infinity
+    JSON cannot write, made silently."""
+    refused(const_doc([1.0, big, 2.0, 3.0], dtype=dtype), node="c", field="data",
+            says=[f"does not fit in {dtype}", repr(big)])
+    refused(const_doc([1.0, True, 2.0, big], dtype=dtype), node="c", field="data",
+            says="got True")  # the loop's first complaint stands
+    graph = load_graph(const_doc([1.0, largest, -largest, 3.0], dtype=dtype))
+    assert graph.constants[0].data == (1.0, largest, -largest, 3.0)
+
+
 def test_a_bad_value_deep_in_large_data_is_named():
     """Large data is checked in numpy; a bad value in it is still named by the loop."""
     n = 200_000

@@ -322,6 +322,13 @@ class _Loader:
             if any(not lo <= v <= hi for v in data):
                 self.error(f"a value does not fit in {t.dtype}", name, field="data")
                 return None
+        elif t.dtype != "bool":
+            wide = np.array(data, dtype=np.float64)
+            bad = np.flatnonzero(~_fits(wide, t.dtype))
+            if bad.size:
+                self.error(f"a value does not fit in {t.dtype} (it would be infinite): "
+                           f"{data[bad[0]]!r}", name, field="data")
+                return None
         return tuple(data)
 
     def _node(self, d: Any, index: int) -> Node | None:
@@ -512,6 +519,13 @@ def _plain_numbers(data: list, dtype: str) -> bool:
     if not kinds <= {int, float}:
         return False
     try:
-        return bool(np.isfinite(np.array(data, dtype=np.float64)).all())
+        return bool(_fits(np.array(data, dtype=np.float64), dtype).all())
     except OverflowError:
         return False
+
+
+def _fits(wide: np.ndarray, dtype: str) -> np.ndarray:
+    """Which float64 values stay finite in `dtype` (1e39 is inf in float32, 70000 in
+    float16: a constant JSON could not have written)."""
+    with np.errstate(over="ignore"):
+        return np.isfinite(wide.astype(dtype))

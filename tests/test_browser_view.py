@@ -312,6 +312,48 @@ def test_large_graph_renders_collapsed_and_stays_responsive(server, page):
     assert page.errors == []
 
 
+def conv_with_weights(out: str = "y") -> dict:
+    w = [round((i % 17) / 17 - 0.5, 4) for i in range(16 * 8 * 3 * 3)]
+    return {"name": "conv_weights", "inputs": [{"name": "x", "shape": [1, 8, 10, 10]}],
+            "constants": [{"name": "w", "shape": [16, 8, 3, 3], "data": w},
+                          {"name": "b", "shape": [16], "data": [0.5] * 16}],
+            "nodes": [{"op": "conv2d", "inputs": ["x", "w", "b"], "outputs": [out],
+                       "attrs": {"pads": [1, 1, 1, 1]}}],
+            "outputs": [out]}
+
+
+def test_a_constants_data_is_kept_aside_and_put_back(server, page):
+    """Weights one a line in the graph's textarea froze the tab (26 s for a 3x3 conv2d's
+    590K): a note stands in for them, and a compile from the form puts them back."""
+    r = httpx.post(server.url + "/v1/compile", json={"graph": conv_with_weights()}, timeout=120)
+    assert r.status_code == 200, r.text
+    key = r.json()["key"]
+    page.goto(f"{server.url}/k/{key}")
+    page.wait_for_selector("details.kernel")
+    text = page.locator("#graph").input_value()
+    assert '"data": "1152 values of w, kept by the page"' in text and len(text) < 2000
+    assert json.loads(text)["constants"][1]["data"] == [0.5] * 16  # a few values: shown
+    # compiled again as shown: the same graph, so the same key, from the cache
+    page.click("#compile-button")
+    page.wait_for_selector("#status:has-text('answered from the cache')")
+    assert page.url.endswith(key) and page.locator("#error").is_hidden()
+    # the graph edited around the note (its output renamed): the weights still go with it
+    page.fill("#graph", text.replace('"y"', '"z"'))
+    page.click("#compile-button")
+    page.wait_for_url(lambda url: "/k/" in url and not url.endswith(key))
+    page.wait_for_selector("#status:has-text('compiled')")
+    edited = page.url.rsplit("/", 1)[1]
+    want = httpx.post(server.url + "/v1/compile", json={"graph": conv_with_weights("z")},
+                      timeout=120).json()["key"]
+    assert edited == want
+    # a note the page did not write is the graph's own text, refused by the service
+    page.fill("#graph", text.replace("kept by the page", "kept elsewhere"))
+    page.click("#compile-button")
+    page.wait_for_selector("#error:not([hidden])")
+    assert "/graph/constants/0/data" in page.locator("#error").text_content()
+    assert page.errors == []
+
+
 def test_unknown_key_says_so(server, page):
     page.goto(f"{server.url}/k/{'0' * 64}")
     page.wait_for_selector("#error:not([hidden])")

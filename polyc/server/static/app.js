@@ -56,7 +56,7 @@ async function microkernelChoices(rec) {
 
 // -- the page ----------------------------------------------------------------------------
 function render() {
-  $("graph").value = graphText(record.graph);
+  $("graph").value = graphText(keptAside(record.graph));
   $("options").value = JSON.stringify(edits(record.options));
   $("target").value = record.target;
   renderSummary();
@@ -76,6 +76,29 @@ function graphText(graph) {
   const { nodes, ...rest } = graph;
   const head = JSON.stringify({ ...rest, nodes: [] });
   return `${head.slice(0, -2)}[\n${nodes.map((n) => JSON.stringify(n)).join(",\n")}\n]}`;
+}
+
+// a constant's data past a few values is kept aside, not laid out in the textarea (a
+// 3x3 conv2d's 590K weights, one a line, froze the tab for 26 s): a note stands in its
+// place, and a compile from the form puts the data back where the note still is
+const KEPT_PAST = 64;
+let kept = new Map(); // note -> data
+
+function keptAside(graph) {
+  kept = new Map();
+  if (!graph || !Array.isArray(graph.constants)) return graph;
+  return { ...graph, constants: graph.constants.map((c) => {
+    if (!c || !Array.isArray(c.data) || c.data.length <= KEPT_PAST) return c;
+    const note = `${c.data.length} values of ${c.name}, kept by the page`;
+    kept.set(note, c.data);
+    return { ...c, data: note };
+  }) };
+}
+
+function putBack(graph) {
+  if (!graph || !Array.isArray(graph.constants)) return graph;
+  return { ...graph, constants: graph.constants.map((c) =>
+    (c && typeof c.data === "string" && kept.has(c.data) ? { ...c, data: kept.get(c.data) } : c)) };
 }
 
 function edits(options) {
@@ -296,11 +319,18 @@ async function start() {
   for (const [i, ex] of examples.entries()) $("example").appendChild(el("option", { value: String(i), text: ex.name }));
   const pickExample = () => { $("graph").value = JSON.stringify(examples[Number($("example").value)].graph, null, 1); };
   $("example").addEventListener("change", pickExample);
-  $("upload").addEventListener("change", async () => { const f = $("upload").files[0]; if (f) $("graph").value = await f.text(); });
+  $("upload").addEventListener("change", async () => {
+    const f = $("upload").files[0];
+    if (!f) return;
+    const text = await f.text();
+    let graph = null;
+    try { graph = JSON.parse(text); } catch (e) { /* shown as sent: the compile says why */ }
+    $("graph").value = graph && typeof graph === "object" && Array.isArray(graph.nodes) ? graphText(keptAside(graph)) : text;
+  });
   $("compile-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     let graph, options;
-    try { graph = JSON.parse($("graph").value); options = JSON.parse($("options").value || "{}"); }
+    try { graph = putBack(JSON.parse($("graph").value)); options = JSON.parse($("options").value || "{}"); }
     catch (e) { showProblem($("error"), { title: "Not JSON", detail: e.message }); return; }
     compile({ graph, target: $("target").value, options }, $("error"));
   });

@@ -346,6 +346,12 @@ def test_a_constants_data_is_kept_aside_and_put_back(server, page):
     want = httpx.post(server.url + "/v1/compile", json={"graph": conv_with_weights("z")},
                       timeout=120).json()["key"]
     assert edited == want
+    # an uploaded graph's weights are kept aside too
+    page.set_input_files("#upload", files=[{"name": "g.json", "mimeType": "application/json",
+                                            "buffer": json.dumps(conv_with_weights()).encode()}])
+    sync_api.expect(page.locator("#graph")).to_have_value(re.compile("kept by the page"))
+    uploaded = page.locator("#graph").input_value()
+    assert '"data": "1152 values of w, kept by the page"' in uploaded and len(uploaded) < 2000
     # a note the page did not write is the graph's own text, refused by the service
     page.fill("#graph", text.replace("kept by the page", "kept elsewhere"))
     page.click("#compile-button")

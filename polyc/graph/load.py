@@ -288,15 +288,19 @@ class _Loader:
         t = TensorType(shape, dtype)
         if not self._count(t, name):
             return None
-        data = None
-        if "data" in keys:
-            data = self._data(d.get("data"), t, name)
-            if data is None:
-                return None
+        if "data" not in keys:
+            types[name] = t
+            return Tensor(name, t)
+        checked = self._data(d.get("data"), t, name)
+        if checked is None:
+            return None
         types[name] = t
-        return Tensor(name, t, data)
+        return Tensor.constant(name, t, *checked)
 
-    def _data(self, data: Any, t: TensorType, name: str) -> tuple | None:
+    def _data(self, data: Any, t: TensorType, name: str
+              ) -> tuple[tuple, np.ndarray | None] | None:
+        """The data as a tuple, and as an array where numpy checked it; None after an
+        error."""
         if not isinstance(data, list):
             self.error("data must be a flat list of numbers", name, field="data")
             return None
@@ -304,8 +308,9 @@ class _Loader:
             self.error(f"data has {len(data)} values but shape {list(t.shape)} needs {t.size}",
                        name, field="data")
             return None
-        if _plain_numbers(data, t.dtype):
-            return tuple(data)
+        array = _plain_numbers(data, t.dtype)
+        if array is not None:
+            return tuple(data), array
         for v in data:
             if t.dtype == "bool":
                 ok = v in (0, 1)  # true, false, 0 or 1
@@ -324,12 +329,12 @@ class _Loader:
                 return None
         elif t.dtype != "bool":
             wide = np.array(data, dtype=np.float64)
-            bad = np.flatnonzero(~_fits(wide, t.dtype))
+            bad = np.flatnonzero(~np.isfinite(_narrow(wide, t.dtype)))
             if bad.size:
                 self.error(f"a value does not fit in {t.dtype} (it would be infinite): "
                            f"{data[bad[0]]!r}", name, field="data")
                 return None
-        return tuple(data)
+        return tuple(data), None
 
     def _node(self, d: Any, index: int) -> Node | None:
         where = f"nodes[{index}]"
@@ -503,29 +508,31 @@ def _finite(v: int | float) -> bool:
         return False
 
 
-def _plain_numbers(data: list, dtype: str) -> bool:
-    """Is every value of a constant's data valid for `dtype`, checked in numpy? Only for
-    data of Python ints and floats (bools, subclasses and the rest take the loop that
-    names the bad value): a loop over ResNet's 2.4M weights took 0.58 s, 80% of the
-    compile."""
+def _plain_numbers(data: list, dtype: str) -> np.ndarray | None:
+    """A constant's data as an array of `dtype`, where numpy finds every value valid for
+    it; else None. Only for data of Python ints and floats (bools, subclasses and the
+    rest take the loop that names the bad value): a loop over ResNet's 2.4M weights took
+    0.58 s, 80% of the compile."""
     if dtype == "bool":
-        return False
+        return None
     kinds = set(map(type, data))
     if dtype in INT_BITS:
-        if not kinds <= {int}:
-            return False
         lo, hi = int_range(dtype)
-        return not data or (lo <= min(data) and max(data) <= hi)
+        if not kinds <= {int} or not lo <= min(data) or not max(data) <= hi:
+            return None
+        return np.array(data, dtype=dtype)
     if not kinds <= {int, float}:
-        return False
+        return None
     try:
-        return bool(_fits(np.array(data, dtype=np.float64), dtype).all())
+        wide = np.array(data, dtype=np.float64)
     except OverflowError:
-        return False
+        return None
+    narrow = _narrow(wide, dtype)
+    return narrow if np.isfinite(narrow).all() else None
 
 
-def _fits(wide: np.ndarray, dtype: str) -> np.ndarray:
-    """Which float64 values stay finite in `dtype` (1e39 is inf in float32, 70000 in
-    float16: a constant JSON could not have written)."""
+def _narrow(wide: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values in `dtype`, infinite where they do not fit (1e39 in float32, 70000
+    in float16: a constant JSON could not have written)."""
     with np.errstate(over="ignore"):
-        return np.isfinite(wide.astype(dtype))
+        return wide.astype(dtype)

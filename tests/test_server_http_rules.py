@@ -94,5 +94,5 @@ def test_largest_64_bit_integers_still_reach_the_loader(client):
 def test_only_integer_literals_of_19_digits_take_the_exact_parse(text, integer):
     """The exact parse (and its walk of the document) is for integers orjson may not
     hold; a float's digits sent every request with weights through it (1.3 s of a
-    ResNet layer's 2.4M weights)."""
+    ResNet layer's 590K weights)."""
     assert long_integer(text) is integer

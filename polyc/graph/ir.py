@@ -128,7 +128,7 @@ class Tensor:
     def array(self) -> np.ndarray:
         """A constant's data (a tuple) as a flat read-only array, made once: a compile
         reads it in several passes (merged duplicates, digests, the program's arguments),
-        and 2.4M floats of ResNet weights took 16 ms each time, a fifth of a conv2d's
+        and 590K floats of ResNet weights took 16 ms each time, a fifth of a conv2d's
         compile."""
         array = np.array(self.data, dtype=self.type.dtype)
         array.flags.writeable = False

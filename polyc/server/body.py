@@ -90,7 +90,7 @@ def long_integer(body: bytes) -> bool:
     """Does strict JSON text hold an integer literal of 19 digits or more (maybe beyond
     int64 / uint64, which orjson cannot hold)? A float's digits are not one: float32
     weights written as doubles have 19 in a row after "0.00", and a regex for 19 digits
-    sent every request with weights the slow way (1.3 s of a ResNet layer's 2.4M). Digits
+    sent every request with weights the slow way (1.3 s of a ResNet layer's 590K). Digits
     in a string may count: the slow way is right too."""
     codes = np.frombuffer(b"  " + body + b" ", dtype=np.uint8)  # spaces around the text
     edges = np.diff(((codes - np.uint8(ord("0"))) < 10).view(np.int8))  # wraps below "0"

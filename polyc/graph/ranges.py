@@ -70,7 +70,7 @@ def iota_constants(graph: Graph) -> dict[str, int]:
         long = [d for d, n in enumerate(t.type.shape) if n > 1]
         if t.data is None or len(long) != 1 or not t.type.dtype.startswith(("int", "uint")):
             continue
-        if np.array_equal(np.asarray(t.data), np.arange(t.type.shape[long[0]])):
+        if np.array_equal(t.array, np.arange(t.type.shape[long[0]])):
             found[t.name] = long[0]
     return found
 
@@ -104,7 +104,7 @@ def triangle_constants(graph: Graph) -> dict[str, tuple[int, int, int]]:
         if t.data is None or len(long) != 2 or t.type.dtype.startswith("float"):
             continue
         r, c = long
-        values = np.asarray(t.data).reshape(t.type.shape[r], t.type.shape[c]) != 0
+        values = t.array.reshape(t.type.shape[r], t.type.shape[c]) != 0
         rows, cols = np.indices(values.shape)
         first = np.flatnonzero(values[0])
         d = int(first[0]) - 1 if first.size else values.shape[1] - 1

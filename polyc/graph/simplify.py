@@ -210,9 +210,7 @@ def merge_duplicates(graph: Graph) -> Graph:
     for c in graph.constants:
         # Compare the bytes, not the floats: 0.0 == -0.0 but they differ under 1/x,
         # and NaN != NaN though two NaN constants are interchangeable.
-        data = (c.array if isinstance(c.data, tuple)
-                else np.asarray(c.data, dtype=c.type.dtype)).tobytes()
-        join(c.name, const_keys, (c.type, data))
+        join(c.name, const_keys, (c.type, c.array.tobytes()))
     node_keys: dict = {}
     for node in graph.nodes:
         join(node.output, node_keys, (node.op, tuple(first.get(i, i) for i in node.inputs),

@@ -291,13 +291,14 @@ def _gemm_kernels() -> list[str]:
             if m.kind == "gemm" and set(m.features) <= target.features]
 
 
-def calibration() -> str:
-    """The measured in-cache speed of each gemm kernel: what chose the default."""
+def calibration(streaming: bool = False) -> str:
+    """The measured speed of each gemm kernel, in cache or with B streaming from L2:
+    what chose the default."""
     from polyc.microkernels import registry
     from polyc.targets.cpu import calibrate
     from polyc.targets.cpu import cpu_machine
     names = _gemm_kernels()
-    rates = calibrate.rates(cpu_machine(), tuple(registry.by_name(n) for n in names))
+    rates = calibrate.rates(cpu_machine(), tuple(registry.by_name(n) for n in names), streaming)
     return ", ".join(f"{n} {rates[n]:.1f}" for n in names if n in rates)
 
 
@@ -445,6 +446,7 @@ def main() -> int:
                 return 1
             results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"gemm kernels measured in cache (GFLOP/s, 1 thread): {calibration()}")
+    print(f"... and streaming from L2: {calibration(streaming=True)}")
     rows = table_rows(counts, limits, results, args.suite)
     print(table(counts, limits, rows))
     name = "bench_cpu" + ("" if args.suite == "main" else f"_{args.suite}")

@@ -124,18 +124,20 @@ def test_selection_follows_the_target_features():
     # Zen 4: 512-bit FMAs in two halves, the wider kernel is no faster: avx2 wins
     ({"sgemm_avx512_14x32": 100.1, "sgemm_avx512_8x48": 100.3, "sgemm_avx2_6x16": 108.2, "sgemm_avx2_4x24": 107.5,
       "sgemm_vec_6x16": 90.0}, (1024, 1024), "sgemm_avx2_6x16"),
-    # two 512-bit FMA units: avx512 wins even with its edge waste on 127 rows
+    # two 512-bit FMA units: avx512 wins even with its edge waste on 127 rows (a last
+    # row tile of 1 in 14, of 7 in 8)
     ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
-      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_14x32"),
+      "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (127, 255), "sgemm_avx512_8x48"),
     # channel counts (conv2d's rows) are multiples of 8 that 14 never divides
     ({"sgemm_avx512_14x32": 235.0, "sgemm_avx512_8x48": 234.0, "sgemm_avx2_6x16": 130.0,
       "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 129.0}, (64, 3248), "sgemm_avx512_8x48"),
     # within noise (3%): the one with edge variants, then the one wasting least
     ({"sgemm_avx512_14x32": 80.0, "sgemm_avx512_8x48": 80.0, "sgemm_avx2_6x16": 130.0,
       "sgemm_avx2_4x24": 131.0, "sgemm_vec_6x16": 132.0}, (64, 3136), "sgemm_avx2_4x24"),
-    # not measured (a target this host cannot run): the widest ISA
-    ({}, (1024, 1024), "sgemm_avx512_14x32"),
-], ids=["zen4", "two-fma512", "channels", "tie", "unmeasured"])
+    # not measured (a target this host cannot run): the widest ISA, wasting least
+    ({}, (1024, 1024), "sgemm_avx512_8x48"),
+    ({}, (1022, 1024), "sgemm_avx512_14x32"),
+], ids=["zen4", "two-fma512", "channels", "tie", "unmeasured", "unmeasured-14"])
 def test_the_default_kernel_is_the_fastest_measured(rates, shape, chosen):
     """Assumes a target with avx512f, avx2 and fma; the rates stand for the host's."""
     target = _features("avx512f", "avx2", "fma")
@@ -158,10 +160,13 @@ def test_calibration_measures_every_kernel_this_host_runs(tmp_path, monkeypatch,
     rates = calibrate.rates(target, kernels)
     assert sorted(rates) == sorted(m.name for m in kernels)
     assert all(r > 0.5 for r in rates.values()), rates  # GFLOP/s: any core does more
+    streaming = calibrate.rates(target, kernels, streaming=True)  # measured in the same run
+    assert sorted(streaming) == sorted(rates) and all(r > 0.5 for r in streaming.values())
     assert (tmp_path / "calibration.json").exists()
     monkeypatch.setattr(calibrate, "measure", lambda *a: pytest.fail("measured twice"))
     monkeypatch.setattr(calibrate, "_seen", {})
     assert calibrate.rates(target, kernels) == rates  # from the file
+    assert calibrate.rates(target, kernels, streaming=True) == streaming
 
 
 def test_a_changed_kernel_is_measured_again(monkeypatch):
@@ -584,7 +589,7 @@ def test_conv2d_reads_b_by_rows_from_a_padded_copy(monkeypatch):
     # as if both avx2 kernels measured alike (a loaded host's calibration may differ by
     # more than the tie): the tile shape decides
     from polyc.targets.cpu import calibrate
-    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False: {
         m.name: 100.0 for m in kernels})
     graph, inputs = _conv((1, 64, 56, 56), (64, 64, 3, 3), pads=[1, 1, 1, 1])
     compiled = _check(graph, inputs, options, atol=3e-4)
@@ -1639,18 +1644,40 @@ def test_the_tile_that_wastes_least_is_chosen(shape, name):
     assert registry.select("gemm", "float32", target, shape=shape, rates=rates).name == name
 
 
-@pytest.mark.parametrize("shape,name", [((128, 6272), "sgemm_avx2_6x16"),
-                                        ((64, 3136), "sgemm_avx2_6x16"),
-                                        ((8, 6272), "sgemm_avx2_4x24")])  # 6x16: 8 of 12 rows
-def test_streaming_b_weighs_each_kernel_by_its_loads(shape, name):
-    # the 4x24 kernel measured 1% faster in cache, as on the Zen 3 host
-    rates = {"sgemm_avx2_6x16": 97.7, "sgemm_avx2_4x24": 98.5, "sgemm_vec_6x16": 50.0}
+def test_an_avx512_edge_tile_costs_the_vectors_it_computes():
+    # 196 columns (a 14x14 image): 8x48 computes 4 tiles and one vector (208), 14x32 six
+    # tiles and one vector (208); counted whole, 240 and 224 had ranked 14x32 first
+    for name in ("sgemm_avx512_8x48", "sgemm_avx512_14x32"):
+        assert registry.tile_efficiency(registry.by_name(name), 1024, 196) == pytest.approx(
+            (1024 / (-(-1024 // registry.by_name(name).mr) * registry.by_name(name).mr))
+            * 196 / 208)
+    assert registry.tile_efficiency(registry.by_name("sgemm_avx2_6x16"), 6, 196) == 196 / 208
+    assert registry.tile_efficiency(registry.by_name("sgemm_avx2_4x24"), 4, 196) == 196 / 216
+    rates = {"sgemm_avx512_14x32": 247.5, "sgemm_avx512_8x48": 268.4}  # Zen 5's
+    target = _features("avx512f")
+    assert registry.select("gemm", "float32", target, shape=(1024, 196),
+                           rates=rates).name == "sgemm_avx512_8x48"
+
+
+@pytest.mark.parametrize("streaming,name", [(False, "sgemm_avx2_4x24"),
+                                            (True, "sgemm_avx2_6x16")])
+def test_streaming_b_chooses_by_the_rates_measured_streaming(monkeypatch, streaming, name):
+    """Where B's panels stream from L2 (`plan.streams_b`) the kernel is chosen by the
+    calibration's rates measured so: on Zen 3 the 4x24 kernel ran 1% faster in cache and
+    the 6x16, which loads fewer floats a K step, 1.2-1.4x faster on folded 1x1s."""
+    from polyc.graph.decompose import decompose_graph
+    from polyc.kernel import build_kernels
+    from polyc.targets.cpu import calibrate
+    from polyc.targets.cpu.plan import cpu_gemm_view, gemm_microkernel
+    measured = {False: {"sgemm_avx2_6x16": 97.7, "sgemm_avx2_4x24": 98.5, "sgemm_vec_6x16": 50.0},
+                True: {"sgemm_avx2_6x16": 71.0, "sgemm_avx2_4x24": 52.0, "sgemm_vec_6x16": 40.0}}
+    monkeypatch.setattr(calibrate, "rates",
+                        lambda target, kernels, streaming=False: measured[streaming])
+    graph, _ = _conv((8, 512, 28, 28), (128, 512, 1, 1))
+    (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
+    view = cpu_gemm_view(kernel)
     target = _features("avx2", "fma")
-    pick = lambda streaming: registry.choose("gemm", "float32", target, shape=shape,
-                                             rates=rates, streaming=streaming)
-    assert pick(False)[0].name == "sgemm_avx2_4x24"
-    chosen, why = pick(True)
-    assert chosen.name == name and "for its loads" in why
+    assert gemm_microkernel(view, target, streaming=streaming).name == name
 
 
 @pytest.mark.parametrize("x,w,packed", [((8, 512, 28, 28), (128, 512, 1, 1), True),
@@ -1687,7 +1714,7 @@ def test_conv2d_with_64_output_channels_uses_the_four_row_kernel(monkeypatch):
     options = _isa("avx2")
     # as if both avx2 kernels measured alike: the tile shape decides
     from polyc.targets.cpu import calibrate
-    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False: {
         m.name: 100.0 for m in kernels})
     b = GraphBuilder("conv")
     graph = b.build([b.conv2d(b.input("x", (1, 8, 11, 13)), b.input("w", (64, 8, 3, 3)),
@@ -1705,7 +1732,7 @@ def test_a_kernel_is_chosen_by_the_virtual_columns_its_tiles_cover(monkeypatch):
     24 channels fit both."""
     options = _isa("avx2")
     from polyc.targets.cpu import calibrate
-    monkeypatch.setattr(calibrate, "rates", lambda target, kernels: {
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False: {
         m.name: 100.0 for m in kernels})
     b = GraphBuilder("conv")
     graph = b.build([b.conv2d(b.input("x", (1, 8, 33, 33)), b.input("w", (24, 8, 3, 3)),

@@ -53,6 +53,12 @@ class Microkernel:
     # off[p % 9], in two runs of nr / 2 `step` floats apart (two output rows of nr / 2
     # pixels), on the first `cols` columns
     b_taps_variant: str = ""
+    # gemm: the columns a right-edge tile of full rows costs in steps of (its vector
+    # width), where it computes only the vectors it stores and a column of vectors still
+    # has independent FMA chains enough to cover their latency (avx512: 8 or 14 rows);
+    # 0: the whole tile (avx2 6x16's one vector has 6: on Zen 3 the 4x24 ran 5.7-18%
+    # faster over 209 virtual columns, 216 of 6x16's vectors or 4x24's tiles)
+    edge_cols: int = 0
 
     @property
     def c_function(self) -> str:
@@ -65,7 +71,7 @@ class Microkernel:
                 "layouts": dict(self.layouts), "writes": self.writes, "needs": list(self.needs),
                 "rows_variant": self.rows_variant, "b_rows_variant": self.b_rows_variant,
                 "a_rows_variant": self.a_rows_variant, "window": self.window,
-                "b_taps_variant": self.b_taps_variant,
+                "b_taps_variant": self.b_taps_variant, "edge_cols": self.edge_cols,
                 "target": self.target}
 
 
@@ -73,12 +79,12 @@ def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, ali
           rank: int, rows_variant: str = "", b_rows_variant: str = "",
           needs: tuple[str, ...] = (), a_rows_variant: str = "",
           window: bool = False,
-          b_taps_variant: str = "") -> Microkernel:
+          b_taps_variant: str = "", edge_cols: int = 0) -> Microkernel:
     return Microkernel(
         name, "gemm", "float32", file, features, mr, nr, alignment, rows_variant=rows_variant,
         b_rows_variant=b_rows_variant, a_rows_variant=a_rows_variant,
         window=window,
-        b_taps_variant=b_taps_variant,
+        b_taps_variant=b_taps_variant, edge_cols=edge_cols,
         layouts=(("A", f"column panel {mr} x kc: A[p*{mr} + r], zero rows past the edge"),
                  ("B", f"row panel kc x {nr}: B[p*{nr} + c], zero columns past the edge"),
                  ("C", f"row-major {mr} x {nr} tile C[r*ldc + c], every entry written")),
@@ -98,11 +104,11 @@ REGISTRY: tuple[Microkernel, ...] = (
     _gemm("sgemm_avx512_14x32", "sgemm_avx512_14x32.c", ("avx512f",), 14, 32, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_14x32_rows",
           b_rows_variant="polyc_sgemm_avx512_14x32_b_rows", needs=("sgemm_avx512.c",),
-          a_rows_variant="polyc_sgemm_avx512_14x32_a_rows"),
+          a_rows_variant="polyc_sgemm_avx512_14x32_a_rows", edge_cols=16),
     _gemm("sgemm_avx512_8x48", "sgemm_avx512_8x48.c", ("avx512f",), 8, 48, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_8x48_rows",
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",),
-          a_rows_variant="polyc_sgemm_avx512_8x48_a_rows"),
+          a_rows_variant="polyc_sgemm_avx512_8x48_a_rows", edge_cols=16),
     # the weights as vectors, a window's pixels broadcast: conv2d's window read in place
     _gemm("sgemm_avx512_32x14", "sgemm_avx512_32x14.c", ("avx512f",), 32, 14, 64, rank=3,
           rows_variant="polyc_sgemm_avx512_32x14_rows",
@@ -145,8 +151,14 @@ def target_features(target: Machine) -> frozenset[str]:
 
 
 def tile_efficiency(m: Microkernel, rows: int, cols: int) -> float:
-    """The share of a gemm kernel's multiply-adds that land inside a rows x cols C."""
-    return rows / (-(-rows // m.mr) * m.mr) * cols / (-(-cols // m.nr) * m.nr)
+    """The share of a gemm kernel's multiply-adds that land inside a rows x cols C: its
+    last row tile counted whole, its last column tile in steps of `edge_cols` where it
+    computes only the vectors it stores. Counted whole, 196 columns (a 14x14 image)
+    ranked 14x32 over 8x48 (224 against 240 computed; 208 and 208 in vectors of 16),
+    which ran 0.92x the 8x48's speed on 1x512x28x28 to 1024 1x1 /2 (Zen 5, 1 thread, in
+    pairs of calls), as on 256-column blocks (0.91x) and 7x7 images (0.92x)."""
+    step = m.edge_cols or m.nr
+    return rows / (-(-rows // m.mr) * m.mr) * cols / (-(-cols // step) * step)
 
 
 TIE = 0.03  # relative: rounds of the calibration differ by about this much
@@ -159,11 +171,6 @@ def select(kind: str, dtype: str, target: Machine, isa: str = "",
     return choose(kind, dtype, target, isa, shape, rates, streaming)[0]
 
 
-def intensity(m: Microkernel) -> float:
-    """Multiply-adds per float a K step loads (mr of A, nr of B)."""
-    return m.mr * m.nr / (m.mr + m.nr)
-
-
 def choose(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
            rates: dict[str, float] | None = None,
@@ -172,17 +179,15 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
 
     `isa` ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if the target
     lacks it). Among several gemm kernels, each kernel's speed measured on this host
-    (`rates`, from the backend's calibration) is weighed by the share of its multiply-adds
-    that land inside a C of `shape` (rows, cols): 64 rows waste a third of the 6 x 16
-    kernel's last row tile and none of the 4 x 24's. Scores within TIE of the best are
-    a tie (measurement noise must not flip the choice), won by rank (the kernel with
-    edge variants), then the smaller waste, then the taller tile. With `streaming` (the
-    B panels stream from L2 rather than stay in L1, which the in-cache calibration does
-    not see), each score is also weighed by the kernel's `intensity` against the best of
-    its instruction set: 6 x 16 loads 22 floats a K step for 96 multiply-adds, 4 x 24
-    loads 28 (measured on avx2; the avx512 pair is weighed alike by the same count). A
-    target this host cannot run keeps the registry's rank (widest ISA first). A kernel
-    made for a window read in place (`Microkernel.window`) is not among them."""
+    (`rates`, from the backend's calibration: with `streaming`, its rates where B's
+    micro-panels stream from L2, `plan.streams_b`) is weighed by the share of its
+    multiply-adds that land inside a C of `shape` (rows, cols, `tile_efficiency`): 64
+    rows waste a third of the 6 x 16 kernel's last row tile and none of the 4 x 24's.
+    Scores within TIE of the best are a tie (measurement noise must not flip the
+    choice), won by rank (the kernel with edge variants), then the smaller waste, then
+    the taller tile. A target this host cannot run keeps the registry's rank (widest ISA
+    first). A kernel made for a window read in place (`Microkernel.window`) is not among
+    them."""
     fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype and not m.window
             and set(m.features) <= target_features(target)]
     if isa and kind == "gemm":
@@ -198,26 +203,17 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
         best = max(fits, key=lambda m: (m.rank, efficiency(m), m.mr))
         return best, (f"{best.name}: by rank (the kernels were not measured on this host: "
                       f"it cannot run -march={target.arch} code)")
-    def weight(m: Microkernel) -> float:
-        peers = [intensity(p) for p in fits if p.features == m.features]
-        return round(intensity(m) / max(peers), 3) if streaming else 1.0
-
-    score = {m.name: rates[m.name] * efficiency(m) * weight(m) for m in fits}
+    score = {m.name: rates[m.name] * efficiency(m) for m in fits}
     top = max(score.values())
     scored = sorted(fits, key=lambda m: (score[m.name] >= (1 - TIE) * top, m.rank,
-                                         efficiency(m) * weight(m), m.mr, score[m.name]),
-                    reverse=True)
+                                         efficiency(m), m.mr, score[m.name]), reverse=True)
 
     def text(m: Microkernel) -> str:
-        loads = f" x {weight(m):.0%} for its loads" if streaming else ""
-        return (f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles "
-                f"used{loads}")
+        return f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles used"
 
-    why = "measured on this host: " + text(scored[0]) + "".join(f"; vs {text(m)}" for m in scored[1:])
-    if streaming:
-        why += ("; B's panels stream from L2: each kernel weighed by its multiply-adds per "
-                "float loaded, against the best of its instruction set")
-    return scored[0], why
+    where = " with B's panels streaming from L2" if streaming else ""
+    return scored[0], (f"measured on this host{where}: " + text(scored[0])
+                       + "".join(f"; vs {text(m)}" for m in scored[1:]))
 
 
 def _files(kernels: list[Microkernel]) -> list[str]:

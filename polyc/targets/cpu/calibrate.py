@@ -8,10 +8,20 @@ host can run, on packed operands that stay in cache (a 256-deep panel product ov
 rounds taken in turns, a few hundred milliseconds in all, timed in the thread's CPU
 time: on a shared machine the time other tenants hold the core is no part of a kernel's
 speed (timed by the clock, a loaded 2-core host measured the avx512 kernels at 39 and
-52 GFLOP/s; in CPU time, 232 and 233, their speed on a quiet one). The rates are kept
-in `calibration.json` in the cache directory, keyed by CPU model, core count, arch and
-features, compiler, polyc version, the gemm kernels' C and METHOD: a new CPU, toolchain,
-polyc, kernel or way of measuring measures again.
+52 GFLOP/s; in CPU time, 232 and 233, their speed on a quiet one).
+
+Each kernel is also timed as it runs where C cannot stay in cache (`plan.streams_b`):
+K blocks as deep as `tiles.model_tiles` makes them there, B's micro-panel an eighth of
+L2 and A's block a quarter, so both stream from L2 at every call. What that costs
+depends on the core: on Zen 3 the 6x16 kernel, which loads fewer floats a K step, ran
+1.2-1.4x the 4x24's speed on folded 1x1 convolutions where the two tied in cache; on
+Zen 5 neither avx512 kernel lost anything (8x48 265 GFLOP/s, 14x32 247, as in cache),
+where weighing each by its loads had chosen the 14x32 (1024 x 1024 @ 1024 x 4096: 0.91x
+the 8x48's speed).
+
+The rates are kept in `calibration.json` in the cache directory, keyed by CPU model,
+core count, arch and features, compiler, polyc version, the gemm kernels' C and METHOD:
+a new CPU, toolchain, polyc, kernel or way of measuring measures again.
 
 `registry.select` weighs each rate by the share of the kernel's multiply-adds that
 land inside C (its edge waste) to choose; a target the host cannot run keeps the
@@ -35,7 +45,7 @@ KC = 256  # panel depth: the memory model's usual kc
 ROWS, COLS = 96, 192  # the block of C each round sweeps (rounded up to whole tiles)
 ROUND_SECONDS = 0.03
 ROUNDS = 3
-METHOD = "thread CPU time, kernels in turns"  # part of the cache key
+METHOD = "thread CPU time, kernels in turns, in cache and streaming from L2"  # in the key
 
 _HARNESS = r"""
 #include <stdlib.h>
@@ -90,52 +100,67 @@ def _key(machine: Machine) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_seen: dict[tuple[str, tuple[str, ...]], dict[str, float]] = {}  # this process's answers
+_seen: dict[tuple[str, tuple[str, ...]], dict] = {}  # this process's answers
 
 
 FILE = "calibration.json"
 
 
-def measure(machine: Machine, kernels) -> dict[str, float]:
+def _blocks(m, machine: Machine, streaming: bool) -> tuple[int, int, int]:
+    """kc, and the rows and columns of the block each round sweeps (whole tiles)."""
+    if not streaming:
+        return KC, _up(ROWS, m.mr), _up(COLS, m.nr)
+    l2 = machine.fusion_level.capacity
+    kc = l2 // 8 // (m.nr * 4)
+    return kc, _up(l2 // 4 // (kc * 4), m.mr), 2 * m.nr
+
+
+def measure(machine: Machine, kernels) -> dict[str, dict[str, float]]:
     """GFLOP/s of each of `kernels` (gemm registry entries) on this host, built with the
-    target's flags; {} when the host cannot run the target's code."""
+    target's flags, in cache (`rates`) and with both operands streaming from L2
+    (`streaming`); {} when the host cannot run the target's code."""
     if not kernels or not host_can_run(machine.arch):
         return {}
     # linked as the kernels that call them will be: the parts are built once, here
     source = [_HARNESS, unit_source(list(kernels))]
-    for m in kernels:
-        source.append(_ONE.format(name=m.name, kc=KC, mb=_up(ROWS, m.mr), nb=_up(COLS, m.nr),
-                                  mr=m.mr, nr=m.nr, fn=m.c_function))
+    runs = [(m, way) for m in kernels for way in ("rates", "streaming")]
+    for m, way in runs:
+        kc, mb, nb = _blocks(m, machine, way == "streaming")
+        source.append(_ONE.format(name=f"{m.name}_{way}", kc=kc, mb=mb, nb=nb, mr=m.mr,
+                                  nr=m.nr, fn=m.c_function))
     lib = ctypes.CDLL(str(build_shared_object("\n".join(source), cpu_toolchain(machine))))
     fns = {}
-    for m in kernels:
-        fn = getattr(lib, f"polyc_calibrate_{m.name}")
+    for m, way in runs:
+        fn = getattr(lib, f"polyc_calibrate_{m.name}_{way}")
         fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_double, ctypes.c_int]
-        fns[m.name] = fn
+        fns[m.name, way] = fn
     best = dict.fromkeys(fns, 0.0)
     for _ in range(ROUNDS):  # in turns: a spell of cache or memory contention hits them alike
-        for name, fn in fns.items():
-            best[name] = max(best[name], float(fn(ROUND_SECONDS, 1)))
-    return {name: round(rate, 1) for name, rate in best.items()}
+        for run, fn in fns.items():
+            best[run] = max(best[run], float(fn(ROUND_SECONDS, 1)))
+    return {way: {m.name: round(best[m.name, way], 1) for m in kernels}
+            for way in ("rates", "streaming")}
 
 
-def rates(machine: Machine, kernels) -> dict[str, float]:
-    """The measured GFLOP/s of `kernels` on this host for `target`: from the cache file,
-    else measured now and stored (written atomically: compilers may race)."""
+def rates(machine: Machine, kernels, streaming: bool = False) -> dict[str, float]:
+    """The measured GFLOP/s of `kernels` on this host for `target`, in cache or with
+    both operands streaming from L2 (`measure`): from the cache file, else measured now
+    and stored (written atomically: compilers may race)."""
     key = _key(machine)
     names = tuple(m.name for m in kernels)
+    way = "streaming" if streaming else "rates"
     if (key, names) in _seen:
-        return dict(_seen[key, names])
+        return dict(_seen[key, names][way])
     entry = read_cache_json(FILE).get(key)
-    if entry is not None and all(n in entry["rates"] for n in names):
-        _seen[key, names] = entry["rates"]
-        return dict(entry["rates"])
+    if entry is not None and all(n in entry[w] for w in ("rates", "streaming") for n in names):
+        _seen[key, names] = entry
+        return dict(entry[way])
     with once():
         measured = measure(machine, kernels)
     if not measured:
         return {}
     _seen[key, names] = measured
     data = read_cache_json(FILE)
-    data[key] = {"arch": machine.arch, "rates": measured}
+    data[key] = {"arch": machine.arch, **measured}
     write_cache_json(FILE, data)
-    return measured
+    return dict(measured[way])

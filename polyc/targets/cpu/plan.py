@@ -67,10 +67,11 @@ WINDOW_TILE_WASTE = 1.1
 WINDOW_MIN_K = 1024
 
 
-def measured(machine: Machine) -> dict[str, float]:
-    """The host's calibrated GFLOP/s of every gemm kernel `machine` can build."""
+def measured(machine: Machine, streaming: bool = False) -> dict[str, float]:
+    """The host's calibrated GFLOP/s of every gemm kernel `machine` can build, in cache
+    or with B streaming from L2 (`streams_b`)."""
     return calibrate.rates(machine, tuple(m for m in registry.REGISTRY if m.kind == "gemm"
-                                          and set(m.features) <= machine.features))
+                                          and set(m.features) <= machine.features), streaming)
 
 
 def microkernel_name(kernel: Kernel, machine: Machine, min_flops: int = 0,
@@ -200,7 +201,7 @@ def gemm_microkernel(view: GemmView | None, machine: Machine, isa: str = "",
     if view is None or view.flops < max(min_flops, MIN_GEMM_FLOPS):
         return None
     mk = registry.select("gemm", "float32", machine, isa, shape=(view.M, view.N),
-                         rates=measured(machine), streaming=streaming)
+                         rates=measured(machine, streaming), streaming=streaming)
     return None if mk is None or (view.tail and not tail_rows(view, mk, machine)) else mk
 
 
@@ -270,7 +271,7 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
         return window, ("B is a window read in place: the weights as vectors, its pixels "
                         "broadcast (the direct convolution)")
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
-                           rates=measured(machine), streaming=streaming)
+                           rates=measured(machine, streaming), streaming=streaming)
 
 
 def tile_shape(view: GemmView, kernel: Kernel) -> tuple[int, int]:

@@ -1503,6 +1503,19 @@ def test_a_packed_b_block_stays_a_few_mib_whatever_l3_says():
             assert 4 * t.kc * t.nc <= B_BLOCK and t.nc < 4096, (mk.name, t)
 
 
+@pytest.mark.parametrize("k,whole", [(1024, True), (2048, True), (4096, False)])
+def test_where_c_streams_k_is_one_block_if_its_micro_panel_fits_half_the_l2(k, whole):
+    # 1 MiB of L2 (Zen 5), the 8x48 kernel: an eighth of it is 682 rows of B's panel,
+    # half is 2730; C 16 MiB, far over four times L2
+    from polyc.targets.cpu.tiles import model_tiles
+    mk = registry.by_name("sgemm_avx512_8x48")
+    t = model_tiles(1024, 4096, k, mk, _with_l2(1 << 20))
+    assert (t.kc == k) == whole, t
+    assert t.kc * mk.nr * 4 <= (1 << 20) // (2 if whole else 8) and t.mc >= mk.mr
+    # C that stays in cache keeps the L1 rule
+    assert model_tiles(256, 256, k, mk, _with_l2(1 << 20)).kc < k
+
+
 @pytest.mark.parametrize("l2,kernels", [(256 << 10, 3), (2 << 20, 1)])
 def test_a_softmax_tail_needs_blocks_of_several_row_panels(l2, kernels):
     # 2048 scores a row: half of a 256 KiB L2 holds 16 rows, too few for B's panels to

@@ -152,7 +152,8 @@ def rates(machine: Machine, kernels, streaming: bool = False) -> dict[str, float
     if (key, names) in _seen:
         return dict(_seen[key, names][way])
     entry = read_cache_json(FILE).get(key)
-    if entry is not None and all(n in entry[w] for w in ("rates", "streaming") for n in names):
+    if entry is not None and all(n in entry.get(w, {}) for w in ("rates", "streaming")
+                                  for n in names):
         _seen[key, names] = entry
         return dict(entry[way])
     with once():

@@ -8,7 +8,13 @@ overrides from the options and from `polyc tune`.
         cannot stay in cache (over 4 x L2) the passes cost more than L1 saves, and a B
         micro-panel fills an eighth of L2 instead (on a 2 MiB L2, 1 thread, avx512:
         linear+gelu 1024x1024x4096 in one K block 24% faster than in 3, matmul alone
-        9%; 1024^3, whose C stays in cache, 3% slower, so it keeps the L1 rule). Where
+        9%; 1024^3, whose C stays in cache, 3% slower, so it keeps the L1 rule), or
+        K whole where its micro-panel then fills at most half of L2 (Zen 5, 1 MiB L2,
+        in pairs of calls, 1 and 2 threads: linear+gelu 1024x1024x4096 on 8x48 in one
+        K block rather than two 0.85x and 0.88x the time, the matmul alone 0.99x and
+        0.98x; with K 2048, 8x48 rather than in 4 blocks 0.88-0.93x and 0.86-0.87x,
+        alone 0.96-0.97x, 14x32 rather than in 2 0.95x and 0.93x, alone 0.99x: a
+        fused epilogue waits for the last pass over C). Where
         B is read in place (conv2d's window rows, `in_place`: no panel to keep in L1) a
         tile's rows fill a quarter of L2 (2 MiB L2: ResNet-50's 3x3 convs with K = 576
         whole 5% faster than in 3 blocks, K = 2304 in 2 blocks 14% faster than in 9; on
@@ -77,7 +83,10 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
-    kc = (l2 // 4 if in_place else l2 // 8 if M * N * elem > 4 * l2 else l1) // (mk.nr * elem)
+    streams = not in_place and M * N * elem > 4 * l2
+    kc = (l2 // 4 if in_place else l2 // 8 if streams else l1) // (mk.nr * elem)
+    if streams and K * mk.nr * elem <= l2 // 2:
+        kc = K  # one pass over C: see the module's docstring
     if alone and const_a and balance and not in_place and M * K * elem <= l2 // 4:
         kc = K  # A whole in a quarter of L2: see the module's docstring
     kc = balanced(K, kc, 4, balance)

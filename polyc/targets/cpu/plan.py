@@ -24,7 +24,7 @@ from ...microkernels.analysis import (BRows, GemmView, a_row_stride, b_rows, fla
                                      window_taps, windowed)
 from ...schedule_tree.marks import Gemm
 from . import calibrate, tuning
-from .tiles import apply_overrides, balanced, model_tiles
+from .tiles import apply_overrides, balanced, c_streams, model_tiles
 
 # below this many multiply-adds the naive loops win: packing and the call cost more
 MIN_GEMM_FLOPS = 2 * 8 * 8 * 8
@@ -293,8 +293,7 @@ def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:
     52 GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C
     stays in cache, 52 against 70). Not a B read in place, a window's, whose
     neighbouring rows overlap in cache (3x3: 4x24 5% faster)."""
-    return (b_rows(view, kernel) is None
-            and view.M * view.N * 4 > 4 * machine.fusion_level.capacity)
+    return b_rows(view, kernel) is None and c_streams(view.M, view.N, machine)
 
 
 def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine: Machine,

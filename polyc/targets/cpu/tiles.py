@@ -5,7 +5,8 @@ overrides from the options and from `polyc tune`.
         while A and C stream through (deeper blocks halve the passes over C: measured
         faster on every benchmark shape than the textbook 3/4 of L1 for A and B together).
         Each K block past the first is a pass over C, read and written again: where C
-        cannot stay in cache (over 4 x L2) the passes cost more than L1 saves, and a B
+        cannot stay in cache (over twice L2, `c_streams`) the passes cost more than L1
+        saves, and a B
         micro-panel fills an eighth of L2 instead (on a 2 MiB L2, 1 thread, avx512:
         linear+gelu 1024x1024x4096 in one K block 24% faster than in 3, matmul alone
         9%; 1024^3, whose C stays in cache, 3% slower, so it keeps the L1 rule), or
@@ -14,7 +15,11 @@ overrides from the options and from `polyc tune`.
         K block rather than two 0.85x and 0.88x the time, the matmul alone 0.99x and
         0.98x; with K 2048, 8x48 rather than in 4 blocks 0.88-0.93x and 0.86-0.87x,
         alone 0.96-0.97x, 14x32 rather than in 2 0.95x and 0.93x, alone 0.99x: a
-        fused epilogue waits for the last pass over C). Where
+        fused epilogue waits for the last pass over C). Twice L2, not four times as
+        before: on Zen 5 C of 3-4 MiB lost to its passes too (1024^3 in one K block
+        0.96-0.97x the time at 1 thread, 0.98-0.99x at 2; 768x1024x1024 with a gelu
+        0.92-0.93x; 8x1024x14x14 to 2048 1x1 /2 0.965x and 0.88-0.91x), where on
+        Sapphire Rapids 1024^3, C twice its L2, was 3% slower so (above). Where
         B is read in place (conv2d's window rows, `in_place`: no panel to keep in L1) a
         tile's rows fill a quarter of L2 (2 MiB L2: ResNet-50's 3x3 convs with K = 576
         whole 5% faster than in 3 blocks, K = 2304 in 2 blocks 14% faster than in 9; on
@@ -73,6 +78,11 @@ def balanced(extent: int, size: int, unit: int, balance: bool = True) -> int:
     return min(size, unit * math.ceil(math.ceil(extent / blocks) / unit))
 
 
+def c_streams(M: int, N: int, machine: Machine) -> bool:
+    """Can an M x N float32 C not stay in cache between passes over it (over twice L2)?"""
+    return M * N * 4 > 2 * machine.fusion_level.capacity
+
+
 def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
                 in_place: bool = False, alone: bool = False, const_a: bool = False,
                 balance: bool = True) -> Tiles:
@@ -83,7 +93,7 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     l1, l2 = machine.tile_level.capacity, machine.fusion_level.capacity
     l3 = machine.role("block").capacity
     elem = 4
-    streams = not in_place and M * N * elem > 4 * l2
+    streams = not in_place and c_streams(M, N, machine)
     kc = (l2 // 4 if in_place else l2 // 8 if streams else l1) // (mk.nr * elem)
     if streams and K * mk.nr * elem <= l2 // 2:
         kc = K  # one pass over C: see the module's docstring

@@ -286,13 +286,14 @@ def tile_shape(view: GemmView, kernel: Kernel) -> tuple[int, int]:
 
 
 def streams_b(view: GemmView, kernel: Kernel, machine: Machine) -> bool:
-    """Do B's micro-panels stream from L2 (`registry.choose`)? Where B is packed and C
-    cannot stay in cache, `model_tiles` makes them an eighth of L2, not L1; the
-    in-cache calibration does not see what loading them then costs (Zen 3, 6x16 against
-    4x24, 8-image 1x1 convolutions folded into one C: 8x256x56x56 to 512 /2, 71 against
-    52 GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C
-    stays in cache, 52 against 70). Not a B read in place, a window's, whose
-    neighbouring rows overlap in cache (3x3: 4x24 5% faster)."""
+    """Do B's micro-panels stream from L2 (`registry.choose` then takes the
+    calibration's rates measured so)? Where B is packed and C cannot stay in cache
+    (`tiles.c_streams`), `model_tiles` makes them an eighth of L2 or more, not L1; the
+    in-cache rates do not see what loading them then costs (Zen 3, 6x16 against 4x24,
+    8-image 1x1 convolutions folded into one C: 8x256x56x56 to 512 /2, 71 against 52
+    GFLOP/s; 8x512x28x28 to 128, 71 against 60; one image of the latter, whose C stays
+    in cache, 52 against 70). Not a B read in place, a window's, whose neighbouring rows
+    overlap in cache (3x3: 4x24 5% faster)."""
     return b_rows(view, kernel) is None and c_streams(view.M, view.N, machine)
 
 

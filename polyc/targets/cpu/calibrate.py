@@ -7,8 +7,9 @@ host can run, on packed operands that stay in cache (a 256-deep panel product ov
 ~96 x 192 block, the shape of the inner loops of the tiled GEMM), best of three short
 rounds of 30 ms taken in turns (with the streaming ones below, 1.1 s for six kernels on
 Zen 5, their build cached), timed in the thread's CPU time: on a shared machine the
-time other tenants hold the core is no part of a kernel's speed (timed by the clock, a loaded 2-core host measured the avx512 kernels at 39 and
-52 GFLOP/s; in CPU time, 232 and 233, their speed on a quiet one).
+time other tenants hold the core is no part of a kernel's speed (timed by the clock, a
+loaded 2-core host measured the avx512 kernels at 39 and 52 GFLOP/s; in CPU time, 232
+and 233, their speed on a quiet one).
 
 Each kernel is also timed as it runs where C cannot stay in cache (`plan.streams_b`):
 K blocks as deep as `tiles.model_tiles` makes them there, B's micro-panel an eighth of

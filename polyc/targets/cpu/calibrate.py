@@ -41,6 +41,7 @@ from ...machine import Machine
 from ...microkernels.registry import REGISTRY, c_source, unit_source
 from ...paths import read_cache_json, write_cache_json
 from .machine import cpu_model, cpu_toolchain, host_can_run
+from .tiles import a_block_rows, streaming_kc
 
 KC = 256  # panel depth: the memory model's usual kc
 ROWS, COLS = 96, 192  # the block of C each round sweeps (rounded up to whole tiles)
@@ -111,9 +112,8 @@ def _blocks(m, machine: Machine, streaming: bool) -> tuple[int, int, int]:
     """kc, and the rows and columns of the block each round sweeps (whole tiles)."""
     if not streaming:
         return KC, _up(ROWS, m.mr), _up(COLS, m.nr)
-    l2 = machine.fusion_level.capacity
-    kc = l2 // 8 // (m.nr * 4)
-    return kc, _up(l2 // 4 // (kc * 4), m.mr), 2 * m.nr
+    kc = streaming_kc(m, machine)
+    return kc, _up(a_block_rows(kc, machine), m.mr), 2 * m.nr
 
 
 def measure(machine: Machine, kernels) -> dict[str, dict[str, float]]:

@@ -83,6 +83,16 @@ def c_streams(M: int, N: int, machine: Machine) -> bool:
     return M * N * 4 > 2 * machine.fusion_level.capacity
 
 
+def streaming_kc(mk: Microkernel, machine: Machine) -> int:
+    """The depth of B's micro-panel where C streams (`c_streams`): an eighth of L2."""
+    return machine.fusion_level.capacity // 8 // (mk.nr * 4)
+
+
+def a_block_rows(kc: int, machine: Machine) -> int:
+    """The rows of a packed A block kc deep: a quarter of L2."""
+    return machine.fusion_level.capacity // 4 // (kc * 4)
+
+
 def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
                 in_place: bool = False, alone: bool = False, const_a: bool = False,
                 balance: bool = True) -> Tiles:
@@ -94,13 +104,14 @@ def model_tiles(M: int, N: int, K: int, mk: Microkernel, machine: Machine, *,
     l3 = machine.role("block").capacity
     elem = 4
     streams = not in_place and c_streams(M, N, machine)
-    kc = (l2 // 4 if in_place else l2 // 8 if streams else l1) // (mk.nr * elem)
+    kc = (l2 // 4 // (mk.nr * elem) if in_place else streaming_kc(mk, machine) if streams
+          else l1 // (mk.nr * elem))
     if streams and K * mk.nr * elem <= l2 // 2:
         kc = K  # one pass over C: see the module's docstring
     if alone and const_a and balance and not in_place and M * K * elem <= l2 // 4:
         kc = K  # A whole in a quarter of L2: see the module's docstring
     kc = balanced(K, kc, 4, balance)
-    mc = balanced(M, (l2 // 4) // (kc * elem), mk.mr, balance)
+    mc = balanced(M, a_block_rows(kc, machine), mk.mr, balance)
     block = min(B_BLOCK, l3 // 8 // max(1, machine.cores))
     if alone and balance and not in_place and M <= mc:  # unbalanced, sizes ignore M
         block = min(block, l2 // 8)

@@ -619,7 +619,7 @@ def test_conv2d_b_rows_with_and_without_a_copy(xs, ws, attrs, copy, isa):
     assert ("polyc_scratch(4," in compiled.c_source) == copy
 
 
-WINDOW = "sgemm_avx512_32x14"
+WINDOWS = ("sgemm_avx512_32x14", "sgemm_avx512_32x14_bcast")
 
 
 @pytest.mark.parametrize("xs,ws,attrs,threads,tiles,taps", [
@@ -634,21 +634,23 @@ WINDOW = "sgemm_avx512_32x14"
     ((1, 128, 28, 28), (64, 128, 3, 3), {"pads": [1] * 4}, 2, "jy,jr", 9),
 ], ids=["14x14", "28x28", "7x7", "20x20", "strided-40", "valid", "valid-7x7",
         "team-batch", "team"])
-def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles, taps):
+@pytest.mark.parametrize("window", WINDOWS)
+def test_the_window_kernel_reads_a_window_in_place(xs, ws, attrs, threads, tiles, taps, window):
     """On avx512, a conv2d's window is the window kernel's (its weights the vectors, its
     pixels broadcast from the padded copy): where an output row is whole tiles of 14,
     the tiles start at each row (`jy`) and their write-back is straight, and so do
     tiles of two rows of 7 (a 3x3 window, its taps a plane apart: `taps=9`), a last row
     alone on 7 columns; one image of 20x20 in tiles across its rows; a partial row tile
-    (40 channels) and K rows read from x itself too; against the reference."""
-    options = replace(_isa("avx512"), threads=threads)
+    (40 channels) and K rows read from x itself too; against the reference; each of
+    the two window kernels (their pixels broadcast two ways)."""
+    options = replace(_isa("avx512"), threads=threads, gemm_kernel=window)
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
     compiled = _check(graph, inputs, options, atol=3e-4)
     mark = marks.parse(_gemm_marks(compiled)[0])
-    assert (mark.kernel, mark.b, mark.taps) == (WINDOW, "rows", taps)
+    assert (mark.kernel, mark.b, mark.taps) == (window, "rows", taps)
     assert ",".join(loop for loop in mark.loops if loop[0] == "j") == tiles
     assert mark.row_tile == (0 if tiles == "jr" else 2 if xs[2] < 14 else 1)
-    assert f"polyc_{WINDOW}_b_rows(" in compiled.c_source
+    assert f"polyc_{window}_b_rows(" in compiled.c_source
 
 
 @pytest.mark.parametrize("size,par", [(7, "rows"), (14, "batch")])
@@ -661,7 +663,7 @@ def test_a_team_shares_the_window_kernel_s_weights_by_row_blocks(size, par):
     options = replace(_isa("avx512"), threads=2)
     graph, inputs = _conv((2, 128, size, size), (o, 128, 3, 3), bias_relu=True, pads=[1] * 4)
     mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
-    assert mark.kernel == WINDOW and mark.par == par, mark
+    assert mark.kernel in WINDOWS and mark.par == par, mark
     assert mark.loops[:2] == (("ic", "b0") if par == "rows" else ("b0", "ic")), mark
 
 
@@ -672,7 +674,33 @@ def test_k_blocks_of_the_window_kernel_add_up_in_its_virtual_columns():
     graph, inputs = _conv((2, 128, 14, 14), (32, 128, 3, 3), bias_relu=True, pads=[1] * 4)
     compiled = _check(graph, inputs, options, atol=1e-3)
     mark = marks.parse(_gemm_marks(compiled)[0])
-    assert mark.kernel == WINDOW and "pc" in mark.loops and not mark.taps
+    assert mark.kernel in WINDOWS and "pc" in mark.loops and not mark.taps
+
+
+@pytest.mark.parametrize("fold,bcast", [(231.1, 252.2), (120.0, 104.0), (None, None)],
+                         ids=["zen5", "folded-faster", "unmeasured"])
+def test_of_the_window_kernels_the_one_measured_faster_is_taken(monkeypatch, fold, bcast):
+    """The two window kernels differ in how a pixel is broadcast, which cores rank
+    differently: the calibration's deep (streaming) rates pick; a host that measured
+    nothing keeps the registry's order; the reason names both rates."""
+    from polyc.graph.decompose import decompose_graph
+    from polyc.kernel import build_kernels
+    from polyc.targets.cpu import calibrate
+    from polyc.targets.cpu.plan import window_kernel
+    rates = {} if fold is None else {WINDOWS[0]: fold, WINDOWS[1]: bcast}
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False:
+                        dict(rates) if streaming else {})
+    graph, _ = _conv((2, 128, 14, 14), (64, 128, 3, 3), pads=[1] * 4)
+    (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
+    want = WINDOWS[1] if fold and bcast > fold else WINDOWS[0]
+    assert window_kernel(kernel, _features("avx512f"), Options()).name == want
+    asked = window_kernel(kernel, _features("avx512f"), Options(gemm_kernel=WINDOWS[1]))
+    assert asked.name == WINDOWS[1]
+    if fold:
+        options = _isa("avx512")
+        why = [line for k in compile(graph, options=options).kernels
+               for line in k.fusion_report if "direct convolution" in line]
+        assert f"{want} measured on this host at {max(fold, bcast):.1f} GFLOP/s" in why[0]
 
 
 @pytest.mark.parametrize("xs,ws,attrs,kernel,b", [
@@ -689,7 +717,7 @@ def test_the_window_kernel_leaves_what_it_does_not_win(xs, ws, attrs, kernel, b)
     options = replace(_isa("avx512"), gemm_kernel=kernel)
     graph, inputs = _conv(xs, ws, bias_relu=True, **attrs)
     mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
-    assert mark.kernel != WINDOW and mark.b == b
+    assert mark.kernel not in WINDOWS and mark.b == b
 
 
 @pytest.mark.parametrize("case", ["conv-rows", "linear-packed"])

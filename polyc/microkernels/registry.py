@@ -109,11 +109,13 @@ REGISTRY: tuple[Microkernel, ...] = (
           rows_variant="polyc_sgemm_avx512_8x48_rows",
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",),
           a_rows_variant="polyc_sgemm_avx512_8x48_a_rows", edge_cols=16),
-    # the weights as vectors, a window's pixels broadcast: conv2d's window read in place
-    _gemm("sgemm_avx512_32x14", "sgemm_avx512_32x14.c", ("avx512f",), 32, 14, 64, rank=3,
-          rows_variant="polyc_sgemm_avx512_32x14_rows",
-          b_rows_variant="polyc_sgemm_avx512_32x14_b_rows", window=True,
-          b_taps_variant="polyc_sgemm_avx512_32x14_b_taps9"),
+    # the weights as vectors, a window's pixels broadcast: conv2d's window read in place;
+    # two ways to broadcast, which cores rank differently (`plan.window_kernel`)
+    *(_gemm(name, f"{name}.c", ("avx512f",), 32, 14, 64, rank=3,
+            rows_variant=f"polyc_{name}_rows", b_rows_variant=f"polyc_{name}_b_rows",
+            needs=("sgemm_avx512_window.c",), window=True,
+            b_taps_variant=f"polyc_{name}_b_taps9")
+      for name in ("sgemm_avx512_32x14", "sgemm_avx512_32x14_bcast")),
     _gemm("sgemm_avx2_6x16", "sgemm_avx2_6x16.c", ("avx2", "fma"), 6, 16, 32, rank=2,
           rows_variant="polyc_sgemm_avx2_6x16_rows",
           b_rows_variant="polyc_sgemm_avx2_6x16_b_rows",
@@ -138,7 +140,8 @@ REGISTRY: tuple[Microkernel, ...] = (
                 "C += A B, always whole", (), target="manycore"),
 )
 
-ISAS = {"avx512": ("sgemm_avx512_14x32", "sgemm_avx512_8x48", "sgemm_avx512_32x14"), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
+ISAS = {"avx512": ("sgemm_avx512_14x32", "sgemm_avx512_8x48", "sgemm_avx512_32x14",
+                   "sgemm_avx512_32x14_bcast"), "avx2": ("sgemm_avx2_6x16", "sgemm_avx2_4x24"),
         "portable": ("sgemm_vec_6x16",)}
 
 

@@ -1,5 +1,7 @@
-/* polyc microkernel sgemm_avx512_32x14: a float32 matmul tile whose A side is the
- * vector side, for a convolution's window read in place (the direct convolution).
+/* polyc microkernel sgemm_avx512_32x14: the window kernel, a conv2d's window read in
+ * place with its weights as the vectors (sgemm_avx512_window.c), each pixel broadcast
+ * as its FMAs' memory operand ({1to16}), as the 14x32 kernel does (sgemm_avx512.c:
+ * on Sapphire Rapids that tile ran 8-15% faster so)
  *
  * Contract (mirrored as data in polyc/microkernels/registry.py):
  *   tile        MR = 32 rows x NR = 14 columns of C, any depth kc >= 1
@@ -10,167 +12,16 @@
  *   C           row-major tile C[r * ldc + c], no alignment needed; all 32 x 14 entries
  *               are written
  *   accumulate  0: C = A B (C is not read), 1: C += A B
- *   features    avx512f. 28 zmm accumulators (a column's 32 rows in two), the 2 A
- *               vectors of a K step, B broadcast from memory into each FMA: 30 of 32 zmm.
- *               The accumulators hold C's columns, so C is stored by scatters.
- *
- *   Why the sides are swapped. A convolution's C has the output channels as rows (A,
- *   the weights) and the pixels as columns (B, the window). The other gemm kernels
- *   load B's rows as vectors: read in place from the padded input, each K row's 32
- *   floats start anywhere and cross lines, and a 14x14 output is 7 tiles of 32 for 196
- *   pixels. Here the weights are the vectors (aligned, 32 channels: ResNet's counts are
- *   multiples of 32) and a window row's 14 pixels are broadcast, whatever their
- *   alignment: oneDNN's direct convolution, with the weights' layout made at compile
- *   time and the pixels read where the padded copy holds them.
+ *   features    avx512f. 28 zmm accumulators, 2 A vectors, B broadcast from memory into
+ *               each FMA: 30 of 32 zmm.
  *
  *   polyc_sgemm_avx512_32x14_rows(kc, A, B, C, ldc, accumulate, rows, cols),
- *   1 <= rows <= 32, 1 <= cols <= 14: the same on the tile's first `rows` rows and
- *   `cols` columns only (operands still packed 32 and 14 wide); other entries of C are
- *   neither read nor written (masked scatters).
- *
- *   polyc_sgemm_avx512_32x14_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed
- *   but read in place, row p being the 14 floats at B + off[p] (any alignment, all 14
- *   readable; off holds kc + 16 entries, the rows 16 K steps on are fetched).
- *
- *   polyc_sgemm_avx512_32x14_b_taps9(kc, A, B, off, plane, step, C, ldc, accumulate,
- *   cols): as _b_rows on a 3x3 window: K row p is the row of channel p / 9 and tap
- *   p % 9, at B + (p / 9) * plane + off[p % 9] (kc a multiple of 9); its 14 floats are
- *   the 7 there and the 7 `step` floats on (step 7: one run; else two output rows of 7
- *   pixels, the pad between them skipped); cols 14, or 7: the first 7 columns only
- *   (a last output row of 7 alone).
+ *   polyc_sgemm_avx512_32x14_b_rows(kc, A, B, off, C, ldc, accumulate) and
+ *   polyc_sgemm_avx512_32x14_b_taps9(kc, A, B, off, plane, step, C, ldc, accumulate, cols):
+ *   as sgemm_avx512_window.c says, whose code this is; the weights are A (the vectors),
+ *   the window's pixels B (broadcast), read in place from the padded input.
  */
 #ifndef POLYC_SGEMM_AVX512_32X14
 #define POLYC_SGEMM_AVX512_32X14
-#include <immintrin.h>
-
-/* K step k: A's two vectors of row k, the 14 columns of B's row from `from` (the first
-   7) and `from2` (the next 7) broadcast into their FMAs ({1to16}, as in sgemm_avx512.c); each
-   in one register, so that an FMA's operand is that register + 4c: else gcc forms B + off +
-   4c with a lea per column, on the FMAs' ports */
-#define POLYC_32X14_STEP(k, from, from2) do { \
-    const __m512 a0 = _mm512_load_ps(A + (k) * 32), a1 = _mm512_load_ps(A + (k) * 32 + 16); \
-    _mm_prefetch((const char *)(A + ((k) + 8) * 32), _MM_HINT_T0); \
-    _mm_prefetch((const char *)(A + ((k) + 8) * 32 + 16), _MM_HINT_T0); \
-    const float *bs = (from), *bs2 = (from2); \
-    __asm__("" : "+r"(bs), "+r"(bs2)); \
-    _Pragma("GCC unroll 14") \
-    for (int c = 0; c < W; c++) { \
-      const float *e = c < 7 ? bs + c : bs2 + (c - 7); \
-      __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]" : [c] "+v"(acc[c][0]) : [a] "v"(a0), [b] "m"(*e)); \
-      __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]" : [c] "+v"(acc[c][1]) : [a] "v"(a1), [b] "m"(*e)); \
-    } \
-  } while (0)
-
-static inline __attribute__((always_inline)) void
-polyc_sgemm_avx512_32x14_impl(long kc, const float *restrict A, const float *restrict B,
-                              const long *restrict off, long plane, long step,
-                              float *restrict C, long ldc, int accumulate, long rows,
-                              long cols, const int W, const int TAPS)
-{
-  __m512 acc[14][2];
-#pragma GCC unroll 14
-  for (int c = 0; c < W; c++) {
-    acc[c][0] = _mm512_setzero_ps();
-    acc[c][1] = _mm512_setzero_ps();
-  }
-  if (TAPS) {
-    /* a window's taps, each its own instructions: its rows move by one plane from
-       channel to channel, a stride the hardware's prefetcher follows per instruction
-       (through the offsets, one instruction for every row: 8x512x7x7 3x3 by hand, 0.93x
-       torch's speed with them fetched 16 K steps on, 1.00x so) */
-    long tap[TAPS];
-#pragma GCC unroll 9
-    for (int t = 0; t < TAPS; t++)
-      tap[t] = off[t];
-    for (long ch = 0; ch < kc / TAPS; ch++) {
-      const float *bc = B + ch * plane;
-#pragma GCC unroll 9
-      for (int t = 0; t < TAPS; t++)
-        POLYC_32X14_STEP(ch * TAPS + t, bc + tap[t], bc + tap[t] + step);
-    }
-  } else {
-    for (long p = 0; p < kc; p++) {
-      const float *b = B + p * 14;
-      if (off) {  /* constant in every caller: gcc keeps one of the two */
-        b = B + off[p];
-        /* the row 16 K steps on (off holds kc + 16 entries): a channel's plane is a
-           new stretch of the copy, which the hardware fetches too late */
-        _mm_prefetch((const char *)(B + off[p + 16]), _MM_HINT_T0);
-        _mm_prefetch((const char *)(B + off[p + 16] + 13), _MM_HINT_T0);
-      }
-      POLYC_32X14_STEP(p, b, b + 7);
-    }
-  }
-  /* a column's rows are ldc floats apart: 16 of them per scatter, at 32-bit element
-     offsets up to 15 ldc where those fit, else one by one */
-  const __mmask16 m0 = rows >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
-  const __mmask16 m1 = rows >= 32 ? (__mmask16)0xFFFF
-                       : rows <= 16 ? (__mmask16)0 : (__mmask16)((1u << (rows - 16)) - 1u);
-  if (ldc <= (1L << 25)) {
-    const __m512i at = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)ldc));
-#pragma GCC unroll 14
-    for (int c = 0; c < W; c++) {
-      if (c >= cols)
-        break;
-      float *lo = C + c, *hi = C + 16 * ldc + c;
-      if (accumulate) {
-        acc[c][0] = _mm512_add_ps(acc[c][0], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m0, at, lo, 4));
-        acc[c][1] = _mm512_add_ps(acc[c][1], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m1, at, hi, 4));
-      }
-      _mm512_mask_i32scatter_ps(lo, m0, at, acc[c][0], 4);
-      _mm512_mask_i32scatter_ps(hi, m1, at, acc[c][1], 4);
-    }
-    return;
-  }
-  float t[32] __attribute__((aligned(64)));
-#pragma GCC unroll 14  /* acc indexed by a variable would live in memory */
-  for (int c = 0; c < W; c++) {
-    if (c >= cols)
-      break;
-    _mm512_store_ps(t, acc[c][0]);
-    _mm512_store_ps(t + 16, acc[c][1]);
-    for (long r = 0; r < rows; r++)
-      C[r * ldc + c] = accumulate ? C[r * ldc + c] + t[r] : t[r];
-  }
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14(
-    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
-    int accumulate)
-{
-  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, 32, 14, 14, 0);
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_rows(
-    long kc, const float *restrict A, const float *restrict B, float *restrict C, long ldc,
-    int accumulate, long rows, long cols)
-{
-  /* all 14 columns computed (B's are packed with zeros past its edge), the first
-     `cols` stored: one instantiation per column count had cost gcc 4 s of the
-     kernel's 7, and the first compile on a machine builds every kernel */
-  polyc_sgemm_avx512_32x14_impl(kc, A, B, 0, 0, 0, C, ldc, accumulate, rows, cols, 14, 0);
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_rows(
-    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
-    float *restrict C, long ldc, int accumulate)
-{
-  if (!off)  /* never; told so, gcc drops the packed B's loads */
-    __builtin_unreachable();
-  polyc_sgemm_avx512_32x14_impl(kc, A, B, off, 0, 0, C, ldc, accumulate, 32, 14, 14, 0);
-}
-
-POLYC_MK_ENTRY void polyc_sgemm_avx512_32x14_b_taps9(
-    long kc, const float *restrict A, const float *restrict B, const long *restrict off,
-    long plane, long step, float *restrict C, long ldc, int accumulate, long cols)
-{
-  if (!off)  /* never: as in _b_rows */
-    __builtin_unreachable();
-  if (cols == 7)
-    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 7, 7, 9);
-  else
-    polyc_sgemm_avx512_32x14_impl(kc, A, B, off, plane, step, C, ldc, accumulate, 32, 14, 14, 9);
-}
+POLYC_SGEMM_AVX512_WINDOW_KERNEL(polyc_sgemm_avx512_32x14, 1)
 #endif

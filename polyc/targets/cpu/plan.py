@@ -122,7 +122,10 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
     process, the plans before it and with it: 8x256x14x14 3x3 0.86-0.88x and 1.04x,
     8x512x7x7 0.88x and 0.96x, 8x128x28x28 0.92x and 1.09-1.19x, one image of 512x7x7
     1.20x and 1.61x. Not for 1x1 convolutions: their K rows are whole planes apart, 14
-    floats of a line each (by hand, 1.4-2.6x the time)."""
+    floats of a line each (by hand, 1.4-2.6x the time). Of two that fit, the one the
+    calibration measured faster deep (`measured`, streaming: a window is read in place
+    only 1024 or more deep): they differ in how a pixel is broadcast, which Zen 5 and
+    Sapphire Rapids rank differently (sgemm_avx512_32x14_bcast.c)."""
     isa = options.microkernel_isa
     mine = [name for k, name in options.kernel_gemm if k == kernel.name]
     asked = mine[0] if mine else options.gemm_kernel
@@ -130,6 +133,9 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
     named = asked or tuned.get("microkernel", "")
     fits = [m for m in registry.REGISTRY if m.window and set(m.features) <= machine.features
             and (not isa or m.name in registry.ISAS[isa]) and (not named or m.name == named)]
+    if len(fits) > 1:
+        rates = measured(machine, streaming=True)  # {} where the host cannot run them
+        fits.sort(key=lambda m: -rates.get(m.name, 0.0))
     return fits[0] if fits else None
 
 
@@ -268,8 +274,13 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
     if window is not None and reads_windows(view, kernel, window):
+        rates = measured(machine, streaming=True)
+        others = [m for m in allowed if m.window and m is not window and m.name in rates]
+        faster = "".join(f"; {window.name} measured on this host at {rates[window.name]:.1f} "
+                         f"GFLOP/s, {m.name} at {rates[m.name]:.1f}"
+                         for m in others[:1] if window.name in rates)
         return window, ("B is a window read in place: the weights as vectors, its pixels "
-                        "broadcast (the direct convolution)")
+                        "broadcast (the direct convolution)" + faster)
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
                            rates=measured(machine, streaming), streaming=streaming)
 

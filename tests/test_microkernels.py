@@ -2035,6 +2035,9 @@ def test_four_column_tiles_a_thread_are_too_few_to_share():
                                       ((1, 256, 7, 7), (90, 256, 3, 3), 200),  # K blocks
                                       ((1, 512, 7, 7), (100, 512, 1, 1), 0)])  # B packed
 def test_a_team_splits_the_row_blocks_when_few_column_tiles(xs, ws, kc):
+    """Each thread takes whole row blocks; a packed B, which each reads whole, is
+    packed by the team into one buffer (the packing's own `omp for` before the rows'),
+    a copy of a window by one thread."""
     graph, inputs = _conv(xs, ws, bias_relu=True, pads=[ws[2] // 2] * 4)
     options = _packing(Options(threads=2, microkernel_tiles=(("kc", kc),) if kc else ()))
     compiled = _check(graph, inputs, options, atol=3e-4)
@@ -2044,3 +2047,7 @@ def test_a_team_splits_the_row_blocks_when_few_column_tiles(xs, ws, kc):
     assert "ic" in mark.loops and -(-mark.m // mark.mc) >= 4  # about four blocks a thread
     src = compiled.c_source
     assert "omp for schedule(dynamic, 1)" in src
+    region = src[src.index("#pragma omp parallel"):]
+    shared = region.index("omp for schedule(static)") if mark.b == "packed" else -1
+    assert (0 < shared < region.index("omp for schedule(dynamic, 1)")) == (mark.b == "packed")
+    assert "polyc_scratch(0," not in region  # B's panels: the team's buffer, made before

@@ -332,7 +332,7 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
         tiles = replace(tiles, mc=min(tiles.mc, block),
                         nc=max(tiles.nc, -(-N // mk.nr) * mk.nr))
     # too few column tiles to share: each thread takes whole row blocks instead (a
-    # packed B, that narrow, packed by each thread). One image only: no batch loop,
+    # packed B still packed by the team, `_team_packs`). One image only: no batch loop,
     # which the per-image copies of B (`BRows.slices`) would share inside the blocks
     few_tiles = par == "inner" and not view.tail and view.batches == 1 \
         and -(-min(tiles.nc, rows.width if rows else N) // mk.nr) < ROWS_TEAM_TILES * team

@@ -145,9 +145,9 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
                  for s in self.pack_const(side)]
         inner = self.b.node(child, outer)
         if plan.par in ("inner", "rows"):
-            # the team's buffers; with par=rows each thread packs its own A blocks (and
-            # its own copy of a packed B, a few column tiles wide)
-            body += self._buffers("ab" if plan.par == "inner" else "b" if self.rows else "")
+            # the team's buffers; with par=rows each thread packs its own A blocks
+            body += self._buffers("".join(s for s in "ab" if self._team_packs(s)
+                                          or (s == "b" and self.rows)))
             threads = [f"num_threads({plan.threads})"] if plan.threads else []
             # the row tail's contracted buffers (a row of exp) are each thread's own; a
             # block of C (and of its epilogue) is filled by the team for the tail to read,

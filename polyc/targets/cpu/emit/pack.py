@@ -53,7 +53,8 @@ class PackMixin:
             return cgen.Block(read_only(head + mine + then + [
                 cgen.Statement(f"float *restrict {buf} = {buf}w + {self._whole_offset(side)}"),
                 self.b.node(child, outer)]))
-        if plan.par != "inner" and not in_place:
+        team = self._team_packs(side)
+        if not team and not in_place:
             head += self._buffers(side)
         # iterator values: batch dims from their loops, own dims and K from the element
         batch = [cgen.Statement(f"const long mk_s{view.out_iter[d]} = {v}")
@@ -64,8 +65,19 @@ class PackMixin:
             return cgen.Block(head + batch + [
                 cgen.Statement(f"const float *restrict mk_A = {start}"),
                 self.b.node(child, outer)])
-        fill = self._fill(side, expr, tile, total, own, start, size, buf, plan.par == "inner")
+        fill = self._fill(side, expr, tile, total, own, start, size, buf, team)
         return cgen.Block(head + batch + fill + then + [self.b.node(child, outer)])
+
+    def _team_packs(self, side: str) -> bool:
+        """Does the team share the packing of `side`'s blocks, into one buffer? With
+        par=inner both; with par=rows a B packed outside the row blocks, which every
+        thread reads whole: packed by the team, not by each thread alone, 8x2048x7x7 to
+        512 1x1 and 8x1024x14x14 to 2048 /2 took 0.96x the time at 2 threads, 1024^3
+        0.97-0.98x, five more level, 1x2048x7x7 to 512 1.03x (its block of 49 columns
+        packed in a few microseconds, a barrier's worth; Zen 5, in pairs of calls)."""
+        plan = self.plan
+        return plan.par == "inner" or (side == "b" and plan.par == "rows"
+                                       and not plan.batch_inside)
 
     def pack_once(self) -> list[cgen.Generable]:
         """A packed whole, before the loop over images that would repack it for each

@@ -720,6 +720,18 @@ def test_the_window_kernel_leaves_what_it_does_not_win(xs, ws, attrs, kernel, b)
     assert mark.kernel not in WINDOWS and mark.b == b
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_full_tile_across_images_is_written_back_in_pieces(isa):
+    """Eight 7x7 images folded into 392 columns: most tiles (16, 24 or 48 wide) cross
+    from one image into the next; each piece inside one image is one vector loop, its
+    image decomposed once, not a division per column; against the reference."""
+    graph, inputs = _conv((8, 64, 7, 7), (40, 64, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, _packing(_isa(isa)), atol=3e-4)
+    mark = marks.parse(_gemm_marks(compiled)[0])
+    assert mark.b == "folded" and mark.n == 392, mark
+    assert "mk_cs = mk_ce" in compiled.c_source
+
+
 @pytest.mark.parametrize("case", ["conv-rows", "linear-packed"])
 def test_a_tile_written_back_from_the_stack_prefetches_its_output_lines(case):
     """A tile with an epilogue is computed into `mk_tile` and stored by the write-back

@@ -405,7 +405,8 @@ def paired_with(fns: dict, peer: str, best_s: float, threads: int) -> dict:
     """polyc's speed over `peer`'s (torch eager, torch.compile), call by call
     (`paired_ratio`): beside the ratio of best times, one that a slow spell of the host
     cannot give to either side (it moves both calls of a pair). Pools are left to go
-    idle before each call at two threads (a few ms of libgomp's spinning)."""
+    idle before each call at two threads (a few ms of libgomp's spinning), then woken
+    by untimed calls."""
     pairs = max(PAIRS[0], min(PAIRS[1], int(PAIRED_S / (2 * best_s))))
     median, q1, q3 = paired_ratio(fns[peer], fns["polyc"], pairs=pairs,
                                   clock=clock_for(threads),

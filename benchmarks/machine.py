@@ -131,13 +131,22 @@ def paired_ratio(a: Callable[[], object], b: Callable[[], object], *, pairs: int
     1 thread and -6.9% at 2 in one run of separate rows). `settle_s` is slept before
     each call: where a and b are libraries with thread pools of their own, the one that
     ran last spins for a few milliseconds after its call (libgomp's default), on the
-    cores the other is timed on."""
+    cores the other is timed on. After it, untimed calls for `settle_s` / 4 wake the
+    pool again: its threads sleep by then, and the first calls timed what the host
+    takes to wake an idle core, not the call (Zen 5 VM, batched 16x(256x64 @ 64x256) at
+    2 threads, 20 ms after the last call, median of 30: polyc 7.5 ms, torch 7.1 ms; one
+    call after a first untimed one 3.0 and 0.76 ms, after three 0.30 and 0.66 ms, as
+    back to back)."""
     a(), b()
     ratios = []
     for i in range(pairs):
         times = {}
         for name, fn in (("a", a), ("b", b)) if i % 2 else (("b", b), ("a", a)):
-            time.sleep(settle_s)
+            if settle_s:
+                time.sleep(settle_s)
+                woken = time.perf_counter() + settle_s / 4
+                while time.perf_counter() < woken:
+                    fn()
             t = clock()
             fn()
             times[name] = clock() - t

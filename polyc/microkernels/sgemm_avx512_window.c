@@ -27,23 +27,22 @@
  *   POLYC_SGEMM_AVX512_WINDOW_KERNEL(name, FOLD) defines a kernel's four entry points,
  *   name(kc, A, B, C, ldc, accumulate) on a whole tile and these:
  *
- *   name_rows(kc, A, B, C, ldc, accumulate, rows, cols),
- *   1 <= rows <= 32, 1 <= cols <= 14: the same on the tile's first `rows` rows and
- *   `cols` columns only (operands still packed 32 and 14 wide); other entries of C are
- *   neither read nor written (masked scatters).
+ *   name_rows(kc, A, B, C, ldc, accumulate, rows, cols), 1 <= rows <= 32,
+ *   1 <= cols <= 14: the same on the tile's first `rows` rows and `cols` columns only
+ *   (operands still packed 32 and 14 wide); other entries of C are neither read nor
+ *   written (masked scatters).
  *
- *   name_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed
- *   but read in place, row p being the 14 floats at B + off[p] (any alignment, all 14
- *   readable; off holds kc + 16 entries, the rows 16 K steps on are fetched).
+ *   name_b_rows(kc, A, B, off, C, ldc, accumulate): B not packed but read in place, row
+ *   p being the 14 floats at B + off[p] (any alignment, all 14 readable; off holds
+ *   kc + 16 entries, the rows 16 K steps on are fetched).
  *
- *   name_b_taps9(kc, A, B, off, plane, step, C, ldc, accumulate,
- *   cols): as _b_rows on a 3x3 window: K row p is the row of channel p / 9 and tap
- *   p % 9, at B + (p / 9) * plane + off[p % 9] (kc a multiple of 9); its 14 floats are
- *   the 7 there and the 7 `step` floats on (step 7: one run; else two output rows of 7
- *   pixels, the pad between them skipped); cols 14, or 7: the first 7 columns only
- *   (a last output row of 7 alone).
+ *   name_b_taps9(kc, A, B, off, plane, step, C, ldc, accumulate, cols): as _b_rows on
+ *   a 3x3 window: K row p is the row of channel p / 9 and tap p % 9, at
+ *   B + (p / 9) * plane + off[p % 9] (kc a multiple of 9); its 14 floats are the 7 there
+ *   and the 7 `step` floats on (step 7: one run; else two output rows of 7 pixels, the
+ *   pad between them skipped); cols 14, or 7: the first 7 columns only (a last output
+ *   row of 7 alone).
  */
-
 #ifndef POLYC_SGEMM_AVX512_WINDOW
 #define POLYC_SGEMM_AVX512_WINDOW
 #include <immintrin.h>

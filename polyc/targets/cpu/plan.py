@@ -124,8 +124,9 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
     1.20x and 1.61x. Not for 1x1 convolutions: their K rows are whole planes apart, 14
     floats of a line each (by hand, 1.4-2.6x the time). Of two that fit, the one the
     calibration measured faster deep (`measured`, streaming: a window is read in place
-    only 1024 or more deep): they differ in how a pixel is broadcast, which Zen 5 and
-    Sapphire Rapids rank differently (sgemm_avx512_32x14_bcast.c)."""
+    only 1024 or more deep): they differ in how a pixel is broadcast, which cores rank
+    differently (Zen 5 runs the register broadcast faster, sgemm_avx512_32x14_bcast.c;
+    on Sapphire Rapids the 14x32 tile had run 8-15% faster with its broadcast folded)."""
     isa = options.microkernel_isa
     mine = [name for k, name in options.kernel_gemm if k == kernel.name]
     asked = mine[0] if mine else options.gemm_kernel

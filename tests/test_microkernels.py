@@ -703,6 +703,28 @@ def test_of_the_window_kernels_the_one_measured_faster_is_taken(monkeypatch, fol
         assert f"{want} measured on this host at {max(fold, bcast):.1f} GFLOP/s" in why[0]
 
 
+@pytest.mark.parametrize("xs,narrow", [((1, 256, 7, 7), True), ((1, 256, 14, 14), False)],
+                         ids=["7x7", "14x14"])
+def test_one_narrow_image_weighs_the_window_kernels_packed(monkeypatch, xs, narrow):
+    """A 1x1 conv2d of one 7x7 image (49 columns, B packed): the window kernels' packed
+    entry is among the candidates, by the rates measured deep (Zen 5's: 56 columns
+    computed for 49 at 252 GFLOP/s against 64 at 263); a 14x14 image's 196 columns keep
+    to the others, by the in-cache rates; against the reference."""
+    from polyc.targets.cpu import calibrate
+    deep = {"sgemm_avx512_14x32": 243.0, "sgemm_avx512_8x48": 262.7, WINDOWS[0]: 231.1,
+            WINDOWS[1]: 252.2}
+    cached = {"sgemm_avx512_14x32": 239.7, "sgemm_avx512_8x48": 260.6, WINDOWS[0]: 192.7,
+              WINDOWS[1]: 208.0}
+    monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False:
+                        dict(deep if streaming else cached))
+    graph, inputs = _conv(xs, (64, 256, 1, 1), bias_relu=True)
+    compiled = _check(graph, inputs, _isa("avx512"), atol=3e-4)
+    mark = marks.parse(_gemm_marks(compiled)[0])
+    assert (mark.kernel, mark.b) == (WINDOWS[1] if narrow else "sgemm_avx512_8x48", "packed")
+    why = [line for k in compiled.kernels for line in k.fusion_report if "microkernel" in line]
+    assert ("in deep K blocks" in why[0]) == narrow, why
+
+
 @pytest.mark.parametrize("xs,ws,attrs,kernel,b", [
     ((4, 24, 9, 9), (64, 24, 5, 5), {"pads": [1] * 4}, "", "folded"),
     ((2, 64, 14, 14), (64, 64, 3, 3), {"pads": [1] * 4}, "", "packed"),

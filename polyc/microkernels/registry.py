@@ -177,7 +177,7 @@ def select(kind: str, dtype: str, target: Machine, isa: str = "",
 def choose(kind: str, dtype: str, target: Machine, isa: str = "",
            shape: tuple[int, int] | None = None,
            rates: dict[str, float] | None = None,
-           streaming: bool = False) -> tuple[Microkernel | None, str]:
+           streaming: bool = False, windows: bool = False) -> tuple[Microkernel | None, str]:
     """The fastest kernel of `kind` for `dtype` whose features the target has, and why.
 
     `isa` ('avx512' | 'avx2' | 'portable') asks for one gemm variant (None if the target
@@ -190,9 +190,9 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
     choice), won by rank (the kernel with edge variants), then the smaller waste, then
     the taller tile. A target this host cannot run keeps the registry's rank (widest ISA
     first). A kernel made for a window read in place (`Microkernel.window`) is not among
-    them."""
-    fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype and not m.window
-            and set(m.features) <= target_features(target)]
+    them, unless `windows` (its packed entry, on a narrow C: `plan.choose_gemm_kernel`)."""
+    fits = [m for m in REGISTRY if m.kind == kind and m.dtype == dtype
+            and (windows or not m.window) and set(m.features) <= target_features(target)]
     if isa and kind == "gemm":
         fits = [m for m in fits if m.name in ISAS.get(isa, ())]
     if len(fits) <= 1 or kind != "gemm":
@@ -214,7 +214,8 @@ def choose(kind: str, dtype: str, target: Machine, isa: str = "",
     def text(m: Microkernel) -> str:
         return f"{m.name} {rates[m.name]:.1f} GFLOP/s x {efficiency(m):.0%} of its tiles used"
 
-    where = " with B's panels streaming from L2" if streaming else ""
+    where = (" in deep K blocks" if windows else
+             " with B's panels streaming from L2" if streaming else "")
     return scored[0], (f"measured on this host{where}: " + text(scored[0])
                        + "".join(f"; vs {text(m)}" for m in scored[1:]))
 

@@ -274,6 +274,18 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
     if name and any(m.name == name for m in allowed):
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
+    narrow = window is not None and view.N < FOLD_COLUMNS and b_rows(view, kernel) is None
+    if narrow:
+        # one image under FOLD_COLUMNS columns, B packed: the window kernels' packed entry
+        # among the candidates, its 14 columns wasting less of a 7x7 image than the 48 of
+        # 8x48 (56 computed for 49, against 64), by the rates measured deep, as its
+        # narrow panels make its K blocks (512-684 deep; the in-cache calibration's 256
+        # gathers and scatters its C at every call). Zen 5, in pairs of calls, the 8x48
+        # kernel pinned against it: 1x2048x7x7 to 512 1x1 0.90x the time at 1 thread,
+        # 0.87x at 2; 1x1024x14x14 to 2048 /2 0.80x and 0.90x; 196 columns (a 14x14
+        # image, 1x1024x14x14 to 256) 1.02x, so narrow only
+        return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
+                               rates=measured(machine, streaming=True), windows=True)
     if window is not None and reads_windows(view, kernel, window):
         rates = measured(machine, streaming=True)
         others = [m for m in allowed if m.window and m is not window and m.name in rates]

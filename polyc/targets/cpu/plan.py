@@ -288,10 +288,11 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
                                rates=measured(machine, streaming=True), windows=True)
     if window is not None and reads_windows(view, kernel, window):
         rates = measured(machine, streaming=True)
-        others = [m for m in allowed if m.window and m is not window and m.name in rates]
-        faster = "".join(f"; {window.name} measured on this host at {rates[window.name]:.1f} "
-                         f"GFLOP/s, {m.name} at {rates[m.name]:.1f}"
-                         for m in others[:1] if window.name in rates)
+        other = next((m for m in allowed if m.window and m is not window and m.name in rates),
+                     None)
+        faster = (f"; {window.name} measured on this host at {rates[window.name]:.1f} GFLOP/s, "
+                  f"{other.name} at {rates[other.name]:.1f}"
+                  if other is not None and window.name in rates else "")
         return window, ("B is a window read in place: the weights as vectors, its pixels "
                         "broadcast (the direct convolution)" + faster)
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),

@@ -146,8 +146,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
         inner = self.b.node(child, outer)
         if plan.par in ("inner", "rows"):
             # the team's buffers; with par=rows each thread packs its own A blocks
-            body += self._buffers("".join(s for s in "ab" if self._team_packs(s)
-                                          or (s == "b" and self.rows)))
+            shared_b = self.rows is not None or self._team_packs("b")
+            body += self._buffers("ab" if plan.par == "inner" else "b" if shared_b else "")
             threads = [f"num_threads({plan.threads})"] if plan.threads else []
             # the row tail's contracted buffers (a row of exp) are each thread's own; a
             # block of C (and of its epilogue) is filled by the team for the tail to read,

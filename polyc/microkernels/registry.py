@@ -46,8 +46,9 @@ class Microkernel:
     # a row kernel built once as a prebuilt part: its entry's C prototype (one that
     # calls the codegen prelude's functions, polyc_expf, is pasted into each unit)
     entry: str = ""
-    # gemm: made for a convolution's window read in place (B broadcast, C stored by
-    # scatters): `choose` never picks it, the cpu plan does for such a B (`window_kernel`)
+    # gemm: made for a convolution's window read in place (B broadcast, C's rows made by
+    # a transpose in registers): `choose` never picks it, the cpu plan does for such a B
+    # (`window_kernel`)
     window: bool = False
     # gemm: as b_rows_variant on a 3x3 window, K row p at B + (p / 9) * plane +
     # off[p % 9], in two runs of nr / 2 `step` floats apart (two output rows of nr / 2

@@ -61,10 +61,11 @@ ROWS_TEAM_TILES = 5
 # they cannot start at each output row: `row_tiles`) where those take at most this many
 # times the tiles of 14 the output's own would (a 20x20 output: 30 for 29)
 WINDOW_TILE_WASTE = 1.1
-# ... and only where K (channels x window) is at least this deep: a tile's scattered
-# stores and its write-back are paid once per K steps (8x64x56x56 3x3, K = 576:
-# 1.03-1.07x the time of the 8x48 kernel over the same rows, 1 thread, in pairs)
-WINDOW_MIN_K = 1024
+# ... and only where K (channels x window) is at least this deep: a tile's stores and
+# its write-back are paid once per K steps. With C scattered, ResNet's 64 channels 3x3
+# (K = 576) had run 1.03-1.07x the time of the 8x48 kernel; stored by rows after a
+# transpose in registers, 0.983-0.990x at 1 and 2 threads (Zen 5, in pairs)
+WINDOW_MIN_K = 576
 
 
 def measured(machine: Machine, streaming: bool = False) -> dict[str, float]:
@@ -124,7 +125,7 @@ def window_kernel(kernel: Kernel, machine: Machine, options) -> registry.Microke
     1.20x and 1.61x. Not for 1x1 convolutions: their K rows are whole planes apart, 14
     floats of a line each (by hand, 1.4-2.6x the time). Of two that fit, the one the
     calibration measured faster deep (`measured`, streaming: a window is read in place
-    only 1024 or more deep): they differ in how a pixel is broadcast, which cores rank
+    only 576 or more deep): they differ in how a pixel is broadcast, which cores rank
     differently (Zen 5 runs the register broadcast faster, sgemm_avx512_32x14_bcast.c;
     on Sapphire Rapids the 14x32 tile had run 8-15% faster with its broadcast folded)."""
     isa = options.microkernel_isa

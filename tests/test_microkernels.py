@@ -703,13 +703,14 @@ def test_of_the_window_kernels_the_one_measured_faster_is_taken(monkeypatch, fol
         assert f"{want} measured on this host at {max(fold, bcast):.1f} GFLOP/s" in why[0]
 
 
-@pytest.mark.parametrize("xs,narrow", [((1, 256, 7, 7), True), ((1, 256, 14, 14), False)],
-                         ids=["7x7", "14x14"])
+@pytest.mark.parametrize("xs,narrow", [((1, 512, 7, 7), True), ((2, 512, 14, 14), True),
+                                       ((1, 512, 28, 28), False)],
+                         ids=["7x7", "14x14", "28x28"])
 def test_one_narrow_image_weighs_the_window_kernels_packed(monkeypatch, xs, narrow):
-    """A 1x1 conv2d of one 7x7 image (49 columns, B packed): the window kernels' packed
-    entry is among the candidates, by the rates measured deep (Zen 5's: 56 columns
-    computed for 49 at 252 GFLOP/s against 64 at 263); a 14x14 image's 196 columns keep
-    to the others, by the in-cache rates; against the reference."""
+    """A 1x1 conv2d 512 deep of 7x7 or 14x14 images (49 or 196 columns, B packed): the
+    window kernels' packed entry is among the candidates, by the rates measured deep
+    (Zen 5's: 56 columns computed for 49 at 252 GFLOP/s against 64 at 263, 196 against
+    208); a 28x28 image's 784 columns keep to the others; against the reference."""
     from polyc.targets.cpu import calibrate
     deep = {"sgemm_avx512_14x32": 243.0, "sgemm_avx512_8x48": 262.7, WINDOWS[0]: 231.1,
             WINDOWS[1]: 252.2}
@@ -717,7 +718,7 @@ def test_one_narrow_image_weighs_the_window_kernels_packed(monkeypatch, xs, narr
               WINDOWS[1]: 208.0}
     monkeypatch.setattr(calibrate, "rates", lambda target, kernels, streaming=False:
                         dict(deep if streaming else cached))
-    graph, inputs = _conv(xs, (64, 256, 1, 1), bias_relu=True)
+    graph, inputs = _conv(xs, (64, 512, 1, 1), bias_relu=True)
     compiled = _check(graph, inputs, _isa("avx512"), atol=3e-4)
     mark = marks.parse(_gemm_marks(compiled)[0])
     assert (mark.kernel, mark.b) == (WINDOWS[1] if narrow else "sgemm_avx512_8x48", "packed")
@@ -725,8 +726,26 @@ def test_one_narrow_image_weighs_the_window_kernels_packed(monkeypatch, xs, narr
     assert ("in deep K blocks" in why[0]) == narrow, why
 
 
+
+def test_the_window_kernels_packed_entry_keeps_the_images_outside_constant_weights():
+    """Constant weights in blocks of rows and the window kernels' packed entry (1x1, 195
+    columns an image): B is packed per image, so the loop over images stays outside the
+    weights' blocks (inside, each image's B would be packed again for each block)."""
+    from polyc.targets.cpu import calibrate
+    deep = {"sgemm_avx512_14x32": 243.0, "sgemm_avx512_8x48": 262.7, WINDOWS[0]: 231.1,
+            WINDOWS[1]: 252.2}
+    options = replace(_isa("avx512"), microkernel_tiles=(("mc", 32),))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(calibrate, "rates", lambda target, kernels, streaming=False: dict(deep))
+        graph = _const_conv(3, (64, 512, 1, 1), data_seed=2)
+        rng = np.random.default_rng(3)
+        inputs = {"x": _rand(rng, (3, 512, 13, 15)), "b": _rand(rng, (64,))}
+        mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert mark.kernel == WINDOWS[1] and mark.a == "const" and mark.b == "packed", mark
+    assert mark.loops[0] == "b0" and "ic" in mark.loops, mark
+
 @pytest.mark.parametrize("xs,ws,attrs,kernel,b", [
-    ((4, 24, 9, 9), (64, 24, 5, 5), {"pads": [1] * 4}, "", "folded"),
+    ((8, 24, 9, 9), (64, 24, 5, 5), {"pads": [1] * 4}, "", "folded"),
     ((2, 32, 14, 14), (64, 32, 3, 3), {"pads": [1] * 4}, "", "packed"),
     ((1, 128, 14, 14), (64, 128, 1, 1), {}, "", "packed"),
     ((1, 128, 14, 14), (64, 128, 3, 3), {"pads": [1] * 4}, "sgemm_avx512_14x32", "packed"),

@@ -51,6 +51,12 @@ A_IN_PLACE_TILES = 8
 # 0.80x the time, 8x1024x14x14 to 256 0.84x, 8x512x28x28 to 1024 /2 0.86x, 8x256x56x56
 # to 512 /2 0.94x, 8x256x14x14 3x3 0.98x; 7x7 outputs 1.10-1.25x
 FOLD_COLUMNS = 64
+# an image under this many columns with B packed, at least this deep, weighs the window
+# kernels' packed entry too (`choose_gemm_kernel`): up to a 14x14 image, 196 columns in
+# 14 tiles of 14 where the 8x48 computes 208; deep enough for K blocks of 512 (ResNet's
+# 1x1s that it wins are 512-2048 deep)
+WINDOW_PACKED_COLUMNS = 256
+WINDOW_PACKED_MIN_K = 512
 # with fewer column tiles than this per thread, each thread of a team takes whole row
 # blocks (par=rows) instead of sharing the tiles of every block (Zen 3, 2 threads:
 # conv5 512x7x7 3x3, 4 tiles: 93 GFLOP/s shared, 106 by row blocks; conv4 256x28x28
@@ -275,18 +281,6 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
     if name and any(m.name == name for m in allowed):
         return registry.by_name(name), (f"measured fastest by polyc tune "
                                         f"({tuned['seconds'] * 1e3:.3f} ms)")
-    narrow = window is not None and view.N < FOLD_COLUMNS and b_rows(view, kernel) is None
-    if narrow:
-        # one image under FOLD_COLUMNS columns, B packed: the window kernels' packed entry
-        # among the candidates, its 14 columns wasting less of a 7x7 image than the 48 of
-        # 8x48 (56 computed for 49, against 64), by the rates measured deep, as its
-        # narrow panels make its K blocks (512-684 deep; the in-cache calibration's 256
-        # gathers and scatters its C at every call). Zen 5, in pairs of calls, the 8x48
-        # kernel pinned against it: 1x2048x7x7 to 512 1x1 0.90x the time at 1 thread,
-        # 0.87x at 2; 1x1024x14x14 to 2048 /2 0.80x and 0.90x; 196 columns (a 14x14
-        # image, 1x1024x14x14 to 256) 1.02x, so narrow only
-        return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
-                               rates=measured(machine, streaming=True), windows=True)
     if window is not None and reads_windows(view, kernel, window):
         rates = measured(machine, streaming=True)
         other = next((m for m in allowed if m.window and m is not window and m.name in rates),
@@ -296,6 +290,23 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
                   if other is not None and window.name in rates else "")
         return window, ("B is a window read in place: the weights as vectors, its pixels "
                         "broadcast (the direct convolution)" + faster)
+    narrow = (window is not None and view.N < WINDOW_PACKED_COLUMNS
+              and view.K >= WINDOW_PACKED_MIN_K and not windowed(view)
+              and b_rows(view, kernel) is None)
+    if narrow:
+        # no window (a 1x1 convolution, a matmul), deep, under WINDOW_PACKED_COLUMNS
+        # columns (a 7x7 or 14x14 image, or 7x7 images folded), B packed: the window kernels'
+        # packed entry among the candidates, its 14 columns wasting less of a 7x7 or 14x14
+        # image than the 48 of 8x48 (56 computed for 49, against 64; 196 against 208), by
+        # the rates measured deep, as its narrow panels make its K blocks (512-684 deep;
+        # the in-cache calibration's are 256). Zen 5, in pairs of calls, the 8x48 kernel
+        # pinned against it: 1x2048x7x7 to 512 1x1 0.90x the time at 1 thread, 0.87x at
+        # 2; 1x1024x14x14 to 2048 /2 0.80x and 0.90x. 196 columns, once C's rows were made
+        # in registers (1.02x the other way with C scattered): 1x512x28x28 to 1024 /2
+        # 0.935x and 0.943x, 8x512x28x28 to 1024 /2 0.888x and 0.935x, 1x1024x14x14 to
+        # 256 0.99x and 0.96x; 784 columns and more it loses (1.04-1.42x)
+        return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
+                               rates=measured(machine, streaming=True), windows=True)
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
                            rates=measured(machine, streaming), streaming=streaming)
 
@@ -360,12 +371,14 @@ def plan_gemm(view: GemmView, mk: registry.Microkernel, kernel: Kernel, machine:
     loops = ["jc"] if N > tiles.nc and rows is None else []
     loops += ["pc"] if K > tiles.kc else []
     loops += ["ic"] if M > tiles.mc else []
-    # a constant A is never packed again: images outside, but for a window kernel, whose
-    # block of weights then serves every image from L2 (8x512x7x7 3x3, its 9.4 MB
-    # streamed once, not once per image: 0.96-0.97x the time, 1 thread, in pairs; level
-    # on 14x14 to 56x56 outputs)
-    inside = (not const or mk.window) and not view.tail and _batch_inside_a(
-        view, rows, par, loops, -(-M // tiles.mc))
+    # a constant A is never packed again: images outside, but for a window kernel reading
+    # its window in place, whose block of weights then serves every image from L2
+    # (8x512x7x7 3x3, its 9.4 MB streamed once, not once per image: 0.96-0.97x the time,
+    # 1 thread, in pairs; level on 14x14 to 56x56 outputs). Its packed entry would pack
+    # each image's B again in every block of A (8x1024x14x14 to 256 1x1: 1.11x the 8x48's
+    # time so, Zen 5, 1 thread, in pairs; images outside at 2 threads, 0.98x)
+    inside = ((not const or (mk.window and rows is not None)) and not view.tail
+              and _batch_inside_a(view, rows, par, loops, -(-M // tiles.mc)))
     loops = loops + batch if inside else batch + loops
     per_tile = row_tiles(view, rows, mk, kernel) if rows else 0
     # a 3x3 window's taps in one K block (a K block would have to start at a channel);

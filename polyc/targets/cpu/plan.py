@@ -51,11 +51,11 @@ A_IN_PLACE_TILES = 8
 # 0.80x the time, 8x1024x14x14 to 256 0.84x, 8x512x28x28 to 1024 /2 0.86x, 8x256x56x56
 # to 512 /2 0.94x, 8x256x14x14 3x3 0.98x; 7x7 outputs 1.10-1.25x
 FOLD_COLUMNS = 64
-# an image under this many columns with B packed, at least this deep, weighs the window
+# a C under this many columns with B packed, at least this deep, weighs the window
 # kernels' packed entry too (`choose_gemm_kernel`): up to a 14x14 image, 196 columns in
-# 14 tiles of 14 where the 8x48 computes 208; deep enough for K blocks of 512 (ResNet's
-# 1x1s that it wins are 512-2048 deep)
-WINDOW_PACKED_COLUMNS = 256
+# 14 tiles of 14 where the 8x48 computes 208, or eight 7x7 images folded, 392 for 400;
+# deep enough for K blocks of 512 (ResNet's 1x1s that it wins are 512-2048 deep)
+WINDOW_PACKED_COLUMNS = 400
 WINDOW_PACKED_MIN_K = 512
 # with fewer column tiles than this per thread, each thread of a team takes whole row
 # blocks (par=rows) instead of sharing the tiles of every block (Zen 3, 2 threads:

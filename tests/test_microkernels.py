@@ -667,6 +667,18 @@ def test_a_team_shares_the_window_kernel_s_weights_by_row_blocks(size, par):
     assert mark.loops[:2] == (("ic", "b0") if par == "rows" else ("b0", "ic")), mark
 
 
+
+@pytest.mark.parametrize("channels,par", [(128, "rows"), (64, "inner")])
+def test_one_image_of_the_window_kernel_is_shared_by_row_blocks(channels, par):
+    """One image read in place by the window kernel, 2 threads: with two blocks of 32
+    output channels or more a thread, each thread takes whole row blocks; with one, the
+    team shares each block's tiles."""
+    options = replace(_isa("avx512"), threads=2)
+    graph, inputs = _conv((1, 64, 28, 28), (channels, 64, 3, 3), bias_relu=True,
+                          pads=[1] * 4)
+    mark = marks.parse(_gemm_marks(_check(graph, inputs, options, atol=3e-4))[0])
+    assert mark.kernel in WINDOWS and mark.b == "rows" and mark.par == par, mark
+
 def test_k_blocks_of_the_window_kernel_add_up_in_its_virtual_columns():
     """Tiles of a few K rows each (kc 40): partial sums in the virtual columns, the init
     and the epilogue at the last block."""

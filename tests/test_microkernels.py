@@ -705,8 +705,9 @@ def test_of_the_window_kernels_the_one_measured_faster_is_taken(monkeypatch, fol
     graph, _ = _conv((2, 128, 14, 14), (64, 128, 3, 3), pads=[1] * 4)
     (kernel,) = build_kernels(decompose_graph(graph), ((graph.nodes[0].name,),))
     want = WINDOWS[1] if fold and bcast > fold else WINDOWS[0]
-    assert window_kernel(kernel, _features("avx512f"), Options()).name == want
-    asked = window_kernel(kernel, _features("avx512f"), Options(gemm_kernel=WINDOWS[1]))
+    assert window_kernel(kernel, _features("avx512f", "avx512vl"), Options()).name == want
+    asked = window_kernel(kernel, _features("avx512f", "avx512vl"),
+                          Options(gemm_kernel=WINDOWS[1]))
     assert asked.name == WINDOWS[1]
     if fold:
         options = _isa("avx512")

@@ -111,8 +111,9 @@ REGISTRY: tuple[Microkernel, ...] = (
           b_rows_variant="polyc_sgemm_avx512_8x48_b_rows", needs=("sgemm_avx512.c",),
           a_rows_variant="polyc_sgemm_avx512_8x48_a_rows", edge_cols=16),
     # the weights as vectors, a window's pixels broadcast: conv2d's window read in place;
-    # two ways to broadcast, which cores rank differently (`plan.window_kernel`)
-    *(_gemm(name, f"{name}.c", ("avx512f",), 32, 14, 64, rank=3,
+    # two ways to broadcast, which cores rank differently (`plan.window_kernel`); C's
+    # rows stored by 128-bit masked stores (avx512vl: every AVX-512 core but Xeon Phi's)
+    *(_gemm(name, f"{name}.c", ("avx512f", "avx512vl"), 32, 14, 64, rank=3,
             rows_variant=f"polyc_{name}_rows", b_rows_variant=f"polyc_{name}_b_rows",
             needs=("sgemm_avx512_window.c",), window=True,
             b_taps_variant=f"polyc_{name}_b_taps9")

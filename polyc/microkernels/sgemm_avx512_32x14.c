@@ -12,8 +12,9 @@
  *   C           row-major tile C[r * ldc + c], no alignment needed; all 32 x 14 entries
  *               are written
  *   accumulate  0: C = A B (C is not read), 1: C += A B
- *   features    avx512f. 28 zmm accumulators, 2 A vectors, B broadcast from memory into
- *               each FMA: 30 of 32 zmm.
+ *   features    avx512f, avx512vl (C's rows stored 4 floats at a time). 28 zmm
+ *               accumulators, 2 A vectors, B broadcast from memory into each FMA: 30
+ *               of 32 zmm.
  *
  *   polyc_sgemm_avx512_32x14_rows(kc, A, B, C, ldc, accumulate, rows, cols),
  *   polyc_sgemm_avx512_32x14_b_rows(kc, A, B, off, C, ldc, accumulate) and

@@ -11,9 +11,10 @@
  *   C           row-major tile C[r * ldc + c], no alignment needed; all 32 x 14 entries
  *               are written
  *   accumulate  0: C = A B (C is not read), 1: C += A B
- *   features    avx512f. 28 zmm accumulators (a column's 32 rows in two), the 2 A
- *               vectors of a K step, and B's value broadcast: 30 or 31 of 32 zmm. The
- *               accumulators hold C's columns: C's rows are made from them in registers.
+ *   features    avx512f, avx512vl (the masked 128-bit stores of C's rows). 28 zmm
+ *               accumulators (a column's 32 rows in two), the 2 A vectors of a K step,
+ *               and B's value broadcast: 30 or 31 of 32 zmm. The accumulators hold C's
+ *               columns: C's rows are made from them in registers.
  *
  *   Why the sides are swapped. A convolution's C has the output channels as rows (A,
  *   the weights) and the pixels as columns (B, the window). The other gemm kernels

@@ -304,7 +304,9 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
         # 2; 1x1024x14x14 to 2048 /2 0.80x and 0.90x. 196 columns, once C's rows were made
         # in registers (1.02x the other way with C scattered): 1x512x28x28 to 1024 /2
         # 0.935x and 0.943x, 8x512x28x28 to 1024 /2 0.888x and 0.935x, 1x1024x14x14 to
-        # 256 0.99x and 0.96x; 784 columns and more it loses (1.04-1.42x)
+        # 256 0.99x and 0.96x; 392 (eight 7x7 images folded, 8x48: 400) 8x2048x7x7 to 512
+        # 0.97x and 0.95x, 8x1024x14x14 to 2048 /2 0.93-0.95x and 0.955x; 784 columns and
+        # more it loses (1.04-1.42x)
         return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
                                rates=measured(machine, streaming=True), windows=True)
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),

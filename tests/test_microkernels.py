@@ -863,6 +863,8 @@ def test_a_packed_b_folds_the_images_into_the_columns(xs, ws, attrs, tiles, thre
     assert plan.n == columns and batch_loop != folded
     if folded:
         assert any("folded into its" in line for line in compiled.kernels[0].fusion_report)
+    if folded and not attrs:  # an image's plane, contiguous: one run, not a run a row
+        assert f"- mk_x, {out[2] * out[3]} - " in compiled.c_source
 
 
 @pytest.mark.parametrize("other,flat", [

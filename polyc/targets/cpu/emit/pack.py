@@ -436,12 +436,12 @@ class PackMixin:
         merged into it, `_run_nest`; E long, `cq` floats a step): its guards along it
         (`row_bounds`) are the same for every such run of a K row, so the K row works them
         out once (the statements returned first) and the run is one fixed-length copy of
-        the row, the window's shift included, then the pad at its ends: (the K row's statements, the run's first element, the
-        condition, the copy). The copy may read a float or two of the neighbouring rows,
-        never outside the tensor (the condition checks; a run at its ends takes the
-        general path). A masked copy with its bounds worked out per run had been most of
-        the packing of 8x256x14x14 3x3 (1 thread, in pairs: 6-7% faster). None where the
-        tensor's size is not fixed."""
+        the row, the window's shift included, then the pad at its ends: (the K row's
+        statements, the run's first element, the condition, the copy). The copy may read a
+        float or two of the neighbouring rows, never outside the tensor (the condition
+        checks; a run at its ends takes the general path). A masked copy with its bounds
+        worked out per run had been most of the packing of 8x256x14x14 3x3 (1 thread, in
+        pairs: 6-7% faster). None where the tensor's size is not fixed."""
         total = math.prod(arr.type.shape)
         if arr.kept is not None or arr.block is not None or type(total) is not int:
             return None

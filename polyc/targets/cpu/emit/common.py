@@ -26,20 +26,27 @@ class Scalars(ExprPrinter):
             return self.scalars[e.tensor]
         return super().value(e)
 
+    def ctype(self, dtype: str) -> str:
+        return C_TYPE[dtype]
 
-def in_scalars(arrays, iters, target: str, index: Index, value: str,
+    def assign(self, lvalue: str, value: str) -> cgen.Generable:
+        return cgen.Assign(lvalue, value)
+
+
+def in_scalars(printer: Scalars, target: str, index: Index, value: str,
                epilogue: tuple[Statement, ...], name, stored) -> list[cgen.Generable]:
     """A contraction's element `value` (of `target`, stored at `index`) through its
-    `epilogue` in C scalars, `name(k)` the k-th statement's: each array `stored(tensor)`
-    names is assigned its value, the others live in registers only."""
-    scalars, plain = {target: value}, ExprPrinter(arrays, iters)
-    out = [cgen.Assign(plain.access(target, index), value)] if stored(target) else []
+    `epilogue` in the values `printer` prints (C scalars, or `Lanes`), `name(k)` the
+    k-th statement's: each array `stored(tensor)` names is assigned its value, the
+    others live in registers only."""
+    printer.scalars[target] = value
+    out = [printer.assign(printer.access(target, index), value)] if stored(target) else []
     for k, e in enumerate(epilogue):
-        out.append(cgen.Statement(f"const {C_TYPE[e.dtype]} {name(k)} = "
-                                  f"{Scalars(arrays, iters, scalars).value(e.expr)}"))
-        scalars[e.target] = name(k)
+        out.append(cgen.Statement(f"const {printer.ctype(e.dtype)} {name(k)} = "
+                                  f"{printer.value(e.expr)}"))
+        printer.scalars[e.target] = name(k)
         if stored(e.target):
-            out.append(cgen.Assign(plain.access(e.target, e.index), name(k)))
+            out.append(printer.assign(printer.access(e.target, e.index), name(k)))
     return out
 
 

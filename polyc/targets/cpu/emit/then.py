@@ -12,7 +12,7 @@ import cgen
 from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.ir import c_comment
 from ....microkernels import registry
-from .common import in_scalars, up
+from .common import Scalars, in_scalars, up
 
 
 class ThenMixin:
@@ -102,8 +102,8 @@ class ThenMixin:
         at = {d: names[t.out_iter[d]] for d in range(len(t.shape))}
         at |= {row: "(mk_ti + mk_r)", col: "(mk_tj + mk_c)"}
         body = [cgen.Statement(f"const float mk_v = mk_tt[mk_r * {NR} + mk_c]")]
-        body += in_scalars(self.b.arrays, lambda pos: at[pos], t.stmt.target, t.init.index,
-                           "mk_v", t.epilogue, lambda k: f"mk_e{k + 1}",
+        body += in_scalars(Scalars(self.b.arrays, lambda pos: at[pos], {}), t.stmt.target,
+                           t.init.index, "mk_v", t.epilogue, lambda k: f"mk_e{k + 1}",
                            lambda tensor: self.b.arrays[tensor].role == "out")
         cols = cgen.For("long mk_c = 0", f"mk_c < min({NR}, {c_size(t.N)} - mk_tj)", "mk_c++",
                         cgen.Block(body))

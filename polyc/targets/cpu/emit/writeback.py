@@ -13,7 +13,8 @@ from ....errors import InternalError
 from ....kernel.comprehension import Const, calls
 from ....microkernels.analysis import (a_row_stride, flat_columns_from, iterators, loads_of,
                                         window_taps)
-from .common import decompose, in_scalars, read_only, stride, virtual
+from .common import Scalars, decompose, in_scalars, read_only, stride, virtual
+from .lanes import LANE_TYPE, LANES, Lanes
 
 # the target features whose masked vector loads and stores cost what plain ones do:
 # AVX-512's. AVX2's vmaskmovps is slower (linear+gelu with its edge tiles masked ran
@@ -212,9 +213,10 @@ class WriteBackMixin:
     def _tail_reads(self) -> set[str]:
         return {x.tensor for t in self.view.tail for x in loads_of(t.expr)}
 
-    def _rows_cols(self, body: Callable[[int], list[cgen.Generable]],
-                   simd: bool) -> cgen.Generable:
-        """The tile's elements, `body(j)` the statements of row mk_r + j."""
+    def _rows_cols(self, body: Callable[[int], list[cgen.Generable]], simd: bool,
+                   lanes: Callable[[list], cgen.Generable] | None = None) -> cgen.Generable:
+        """The tile's elements, `body(j)` the statements of row mk_r + j; `lanes`, where
+        given, writes back any tile inside one flat run (`_lanes`)."""
         view, MR, NR = self.view, self.mk.mr, self.mk.nr
         rows = self._tile_rows()
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
@@ -241,7 +243,7 @@ class WriteBackMixin:
         flat = decompose(names, extents, "mk_jt")[:k] + [
             cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
             cgen.Statement(f"const long {names[-1]} = {f'mk_jt % {run}' if k else 'mk_jt'} + mk_c")]
-        heavy = any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
+        heavy = self._heavy()
         # A heavy epilogue with masked vector loads and stores (AVX-512's): edge tiles (the
         # last of a row or column of tiles) through the full tiles' loop too, their rows
         # up to mk_mr, their columns masked past mk_nr, so gcc compiles the epilogue
@@ -254,10 +256,13 @@ class WriteBackMixin:
         masked = (heavy and bool(MASKED_STORES & set(self.mk.features))
                   and all(iterators(x) & set(view.cols)
                           for e in (view.init, *view.epilogue) for x in loads_of(e.expr)))
-        if masked or (heavy and MR % 2 == 0):
+        if lanes is not None:
+            full = lanes(flat)
+        elif masked or (heavy and MR % 2 == 0):
             full = self._row_pairs(flat, body, masked)
         else:
             full = nest(str(MR), flat, "0", str(NR))
+        whole = masked or lanes is not None  # every tile through `full`, its edges masked
         # an edge tile: its columns each by their own division, in scalars where the
         # epilogue is heavy
         edge = nest("mk_mr", cols, "0", "mk_nr", "omp simd simdlen(1)" if heavy else "omp simd")
@@ -267,10 +272,10 @@ class WriteBackMixin:
             # had been a seventh of 8x1024x14x14 to 2048 1x1 /2's time, tiles of 48 over
             # images of 49: 0.85-0.87x the time so, 8x2048x7x7 to 512 0.92x, Zen 5, 1
             # and 2 threads, in pairs of calls)
-            wrap = self._pieces(names, extents, k, body) if not masked else edge
-            full = if_(f"mk_jt % {run} + {'mk_nr' if masked else NR} <= {run}", full, wrap)
-        return full if masked else if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
-                                       cgen.Block([edge]))
+            wrap = self._pieces(names, extents, k, body) if not whole else edge
+            full = if_(f"mk_jt % {run} + {'mk_nr' if whole else NR} <= {run}", full, wrap)
+        return full if whole else if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
+                                      cgen.Block([edge]))
 
     def _pieces(self, names: list[str], extents: list[int], k: int,
                 body: Callable[[int], list[cgen.Generable]]) -> cgen.Generable:
@@ -358,17 +363,22 @@ class WriteBackMixin:
         real = self.view.strides(self.view.cols)
         return " + ".join(f"mk_o{d} * {c_size(real[d])}" for d in self.view.cols)
 
-    def _init_value(self, first: str, acc_name: str, j: int = 0) -> str:
+    def _init_value(self, first: str, acc_name: str, j: int = 0,
+                    lanes: Lanes | None = None) -> str:
+        """The C of the init's value plus the sums of the K blocks before, at the tile's
+        row mk_r + j (`lanes`: on the lanes from column mk_c on)."""
         view = self.view
-        p = ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
+        p = lanes or ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
+        at = lanes.at if lanes else str
         init = p.value(view.init.expr)
         if first == "1":
             return init
         row = f"(mk_it + {_row(j)})"
         if self._virtual_acc():  # the sums of the K blocks before, init not in them
             n = self._acc_shape()[1]
-            return f"({first} ? {init} : {init} + {acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c])"
-        mem = f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]"
+            return (f"({first} ? {init} : {init} + "
+                    f"{at(f'{acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c]')})")
+        mem = at(f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]")
         return f"({first} ? {init} : {init} + {mem})" if self._sums_apart() else f"({first} ? {init} : {mem})"
 
     def _partial(self, first: str, acc_name: str) -> cgen.Generable:
@@ -379,7 +389,42 @@ class WriteBackMixin:
 
     def _final(self, first: str, acc_name: str) -> cgen.Generable:
         return cgen.Block([self._rows_cols(lambda j: self._final_row(first, acc_name, j),
-                                           simd=True)])
+                                           simd=True, lanes=self._lanes(first, acc_name))])
+
+    def _lanes(self, first: str, acc_name: str) -> Callable[[list], cgen.Generable] | None:
+        """The last K block's write-back of a heavy epilogue 16 columns at a time
+        (`Lanes`), given the C of a tile's columns inside one flat run: its rows, each
+        in full vectors, or where the tile is narrower masked ones. None where the
+        kernel is not AVX-512's, B is read in place, or the epilogue has a value or
+        an access lanes cannot hold."""
+        view, NR = self.view, self.mk.nr
+        if (self.rows is not None or "avx512f" not in self.mk.features or NR % LANES
+                or not self._heavy()):
+            return None
+        statements = (view.init, *view.epilogue)
+        leaving = {s.target for s in statements if self._leaves(s.target)}
+        probe = Lanes(self.b.arrays, self._o, view.cols[-1], scalars={view.stmt.target: ""})
+        if not probe.supports(statements, leaving):
+            return None
+
+        def vectors(cols: list[cgen.Generable], mask: str, bound: str) -> cgen.Generable:
+            lanes = Lanes(self.b.arrays, self._o, view.cols[-1], mask)
+            head = [cgen.Statement(f"const polyc_m16 {mask} = polyc_v_mask({bound} - mk_c)")]
+            v = (f"const {LANE_TYPE} mk_v = {lanes.at(f'mk_tile[mk_r * {NR} + mk_c]')} + "
+                 f"{self._init_value(first, acc_name, lanes=lanes)}")
+            body = in_scalars(lanes, view.stmt.target, view.init.index, "mk_v", view.epilogue,
+                              lambda k: f"mk_e{k}", self._leaves)
+            step = cgen.For("long mk_c = 0", f"mk_c < {bound}", f"mk_c += {LANES}", cgen.Block(
+                read_only(cols + (head if mask else []) + [cgen.Statement(v)] + body)))
+            return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(read_only(
+                self._tile_rows() + [cgen.Pragma(f"GCC unroll {NR // LANES}"), step])))
+        return lambda cols: if_(f"mk_nr == {NR}", vectors(cols, "", str(NR)),
+                                vectors(cols, "mk_m", "mk_nr"))
+
+    def _heavy(self) -> bool:
+        """Does the epilogue call a function the prelude inlines (exp, tanh, erf,
+        sigmoid): much code per element, for gcc and for the core?"""
+        return any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
 
     def _final_row(self, first: str, acc_name: str, j: int) -> list[cgen.Generable]:
         """The last K block's write-back of an element of the tile's row mk_r + j: its
@@ -390,12 +435,15 @@ class WriteBackMixin:
         v = f"mk_v_{j}" if j else "mk_v"
         body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{_row(j)} * {NR} + mk_c] + "
                                f"{self._init_value(first, acc_name, j)}")]
-        # what leaves the write-back: the kernel's outputs, and what its row tail reads
-        read = self._tail_reads()
         return body + in_scalars(
-            self.b.arrays, lambda pos: self._o(pos, j), s0.target, view.init.index, v,
-            view.epilogue, lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}",
-            lambda t: self.b.arrays[t].role == "out" or t in read)
+            Scalars(self.b.arrays, lambda pos: self._o(pos, j), {}), s0.target,
+            view.init.index, v, view.epilogue, lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}",
+            self._leaves)
+
+    def _leaves(self, tensor: str) -> bool:
+        """Does the write-back store `tensor`: a kernel's output, or what its row tail
+        reads?"""
+        return self.b.arrays[tensor].role == "out" or tensor in self._tail_reads()
 
 
 def _columns(nr: int, cols: list[cgen.Generable],

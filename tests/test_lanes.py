@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -179,3 +180,35 @@ def test_lanes_on_folded_images_and_the_tiles_across_them():
     assert "% 49 + mk_nr <= 49" in code and "polyc_v_erff(" in code and "polyc_erff(" in code
     want = run_reference(graph, inputs)[graph.outputs[0]]
     np.testing.assert_allclose(compiled(**inputs)[graph.outputs[0]], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["sgemm_avx512_32x14", "sgemm_avx512_32x14_bcast",
+                                    "sgemm_avx512_8x48"])
+@pytest.mark.parametrize("xs,co,tiles", [
+    ((2, 64, 14, 14), 64, ()),  # tiles inside one output row
+    ((2, 64, 7, 7), 40, ()),  # the window kernels' two rows a tile; 40 channels: edges
+    ((1, 32, 20, 20), 64, ()),  # tiles across rows: by runs
+    ((1, 128, 20, 20), 32, (("kc", 192),)),  # and K in blocks, the sums read back
+    ((1, 64, 30, 30), 48, ()),  # the 8x48's B rows in place, its tiles across rows
+], ids=["14x14", "7x7", "20x20", "k-blocks", "30x30"])
+def test_lanes_on_convolutions_reading_their_window_in_place(kernel, xs, co, tiles):
+    # B read in place: a tile inside one output row on lanes, its channel's bias the
+    # same in every lane; the columns of other tiles on lanes by runs, each inside one
+    # output row; any tile width (14: one vector, masked)
+    options = _avx512()
+    if kernel != "sgemm_avx512_8x48" and "avx512vl" not in cpu_machine().features:
+        pytest.skip("the window kernels need avx512vl")
+    options = replace(options, gemm_kernel=kernel, microkernel_tiles=tiles)
+    rng = np.random.default_rng(sum(xs) + co)
+    ws = (co, xs[1], 3, 3)
+    b = GraphBuilder("conv_silu")
+    y = b.conv2d(b.input("x", xs), b.input("w", ws), b.input("bias", (co,)), pads=[1] * 4)
+    graph = b.build([b.silu(y)])
+    inputs = {"x": rng.standard_normal(xs).astype(np.float32),
+              "w": (rng.standard_normal(ws) / math.sqrt(9 * xs[1])).astype(np.float32),
+              "bias": rng.standard_normal(co).astype(np.float32)}
+    compiled = compile(graph, options=options)
+    code = _code(compiled)
+    assert f"polyc_{kernel}_b_" in code and "polyc_v_sigmoidf(" in code
+    want = run_reference(graph, inputs)[graph.outputs[0]]
+    np.testing.assert_allclose(compiled(**inputs)[graph.outputs[0]], want, rtol=1e-4, atol=1e-5)

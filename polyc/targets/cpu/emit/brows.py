@@ -187,11 +187,11 @@ class BRowsMixin:
         d = view.cols[q]
         return fixed + after + [cgen.Statement(f"const long mk_o{d} = mk_j{d} + mk_c")]
 
-    def _virtual_rows_cols(self, rows_decl, col_loop, nest) -> cgen.Generable:
+    def _virtual_rows_cols(self, rows_decl, col_loop, nest, lanes) -> cgen.Generable:
         """The write-back over virtual columns (B read by rows): a tile inside one
         output row as a plain full tile; any other by runs, each the columns up to the
         next wrap of the innermost dim, of which those inside the output are written
-        (no division per element)."""
+        (no division per element); both on `lanes` where given (`_lanes`)."""
         view, rows, MR = self.view, self.rows, self.mk.mr
         names = [f"mk_o{d}" for d in view.cols]
         W, ext = rows.col_weights, rows.col_extents
@@ -205,8 +205,9 @@ class BRowsMixin:
         outer = virtual(names[:q], W[:q], "mk_jt + mk_c0")
         valid = " && ".join(f"{names[k]} < {ext[k]}" for k in range(q) if W[k]) or "1"
         at = "mk_jt + mk_c0"
-        run = col_loop(after + [cgen.Statement(f"const long {names[q]} = mk_q + mk_c - mk_c0")],
-                       "mk_c0", "mk_end")
+        run_cols = after + [cgen.Statement(f"const long {names[q]} = mk_q + mk_c - mk_c0")]
+        run = (col_loop(run_cols, "mk_c0", "mk_end") if lanes is None
+               else lanes.run(run_cols, "mk_c0", "mk_end"))
         by_runs = cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(
             rows_decl + [cgen.For("long mk_c0 = 0, mk_run", "mk_c0 < mk_nr", "mk_c0 += mk_run", cgen.Block(
                 outer + [
@@ -215,6 +216,9 @@ class BRowsMixin:
                                 if radix else "mk_nr - mk_c0"),
                     cgen.Statement(f"const long mk_end = mk_c0 + min(mk_run, {ext[q]} - mk_q)"),
                     if_(valid, run)]))]))
+        if lanes is not None:  # any tile inside one output row, its rows up to mk_mr
+            return if_("mk_straight", cgen.Block([lanes.tile(self._straight_cols())]),
+                       cgen.Block([by_runs]))
         if self.plan.row_tile == 2:  # a split tile's columns are no virtual run: straight
             return if_("mk_straight", cgen.Block([nest("mk_mr", self._straight_cols(), "0",
                                                        str(self.mk.nr))]), cgen.Block([by_runs]))

@@ -3,7 +3,7 @@ packed panels and the write-back that applies the init and the epilogue in regis
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import cgen
 
@@ -20,6 +20,14 @@ from .lanes import LANE_TYPE, LANES, Lanes
 # AVX-512's. AVX2's vmaskmovps is slower (linear+gelu with its edge tiles masked ran
 # 1% slower on Sapphire Rapids, and Zen's masked stores are microcoded).
 MASKED_STORES = {"avx512f"}
+
+
+class Written(NamedTuple):
+    """A write-back on lanes (`WriteBackMixin._lanes`): `tile(cols)` a tile's, `run(cols,
+    lo, hi)` the columns lo to hi of row mk_r, given the C of their output indices."""
+
+    tile: Callable[[list], cgen.Generable]
+    run: Callable[[list, str, str], cgen.Generable]
 
 
 class WriteBackMixin:
@@ -214,9 +222,10 @@ class WriteBackMixin:
         return {x.tensor for t in self.view.tail for x in loads_of(t.expr)}
 
     def _rows_cols(self, body: Callable[[int], list[cgen.Generable]], simd: bool,
-                   lanes: Callable[[list], cgen.Generable] | None = None) -> cgen.Generable:
+                   lanes: Written | None = None) -> cgen.Generable:
         """The tile's elements, `body(j)` the statements of row mk_r + j; `lanes`, where
-        given, writes back any tile inside one flat run (`_lanes`)."""
+        given, writes back any tile inside one flat run, or with B read in place, inside
+        one output row (`_lanes`)."""
         view, MR, NR = self.view, self.mk.mr, self.mk.nr
         rows = self._tile_rows()
         def col_loop(cols: list[cgen.Generable], lo: str, nr: str,
@@ -230,7 +239,7 @@ class WriteBackMixin:
             return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++",
                             cgen.Block(read_only(rows + [col_loop(cols, lo, nr, pragma)])))
         if self.rows is not None:
-            return self._virtual_rows_cols(rows, col_loop, nest)
+            return self._virtual_rows_cols(rows, col_loop, nest, lanes)
         names, extents = [f"mk_o{d}" for d in view.cols], [view.shape[d] for d in view.cols]
         cols = decompose(names, extents, "mk_jt + mk_c")
         if not simd:
@@ -257,7 +266,7 @@ class WriteBackMixin:
                   and all(iterators(x) & set(view.cols)
                           for e in (view.init, *view.epilogue) for x in loads_of(e.expr)))
         if lanes is not None:
-            full = lanes(flat)
+            full = lanes.tile(flat)
         elif masked or (heavy and MR % 2 == 0):
             full = self._row_pairs(flat, body, masked)
         else:
@@ -391,38 +400,50 @@ class WriteBackMixin:
         return cgen.Block([self._rows_cols(lambda j: self._final_row(first, acc_name, j),
                                            simd=True, lanes=self._lanes(first, acc_name))])
 
-    def _lanes(self, first: str, acc_name: str) -> Callable[[list], cgen.Generable] | None:
+    def _lanes(self, first: str, acc_name: str) -> Written | None:
         """The last K block's write-back of a heavy epilogue 16 columns at a time
-        (`Lanes`), given the C of a tile's columns inside one flat run: its rows, each
-        in full vectors, or where the tile is narrower masked ones. None where the
-        kernel is not AVX-512's, B is read in place, or the epilogue has a value or
-        an access lanes cannot hold."""
+        (`Lanes`): a tile, given the C of its columns inside one flat run (B read in
+        place: one output row), its rows each in vectors, unmasked where the tile's
+        width is whole vectors, else the last one masked, an edge tile's all masked;
+        and a run of a row's columns (`_virtual_rows_cols`), masked. None where
+        the kernel is not AVX-512's or the epilogue has a value or an access lanes
+        cannot hold."""
         view, NR = self.view, self.mk.nr
-        if (self.rows is not None or "avx512f" not in self.mk.features or NR % LANES
-                or not self._heavy()):
+        if "avx512f" not in self.mk.features or not self._heavy():
             return None
+        if self.rows is None:
+            col = view.cols[-1]
+        elif self.rows.inner is None or view.strides(view.cols)[view.cols[self.rows.inner]] != 1:
+            return None  # C's partial sums (`_init_value`) not one float a column apart
+        else:
+            col = view.cols[self.rows.inner]
         statements = (view.init, *view.epilogue)
         leaving = {s.target for s in statements if self._leaves(s.target)}
-        probe = Lanes(self.b.arrays, self._o, view.cols[-1], scalars={view.stmt.target: ""})
+        probe = Lanes(self.b.arrays, self._o, col, scalars={view.stmt.target: ""})
         if not probe.supports(statements, leaving):
             return None
 
-        def vectors(cols: list[cgen.Generable], mask: str, bound: str) -> cgen.Generable:
-            lanes = Lanes(self.b.arrays, self._o, view.cols[-1], mask)
-            head = [cgen.Statement(f"const polyc_m16 {mask} = polyc_v_mask({bound} - mk_c)")]
+        def step(cols: list[cgen.Generable], mask: str, lo: str, hi: str) -> cgen.Generable:
+            """The vectors of row mk_r's columns lo to hi."""
+            lanes = Lanes(self.b.arrays, self._o, col, mask)
+            head = [cgen.Statement(f"const polyc_m16 {mask} = polyc_v_mask({hi} - mk_c)")]
             v = (f"const {LANE_TYPE} mk_v = {lanes.at(f'mk_tile[mk_r * {NR} + mk_c]')} + "
                  f"{self._init_value(first, acc_name, lanes=lanes)}")
             body = in_scalars(lanes, view.stmt.target, view.init.index, "mk_v", view.epilogue,
                               lambda k: f"mk_e{k}", self._leaves)
-            step = cgen.For("long mk_c = 0", f"mk_c < {bound}", f"mk_c += {LANES}", cgen.Block(
+            return cgen.For(f"long mk_c = {lo}", f"mk_c < {hi}", f"mk_c += {LANES}", cgen.Block(
                 read_only(cols + (head if mask else []) + [cgen.Statement(v)] + body)))
-            # a full tile's vectors unrolled (0.3-0.5% of linear+gelu's time), not an
-            # edge's: gcc's time on the code
-            unroll = [] if mask else [cgen.Pragma(f"GCC unroll {NR // LANES}")]
+
+        def tile(cols: list[cgen.Generable], mask: str, hi: str) -> cgen.Generable:
+            # a full tile's vectors unrolled (0.3-0.5% of linear+gelu's time; its masks
+            # constants then), not an edge's: gcc's time on the code
+            unroll = [] if hi == "mk_nr" else [cgen.Pragma(f"GCC unroll {-(-NR // LANES)}")]
             return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(read_only(
-                self._tile_rows() + unroll + [step])))
-        return lambda cols: if_(f"mk_nr == {NR}", vectors(cols, "", str(NR)),
-                                vectors(cols, "mk_m", "mk_nr"))
+                self._tile_rows() + unroll + [step(cols, mask, "0", hi)])))
+        full = "mk_m" if NR % LANES else ""
+        return Written(lambda cols: if_(f"mk_nr == {NR}", tile(cols, full, str(NR)),
+                                        tile(cols, "mk_m", "mk_nr")),
+                       lambda cols, lo, hi: step(cols, "mk_m", lo, hi))
 
     def _heavy(self) -> bool:
         """Does the epilogue call a function the prelude inlines (exp, tanh, erf,

@@ -241,7 +241,8 @@ def cases():
     out.append(("conv2d+bias+silu 1x64x56x56, 64 3x3", conv_silu,
                 {"x": rand(1, 64, 56, 56), "w": rand(64, 64, 3, 3), "b": rand(64)},
                 2.0 * 64 * 56 * 56 * 64 * 9, "GFLOP/s", _conv_silu_np,
-                lambda t, x, w, b: t.nn.functional.silu(t.nn.functional.conv2d(x, w, b, padding=1))))
+                lambda t, x, w, b: t.nn.functional.silu(
+                    t.nn.functional.conv2d(x, w, b, padding=1))))
 
     def rsum():
         b = polyc.GraphBuilder("reduce_sum")

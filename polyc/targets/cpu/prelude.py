@@ -21,7 +21,9 @@ static inline polyc_v16 polyc_v_set(float x) {
 static inline polyc_v16 polyc_v_load(const float *p) { return *(const polyc_v16u *)p; }
 static inline void polyc_v_store(float *p, polyc_v16 v) { *(polyc_v16u *)p = v; }
 /* the first n of 16 lanes, n >= 1 */
-static inline polyc_m16 polyc_v_mask(long n) { return n >= 16 ? 0xFFFF : (polyc_m16)((1u << n) - 1u); }
+static inline polyc_m16 polyc_v_mask(long n) {
+  return n >= 16 ? 0xFFFF : (polyc_m16)((1u << n) - 1u);
+}
 static inline polyc_v16 polyc_v_loadm(const float *p, polyc_m16 m) {
   return __builtin_ia32_loadups512_mask(p, polyc_v_set(0.0f), m);
 }
@@ -38,10 +40,12 @@ static inline polyc_v16 polyc_v_blend(polyc_m16 m, polyc_v16 a, polyc_v16 b) {
 /* vminps and vmaxps return their second operand where either is a NaN: a constant
    first keeps x's NaN */
 static inline polyc_v16 polyc_v_min(polyc_v16 a, polyc_v16 b) {
-  return polyc_v_blend(POLYC_V_CMP(a, a, 3), __builtin_ia32_minps512_mask(a, b, a, 0xFFFF, POLYC_V_ROUND), a);
+  polyc_v16 m = __builtin_ia32_minps512_mask(a, b, a, 0xFFFF, POLYC_V_ROUND);
+  return polyc_v_blend(POLYC_V_CMP(a, a, 3), m, a);
 }
 static inline polyc_v16 polyc_v_max(polyc_v16 a, polyc_v16 b) {
-  return polyc_v_blend(POLYC_V_CMP(a, a, 3), __builtin_ia32_maxps512_mask(a, b, a, 0xFFFF, POLYC_V_ROUND), a);
+  polyc_v16 m = __builtin_ia32_maxps512_mask(a, b, a, 0xFFFF, POLYC_V_ROUND);
+  return polyc_v_blend(POLYC_V_CMP(a, a, 3), m, a);
 }
 static inline polyc_v16 polyc_v_clamp_above(float c, polyc_v16 x) {   /* min(c, x), NaN kept */
   return __builtin_ia32_minps512_mask(polyc_v_set(c), x, x, 0xFFFF, POLYC_V_ROUND);
@@ -72,14 +76,17 @@ static inline polyc_v16 polyc_v_recipf(polyc_v16 d) {
 static inline polyc_v16 polyc_v_expf(polyc_v16 x) {
   /* past these exp over- or underflows whatever r is, which stays small so */
   x = polyc_v_clamp_below(-104.0f, polyc_v_clamp_above(88.8f, x));
-  polyc_v16 n = __builtin_ia32_rndscaleps_mask(x * 1.44269504088896341f, 8, x, 0xFFFF, POLYC_V_ROUND);
-  polyc_v16 r = polyc_v_fma(n, polyc_v_set(-0.693145751953125f), x);         /* x = n ln2 + r */
+  polyc_v16 n = __builtin_ia32_rndscaleps_mask(x * 1.44269504088896341f, 8, x, 0xFFFF,
+                                               POLYC_V_ROUND);        /* to nearest */
+  polyc_v16 r = polyc_v_fma(n, polyc_v_set(-0.693145751953125f), x);   /* x = n ln2 + r */
   r = polyc_v_fma(n, polyc_v_set(-1.428606765330187045e-06f), r);
   /* the scalar version's polynomial for 2 exp(r), halved */
-  polyc_v16 q = polyc_v_fma(polyc_v_set(0.5f * 0.00276736799f), r, polyc_v_set(0.5f * 0.0167496316f));
+  polyc_v16 q = polyc_v_fma(polyc_v_set(0.5f * 0.00276736799f), r,
+                            polyc_v_set(0.5f * 0.0167496316f));
   q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.0833364502f));
   q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.333328396f));
-  q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.999999821f)); q = polyc_v_fma(q, r, polyc_v_set(1.0f));
+  q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.999999821f));
+  q = polyc_v_fma(q, r, polyc_v_set(1.0f));
   q = polyc_v_fma(q, r, polyc_v_set(1.0f));
   return __builtin_ia32_scalefps512_mask(q, n, q, 0xFFFF, POLYC_V_ROUND);
 }
@@ -95,16 +102,19 @@ static inline polyc_v16 polyc_v_tanhf(polyc_v16 x) {
   polyc_v16 big = 1.0f - 2.0f * polyc_v_recipf(e + 1.0f);
   polyc_v16 a2 = a * a;
   polyc_v16 p = polyc_v_fma(polyc_v_set(-0.00570498593f), a2, polyc_v_set(0.0206390861f));
-  p = polyc_v_fma(p, a2, polyc_v_set(-0.0537397154f)); p = polyc_v_fma(p, a2, polyc_v_set(0.133314416f));
+  p = polyc_v_fma(p, a2, polyc_v_set(-0.0537397154f));
+  p = polyc_v_fma(p, a2, polyc_v_set(0.133314416f));
   p = polyc_v_fma(p, a2, polyc_v_set(-0.333332807f));
   polyc_v16 small = polyc_v_fma(a * a2, p, a);
   return polyc_v_sign_of(x, polyc_v_blend(POLYC_V_CMP(a, polyc_v_set(0.625f), 1), big, small));
 }
 static inline polyc_v16 polyc_v_erff(polyc_v16 x) {
   polyc_v16 a = polyc_v_abs(x);
-  polyc_v16 t = polyc_v_recipf(polyc_v_fma(polyc_v_set(0.3275911f), polyc_v_clamp_above(16.0f, a), polyc_v_set(1.0f)));
+  polyc_v16 t = polyc_v_recipf(polyc_v_fma(polyc_v_set(0.3275911f), polyc_v_clamp_above(16.0f, a),
+                                           polyc_v_set(1.0f)));
   polyc_v16 q = polyc_v_fma(polyc_v_set(1.061405429f), t, polyc_v_set(-1.453152027f));
-  q = polyc_v_fma(q, t, polyc_v_set(1.421413741f)); q = polyc_v_fma(q, t, polyc_v_set(-0.284496736f));
+  q = polyc_v_fma(q, t, polyc_v_set(1.421413741f));
+  q = polyc_v_fma(q, t, polyc_v_set(-0.284496736f));
   q = polyc_v_fma(q, t, polyc_v_set(0.254829592f));
   polyc_v16 far = 1.0f - q * t * polyc_v_expf(-a * a);
   polyc_v16 a2 = a * a;

@@ -441,9 +441,12 @@ class WriteBackMixin:
             return cgen.For("long mk_r = 0", "mk_r < mk_mr", "mk_r++", cgen.Block(read_only(
                 self._tile_rows() + unroll + [step(cols, mask, "0", hi)])))
         full = "mk_m" if NR % LANES else ""
-        return Written(lambda cols: if_(f"mk_nr == {NR}", tile(cols, full, str(NR)),
-                                        tile(cols, "mk_m", "mk_nr")),
-                       lambda cols, lo, hi: step(cols, "mk_m", lo, hi))
+        note = cgen.Comment(f"the epilogue on {LANES} lanes, a vector of a row's columns at once")
+
+        def whole(cols: list[cgen.Generable]) -> cgen.Generable:
+            return cgen.Block([note, if_(f"mk_nr == {NR}", tile(cols, full, str(NR)),
+                                         tile(cols, "mk_m", "mk_nr"))])
+        return Written(whole, lambda cols, lo, hi: step(cols, "mk_m", lo, hi))
 
     def _heavy(self) -> bool:
         """Does the epilogue call a function the prelude inlines (exp, tanh, erf,

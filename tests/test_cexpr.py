@@ -75,6 +75,14 @@ def test_float32_math_over_the_whole_range(op, exact, ulps, flush):
     b = GraphBuilder(op)
     graph = b.build([b.op(op, b.input("x", x.shape, "float32"), out="y")])
     got = compile(graph, options=Options(parallel=False))(x=x)["y"]
+    _assert_bounds(op, got, x, exact, ulps, flush)
+
+
+def _assert_bounds(op: str, got: np.ndarray, x: np.ndarray, exact, ulps: float,
+                   flush: float) -> None:
+    """`got`, `op` of float32 `x`, against `exact` in float64: IEEE results where the
+    rounded result is +-inf, NaN or 0, within `ulps` elsewhere, flushed to zero only
+    below `flush`."""
     with np.errstate(all="ignore"):
         want = exact(x.astype(np.float64))
         rounded = want.astype(np.float32)  # overflows to inf where float32 does

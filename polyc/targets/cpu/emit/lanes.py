@@ -1,12 +1,14 @@
 """A float32 value printed as 16 lanes: the C of a gemm tile's epilogue on 16 consecutive
 columns of a row at once, in gcc's vector type `polyc_v16` and the cpu prelude's AVX-512
-helpers (`polyc_v_*`). The write-back of a heavy epilogue (gelu, silu, tanh) takes it
-where every access is one float a column apart or the same in every column: gcc's
-vectorisation of the scalar loop finds neither vrcp14ps nor vscalefps (about 40
-instructions a vector for the tanh gelu, 31 so), and masks each vector of every tile
-where lanes mask the edge tiles' only (linear+gelu 1024x1024 @ 1024x4096, Zen 5, 1
-thread, in pairs of calls: 0.99x the time, its epilogue +4% over the matmul alone to +3%;
-a value of the row, which gcc would not load in a masked loop, in every lane)."""
+helpers (`polyc_v_*`). The write-back of a heavy epilogue (gelu, silu, tanh) takes it,
+B packed or read in place, where every access is one float a column apart or the same in
+every column: gcc's vectorisation of the scalar loop finds neither vrcp14ps nor
+vscalefps (about 40 instructions a vector for the tanh gelu, 31 so), and masks each
+vector of every tile where lanes mask the edge tiles' only (linear+gelu 1024x1024 @
+1024x4096, Zen 5, 1 thread, in pairs of calls: 0.99x the time, its epilogue +4% over the
+matmul alone to +3%); a value of the row, which gcc would not load in a masked loop, is
+in every lane (a convolution's bias and silu, its B read in place: +18% over its bias
+and relu to +2.5%)."""
 from __future__ import annotations
 
 import cgen
@@ -36,7 +38,8 @@ class Lanes(Scalars):
     """Prints values on the lanes of `col` (an iterator position; the iterators name the
     first lane's point): a load one float a column apart is 16 floats from its address,
     one that does not move with the column is its value in every lane. `mask`: the C
-    name of the lanes' mask (the first columns of a tile's edge), '' for all 16."""
+    name of the lanes' mask (the first columns only: a tile's edge, a run of a row, the
+    last vector of a tile 14 wide), '' for all 16."""
 
     def __init__(self, arrays, iters, col: int, mask: str = "", scalars: dict | None = None):
         super().__init__(arrays, iters, {} if scalars is None else scalars)

@@ -281,25 +281,30 @@ class WriteBackMixin:
             # had been a seventh of 8x1024x14x14 to 2048 1x1 /2's time, tiles of 48 over
             # images of 49: 0.85-0.87x the time so, 8x2048x7x7 to 512 0.92x, Zen 5, 1
             # and 2 threads, in pairs of calls)
-            wrap = self._pieces(names, extents, k, body) if not whole else edge
+            wrap = (self._pieces(names, extents, k, body, lanes) if lanes is not None
+                    else edge if masked else self._pieces(names, extents, k, body))
             full = if_(f"mk_jt % {run} + {'mk_nr' if whole else NR} <= {run}", full, wrap)
         return full if whole else if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
                                       cgen.Block([edge]))
 
     def _pieces(self, names: list[str], extents: list[int], k: int,
-                body: Callable[[int], list[cgen.Generable]]) -> cgen.Generable:
+                body: Callable[[int], list[cgen.Generable]],
+                lanes: Written | None = None) -> cgen.Generable:
         """A full tile's rows, each in the pieces of its columns that lie inside one flat
         run of the output's dims from `k` on: the dims before k decomposed once a
-        piece, the run's own index one plus mk_c."""
+        piece, the run's own index one plus mk_c. On `lanes` (`_lanes`), any tile's
+        rows, each piece in vectors."""
         run, NR = math.prod(extents[k:]), self.mk.nr
-        piece = [cgen.Assign("mk_ce", f"min({NR}, mk_cs + {run} - (mk_jt + mk_cs) % {run})"),
+        mr, nr = ("mk_mr", "mk_nr") if lanes else (str(self.mk.mr), str(NR))
+        piece = [cgen.Assign("mk_ce", f"min({nr}, mk_cs + {run} - (mk_jt + mk_cs) % {run})"),
                  *decompose(names, extents, "mk_jt + mk_cs")[:k]]
         own = [cgen.Statement(f"const long {n} = 0") for n in names[k:-1]] + [
             cgen.Statement(f"const long {names[-1]} = (mk_jt + mk_cs) % {run} - mk_cs + mk_c")]
-        cols = cgen.Module([cgen.Pragma("omp simd"), cgen.For(
-            "long mk_c = mk_cs", "mk_c < mk_ce", "mk_c++", cgen.Block(read_only(own + body(0))))])
-        return cgen.For("long mk_r = 0", f"mk_r < {self.mk.mr}", "mk_r++", cgen.Block(read_only(
-            self._tile_rows() + [cgen.For("long mk_cs = 0, mk_ce", f"mk_cs < {NR}", "mk_cs = mk_ce",
+        cols = lanes.run(own, "mk_cs", "mk_ce") if lanes else cgen.Module([
+            cgen.Pragma("omp simd"), cgen.For("long mk_c = mk_cs", "mk_c < mk_ce", "mk_c++",
+                                              cgen.Block(read_only(own + body(0))))])
+        return cgen.For("long mk_r = 0", f"mk_r < {mr}", "mk_r++", cgen.Block(read_only(
+            self._tile_rows() + [cgen.For("long mk_cs = 0, mk_ce", f"mk_cs < {nr}", "mk_cs = mk_ce",
                                          cgen.Block(read_only(piece + [cols])))])))
 
     def _row_pairs(self, cols: list[cgen.Generable],

@@ -8,13 +8,13 @@ from typing import Callable, NamedTuple
 import cgen
 
 from ....codegen.ast_to_c import if_
-from ....codegen.cexpr import C_TYPE, INLINED_FNS, ExprPrinter, c_size
+from ....codegen.cexpr import INLINED_FNS, ExprPrinter, c_size
 from ....errors import InternalError
 from ....kernel.comprehension import Const, calls
 from ....microkernels.analysis import (a_row_stride, flat_columns_from, iterators, loads_of,
                                         window_taps)
 from .common import Scalars, decompose, in_scalars, read_only, stride, virtual
-from .lanes import LANE_TYPE, LANES, Lanes
+from .lanes import LANES, Lanes
 
 # the target features whose masked vector loads and stores cost what plain ones do:
 # AVX-512's. AVX2's vmaskmovps is slower (linear+gelu with its edge tiles masked ran
@@ -281,8 +281,8 @@ class WriteBackMixin:
             # had been a seventh of 8x1024x14x14 to 2048 1x1 /2's time, tiles of 48 over
             # images of 49: 0.85-0.87x the time so, 8x2048x7x7 to 512 0.92x, Zen 5, 1
             # and 2 threads, in pairs of calls)
-            wrap = (self._pieces(names, extents, k, body, lanes) if lanes is not None
-                    else edge if masked else self._pieces(names, extents, k, body))
+            wrap = edge if masked and lanes is None else self._pieces(names, extents, k, body,
+                                                                      lanes)
             full = if_(f"mk_jt % {run} + {'mk_nr' if whole else NR} <= {run}", full, wrap)
         return full if whole else if_(f"mk_mr == {MR} && mk_nr == {NR}", cgen.Block([full]),
                                       cgen.Block([edge]))
@@ -430,14 +430,10 @@ class WriteBackMixin:
 
         def step(cols: list[cgen.Generable], mask: str, lo: str, hi: str) -> cgen.Generable:
             """The vectors of row mk_r's columns lo to hi."""
-            lanes = Lanes(self.b.arrays, self._o, col, mask)
             head = [cgen.Statement(f"const polyc_m16 {mask} = polyc_v_mask({hi} - mk_c)")]
-            v = (f"const {LANE_TYPE} mk_v = {lanes.at(f'mk_tile[mk_r * {NR} + mk_c]')} + "
-                 f"{self._init_value(first, acc_name, lanes=lanes)}")
-            body = in_scalars(lanes, view.stmt.target, view.init.index, "mk_v", view.epilogue,
-                              lambda k: f"mk_e{k}", self._leaves)
+            body = self._final_row(first, acc_name, 0, Lanes(self.b.arrays, self._o, col, mask))
             return cgen.For(f"long mk_c = {lo}", f"mk_c < {hi}", f"mk_c += {LANES}", cgen.Block(
-                read_only(cols + (head if mask else []) + [cgen.Statement(v)] + body)))
+                read_only(cols + (head if mask else []) + body)))
 
         def tile(cols: list[cgen.Generable], mask: str, hi: str) -> cgen.Generable:
             # a full tile's vectors unrolled (0.3-0.5% of linear+gelu's time; its masks
@@ -458,19 +454,21 @@ class WriteBackMixin:
         sigmoid): much code per element, for gcc and for the core?"""
         return any(c.fn in INLINED_FNS for e in self.view.epilogue for c in calls(e.expr))
 
-    def _final_row(self, first: str, acc_name: str, j: int) -> list[cgen.Generable]:
-        """The last K block's write-back of an element of the tile's row mk_r + j: its
-        value, the epilogue in scalars, the stores of what leaves."""
+    def _final_row(self, first: str, acc_name: str, j: int,
+                   lanes: Lanes | None = None) -> list[cgen.Generable]:
+        """The last K block's write-back of an element of the tile's row mk_r + j (on
+        `lanes`: of 16, from column mk_c on): its value, the epilogue, the stores of what
+        leaves."""
         view, NR = self.view, self.mk.nr
         s0 = view.stmt
-        ctype = C_TYPE[s0.dtype]
+        printer = lanes or Scalars(self.b.arrays, lambda pos: self._o(pos, j), {})
+        tile = f"mk_tile[{_row(j)} * {NR} + mk_c]"
         v = f"mk_v_{j}" if j else "mk_v"
-        body = [cgen.Statement(f"const {ctype} {v} = mk_tile[{_row(j)} * {NR} + mk_c] + "
-                               f"{self._init_value(first, acc_name, j)}")]
-        return body + in_scalars(
-            Scalars(self.b.arrays, lambda pos: self._o(pos, j), {}), s0.target,
-            view.init.index, v, view.epilogue, lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}",
-            self._leaves)
+        body = [cgen.Statement(f"const {printer.ctype(s0.dtype)} {v} = "
+                               f"{lanes.at(tile) if lanes else tile} + "
+                               f"{self._init_value(first, acc_name, j, lanes)}")]
+        return body + in_scalars(printer, s0.target, view.init.index, v, view.epilogue,
+                                 lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}", self._leaves)
 
     def _leaves(self, tensor: str) -> bool:
         """Does the write-back store `tensor`: a kernel's output, or what its row tail

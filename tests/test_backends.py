@@ -14,6 +14,7 @@ from polyc.microkernels import registry
 from polyc.schedule_tree import marks
 from polyc.schedule_tree.promotion import box, footprint
 from polyc.targets.cpu import CpuOptions, cpu_machine, host_can_run
+from polyc.targets.cpu import machine as cpu_machine_module
 
 # one fixed machine per x86-64 feature level: what a test assumes, not what the host has
 FEATURE_LEVELS = {"avx512": "x86-64-v4", "avx2": "x86-64-v3", "portable": "x86-64"}
@@ -58,6 +59,30 @@ def test_code_for_a_fixed_machine_runs_where_the_host_can(machine):
     want = run_reference(graph, inputs)
     for name, value in compiled(**inputs).items():
         np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-4)
+
+
+def test_extensions_only_intrinsics_emit_do_not_keep_a_host_from_running_an_arch(monkeypatch):
+    """-march=haswell turns on hle and skylake-avx512 sgx and pku, which AMD hosts lack
+    and gcc emits only through their intrinsics: such a host runs their code (it had
+    counted as unable: no calibration, no tuning). avx512fp16, which gcc emits for
+    _Float16's arithmetic, still counts."""
+    features = {"native": {"avx2", "fma"}, "intel-avx2": {"avx2", "fma", "hle", "sgx", "pku"},
+                "fp16": {"avx2", "fma", "avx512fp16"}}
+    host_can_run.cache_clear()
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(cpu_machine_module, "arch_features", lambda a: frozenset(features[a]))
+            assert host_can_run("intel-avx2") and not host_can_run("fp16")
+    finally:
+        host_can_run.cache_clear()
+    if not {"avx2", "fma"} <= cpu_machine("native").features:
+        pytest.skip("this host cannot run -march=haswell code")
+    assert host_can_run("haswell")
+    graph = _matmul(20, 17, 33)
+    inputs = {"a": np.ones((20, 17), np.float32), "w": np.full((17, 33), 0.5, np.float32)}
+    (got,) = polyc.compile(graph, cpu_machine("haswell"))(**inputs).values()
+    (want,) = run_reference(graph, inputs).values()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def test_options_of_another_target_must_be_defaults_where_this_one_lacks_them():

@@ -96,10 +96,22 @@ def arch_features(arch: str) -> frozenset[str]:
     return frozenset()
 
 
+# What -march turns on that gcc emits only where its intrinsics ask (transactions,
+# enclaves, protection keys, user interrupts, AMX tiles, ...: polyc's C calls none) or
+# that is no extension at all: a host without them runs the code. Without this, no AMD
+# host ran -march=haswell (hle) or skylake-avx512 (hle, pku, sgx). Not avx512fp16: gcc
+# emits it for _Float16 arithmetic
+_INTRINSICS_ONLY = frozenset({
+    "hle", "rtm", "sgx", "pku", "pconfig", "wbnoinvd", "cldemote", "enqcmd", "movdiri",
+    "movdir64b", "ptwrite", "serialize", "tsxldtrk", "uintr", "waitpkg", "hreset", "kl",
+    "widekl", "amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex",
+    "accumulate-outgoing-args"})
+
+
 @functools.lru_cache(maxsize=None)
 def host_can_run(arch: str) -> bool:
     """Does this machine execute code built with -march=`arch`?"""
-    return arch_features(arch) <= arch_features("native") | {"native"}
+    return arch_features(arch) - _INTRINSICS_ONLY <= arch_features("native") | {"native"}
 
 
 @functools.lru_cache(maxsize=None)

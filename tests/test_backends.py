@@ -61,6 +61,22 @@ def test_code_for_a_fixed_machine_runs_where_the_host_can(machine):
         np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-4)
 
 
+def test_a_kernel_leaves_the_x87_unit_as_it_found_it():
+    """gcc 12 moved a float reduction's vector halves through an MMX register on SSE4
+    without AVX and left the x87 registers, which MMX shares, marked in use: the
+    caller's next long double was a NaN (numpy's longdouble, the int64 to float16 cast
+    of a later kernel)."""
+    machine = cpu_machine("x86-64-v2")
+    if not host_can_run(machine.arch):
+        pytest.skip(f"this host cannot run -march={machine.arch} code")
+    b = GraphBuilder("row_max")
+    graph = b.build([b.reduce_max(b.input("a", (3, 7, 5)), axes=[-1], keepdims=True)])
+    a = np.arange(105, dtype=np.float32).reshape(3, 7, 5)
+    (got,) = polyc.compile(graph, machine)(a=a).values()
+    assert np.longdouble(5) * np.longdouble(3) == 15  # NaN after the kernel, before
+    np.testing.assert_array_equal(got, a.max(-1, keepdims=True))
+
+
 def test_extensions_only_intrinsics_emit_do_not_keep_a_host_from_running_an_arch(monkeypatch):
     """-march=haswell turns on hle and skylake-avx512 sgx and pku, which AMD hosts lack
     and gcc emits only through their intrinsics: such a host runs their code (it had

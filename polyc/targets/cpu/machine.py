@@ -31,10 +31,13 @@ from .prelude import PRELUDE
 # microkernel is linked after the unit's own code, and with gcc's 16-byte alignment its
 # loops sat wherever the unit's size put them (1x512x7x7 3x3 at 2 threads: two units
 # differing in one loop's form, the same kernel 12-18% slower in one, in turns; level
-# once aligned)
+# once aligned); no MMX: on SSE4 without AVX (x86-64-v2, nehalem) gcc 12 moves a 64-bit
+# half of a vector through an MMX register (movq2dq, a float reduction) and never clears
+# the x87 state MMX takes over, so the caller's next long double, a numpy longdouble or
+# an int64 to float16 cast (through x87), was a NaN
 CFLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
           "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-Wall",
-          "-Werror=implicit-function-declaration", "-pipe", "-falign-functions=64")
+          "-Werror=implicit-function-declaration", "-pipe", "-falign-functions=64", "-mno-mmx")
 # for the generated units only: gcc peels every loop of a few iterations completely,
 # and a write-back's 48 columns are three vectors of a heavy epilogue (linear+gelu: six
 # copies of the sigmoid where two make the loop). Without that, gcc's time on the

@@ -16,17 +16,13 @@ from polyc.microkernels import registry
 from polyc.targets.cpu import cpu_machine, host_can_run
 from polyc.targets.cpu.prelude import PRELUDE
 from test_cexpr import _assert_bounds, _sigmoid, _sweep
+from test_microkernels import _isa
 
 
 def _avx512() -> Options:
-    """Options pinning gemm kernels to AVX-512's, whose write-backs use lanes; skips where
-    the target has none or this host cannot run its code."""
-    target = cpu_machine()
-    if registry.select("gemm", "float32", target, "avx512", rates={}) is None:
-        pytest.skip(f"-march={target.arch} enables no avx512 gemm kernel")
-    if not host_can_run(target.arch):
-        pytest.skip(f"this host cannot run -march={target.arch} code")
-    return Options(microkernel_isa="avx512", parallel=False)
+    """Options pinning gemm kernels to AVX-512's, whose write-backs use lanes, on one
+    thread; skips where the target has none or this host cannot run its code."""
+    return replace(_isa("avx512"), parallel=False)
 
 
 def _code(compiled) -> str:

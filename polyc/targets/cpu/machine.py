@@ -100,15 +100,17 @@ def arch_features(arch: str) -> frozenset[str]:
 
 
 # What -march turns on that gcc emits only where its intrinsics ask (transactions,
-# enclaves, protection keys, user interrupts, AMX tiles, ...: polyc's C calls none) or
-# that is no extension at all: a host without them runs the code. Without this, no AMD
-# host ran -march=haswell (hle) or skylake-avx512 (hle, pku, sgx). Not avx512fp16: gcc
-# emits it for _Float16 arithmetic
+# enclaves, protection keys, random numbers, state saving, cache-line flushes, AMX
+# tiles, ...: polyc's C calls none) or that is no extension at all: a host without them
+# (an AMD one, a VM hiding system features) runs the code. Without this, no AMD host
+# ran -march=haswell (hle) or skylake-avx512 (hle, pku, sgx). Not avx512fp16 (gcc
+# emits it for _Float16 arithmetic) nor prfchw (for a write prefetch)
 _INTRINSICS_ONLY = frozenset({
     "hle", "rtm", "sgx", "pku", "pconfig", "wbnoinvd", "cldemote", "enqcmd", "movdiri",
     "movdir64b", "ptwrite", "serialize", "tsxldtrk", "uintr", "waitpkg", "hreset", "kl",
-    "widekl", "amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex",
-    "accumulate-outgoing-args"})
+    "widekl", "amx-tile", "amx-int8", "amx-bf16", "amx-fp16", "amx-complex", "rdrnd",
+    "rdseed", "rdpid", "fsgsbase", "fxsr", "xsave", "xsaveopt", "xsavec", "xsaves",
+    "clflushopt", "clwb", "mwaitx", "lwp", "shstk", "accumulate-outgoing-args"})
 
 
 @functools.lru_cache(maxsize=None)

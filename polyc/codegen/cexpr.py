@@ -61,6 +61,25 @@ static inline polyc_bf16 polyc_float_to_bf16(float f) {
   uint32_t u = (uint32_t)polyc_float_to_bits(f);
   return f != f ? (polyc_bf16)((u >> 16) | 0x40u) : (polyc_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+/* The helpers' polynomials, written once for these scalar helpers and for the cpu
+   prelude's AVX-512 lanes: FMA(a, b, c) = a b + c, K(c) the coefficient c in FMA's type.
+   2 exp(r) for |r| <= ln2/2, fitted for least maximum relative error (4e-9) */
+#define POLYC_EXP_POLY(FMA, K, r) \
+  FMA(FMA(FMA(FMA(FMA(FMA(K(0.00276736799f), r, K(0.0167496316f)), r, K(0.0833364502f)), \
+                  r, K(0.333328396f)), r, K(0.999999821f)), r, K(2.0f)), r, K(2.0f))
+/* tanh a = a + a^3 P(a^2) below 0.625, where 1 - 2 / (e^2a + 1) cancels; fitted (4e-9) */
+#define POLYC_TANH_POLY(FMA, K, a2) \
+  FMA(FMA(FMA(FMA(K(-0.00570498593f), a2, K(0.0206390861f)), a2, K(-0.0537397154f)), \
+          a2, K(0.133314416f)), a2, K(-0.333332807f))
+/* erf a = 1 - t Q(t) exp(-a^2), t = 1 / (1 + 0.3275911 a): Abramowitz-Stegun 7.1.26 */
+#define POLYC_ERF_POLY(FMA, K, t) \
+  FMA(FMA(FMA(FMA(K(1.061405429f), t, K(-1.453152027f)), t, K(1.421413741f)), \
+          t, K(-0.284496736f)), t, K(0.254829592f))
+/* erf a near 0 (a2 = a^2): its Taylor series */
+#define POLYC_ERF_NEAR(a, a2) \
+  ((a) * 1.12837916709551257f * (1.0f + (a2) * (-1.0f / 3.0f + (a2) * (1.0f / 10.0f \
+   + (a2) * (-1.0f / 42.0f + (a2) * (1.0f / 216.0f + (a2) * (-1.0f / 1320.0f)))))))
+#define POLYC_K(c) (c)
 /* exp for arguments that cannot overflow (x <= ln(FLT_MAX), e.g. x - max(x)); results
    below 2^-125 flush to zero, as with FTZ hardware */
 static inline float polyc_expf_no_overflow(float x) {
@@ -69,11 +88,7 @@ static inline float polyc_expf_no_overflow(float x) {
   float n = t - 12582912.0f;
   float r = __builtin_fmaf(n, -0.693145751953125f, x);           /* x = n ln2 + r */
   r = __builtin_fmaf(n, -1.428606765330187045e-06f, r);
-  /* 2 exp(r) for |r| <= ln2/2, fitted for least maximum relative error (4e-9) */
-  float q = __builtin_fmaf(0.00276736799f, r, 0.0167496316f);
-  q = __builtin_fmaf(q, r, 0.0833364502f); q = __builtin_fmaf(q, r, 0.333328396f);
-  q = __builtin_fmaf(q, r, 0.999999821f); q = __builtin_fmaf(q, r, 2.0f);
-  q = __builtin_fmaf(q, r, 2.0f);
+  float q = POLYC_EXP_POLY(__builtin_fmaf, POLYC_K, r);               /* 2 exp(r) */
   /* times 2^(n-1), built in the exponent field: normal for every n the range checks
      keep (-125 to 128), so a NaN in q stays NaN whatever t's bits are */
   uint32_t e = ((uint32_t)polyc_float_to_bits(t) - 0x4b400000u + 126u) << 23;
@@ -117,12 +132,8 @@ static inline float polyc_tanhf(float x) {
   float a = x < 0.0f ? -x : x;
   float e = polyc_expf(2.0f * (a > 20.0f ? 20.0f : a));
   float big = 1.0f - 2.0f * polyc_recipf(e + 1.0f);
-  /* below 0.625, where 1 - 2 / (e + 1) cancels: a + a^3 P(a^2), fitted (4e-9) */
   float a2 = a * a;
-  float p = __builtin_fmaf(-0.00570498593f, a2, 0.0206390861f);
-  p = __builtin_fmaf(p, a2, -0.0537397154f); p = __builtin_fmaf(p, a2, 0.133314416f);
-  p = __builtin_fmaf(p, a2, -0.333332807f);
-  float small = __builtin_fmaf(a * a2, p, a);
+  float small = __builtin_fmaf(a * a2, POLYC_TANH_POLY(__builtin_fmaf, POLYC_K, a2), a);
   float y = a < 0.625f ? small : big;
   y = x < 0.0f ? -y : y;
   return x != x ? x : y;
@@ -136,13 +147,9 @@ static inline float polyc_erff(float x) {
   float a = x < 0.0f ? -x : x;
   /* Abramowitz-Stegun 7.1.26; past 16, exp(-a^2) is 0 and t only needs to be finite */
   float t = polyc_recipf(__builtin_fmaf(0.3275911f, a > 16.0f ? 16.0f : a, 1.0f));
-  float q = __builtin_fmaf(1.061405429f, t, -1.453152027f);
-  q = __builtin_fmaf(q, t, 1.421413741f); q = __builtin_fmaf(q, t, -0.284496736f);
-  q = __builtin_fmaf(q, t, 0.254829592f);
-  float far = 1.0f - q * t * polyc_expf(-a * a);
-  float a2 = a * a;                                               /* Taylor near 0 */
-  float near = a * 1.12837916709551257f * (1.0f + a2 * (-1.0f / 3.0f + a2 * (1.0f / 10.0f
-               + a2 * (-1.0f / 42.0f + a2 * (1.0f / 216.0f + a2 * (-1.0f / 1320.0f))))));
+  float far = 1.0f - POLYC_ERF_POLY(__builtin_fmaf, POLYC_K, t) * t * polyc_expf(-a * a);
+  float a2 = a * a;
+  float near = POLYC_ERF_NEAR(a, a2);
   float y = a < 0.5f ? near : far;
   y = x < 0.0f ? -y : y;
   return x != x ? x : y;

@@ -8,7 +8,7 @@ LANES = r"""#if defined(__AVX512F__)
    vector type and its AVX-512 builtins (as polyc_stream: no intrinsics header), so that the
    reciprocal's guess and exp's scaling by 2^n are one instruction each (vrcp14ps,
    vscalefps), which gcc's vectorisation of the scalar versions cannot find. The same
-   polynomials as those; one Newton step on the reciprocal's 14 bits */
+   polynomials as those (POLYC_*_POLY); one Newton step on the reciprocal's 14 bits */
 typedef float polyc_v16 __attribute__((vector_size(64)));
 typedef float polyc_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 typedef int32_t polyc_v16i __attribute__((vector_size(64)));
@@ -18,6 +18,8 @@ typedef unsigned short polyc_m16;
 static inline polyc_v16 polyc_v_set(float x) {
   return (polyc_v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
 }
+/* exact: the polynomial with halved coefficients is exactly half of it */
+static inline polyc_v16 polyc_v_half(float x) { return polyc_v_set(0.5f * x); }
 static inline polyc_v16 polyc_v_load(const float *p) { return *(const polyc_v16u *)p; }
 static inline void polyc_v_store(float *p, polyc_v16 v) { *(polyc_v16u *)p = v; }
 /* the first n of 16 lanes, n >= 1 */
@@ -80,14 +82,7 @@ static inline polyc_v16 polyc_v_expf(polyc_v16 x) {
                                                POLYC_V_ROUND);        /* to nearest */
   polyc_v16 r = polyc_v_fma(n, polyc_v_set(-0.693145751953125f), x);   /* x = n ln2 + r */
   r = polyc_v_fma(n, polyc_v_set(-1.428606765330187045e-06f), r);
-  /* the scalar version's polynomial for 2 exp(r), halved */
-  polyc_v16 q = polyc_v_fma(polyc_v_set(0.5f * 0.00276736799f), r,
-                            polyc_v_set(0.5f * 0.0167496316f));
-  q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.0833364502f));
-  q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.333328396f));
-  q = polyc_v_fma(q, r, polyc_v_set(0.5f * 0.999999821f));
-  q = polyc_v_fma(q, r, polyc_v_set(1.0f));
-  q = polyc_v_fma(q, r, polyc_v_set(1.0f));
+  polyc_v16 q = POLYC_EXP_POLY(polyc_v_fma, polyc_v_half, r);   /* 2 exp(r), halved */
   return __builtin_ia32_scalefps512_mask(q, n, q, 0xFFFF, POLYC_V_ROUND);
 }
 /* exp(-x) up to e^87, where 1 + it and its reciprocal stay normal; flushed below
@@ -101,25 +96,16 @@ static inline polyc_v16 polyc_v_tanhf(polyc_v16 x) {
   polyc_v16 e = polyc_v_expf(2.0f * polyc_v_clamp_above(20.0f, a));
   polyc_v16 big = 1.0f - 2.0f * polyc_v_recipf(e + 1.0f);
   polyc_v16 a2 = a * a;
-  polyc_v16 p = polyc_v_fma(polyc_v_set(-0.00570498593f), a2, polyc_v_set(0.0206390861f));
-  p = polyc_v_fma(p, a2, polyc_v_set(-0.0537397154f));
-  p = polyc_v_fma(p, a2, polyc_v_set(0.133314416f));
-  p = polyc_v_fma(p, a2, polyc_v_set(-0.333332807f));
-  polyc_v16 small = polyc_v_fma(a * a2, p, a);
+  polyc_v16 small = polyc_v_fma(a * a2, POLYC_TANH_POLY(polyc_v_fma, polyc_v_set, a2), a);
   return polyc_v_sign_of(x, polyc_v_blend(POLYC_V_CMP(a, polyc_v_set(0.625f), 1), big, small));
 }
 static inline polyc_v16 polyc_v_erff(polyc_v16 x) {
   polyc_v16 a = polyc_v_abs(x);
   polyc_v16 t = polyc_v_recipf(polyc_v_fma(polyc_v_set(0.3275911f), polyc_v_clamp_above(16.0f, a),
                                            polyc_v_set(1.0f)));
-  polyc_v16 q = polyc_v_fma(polyc_v_set(1.061405429f), t, polyc_v_set(-1.453152027f));
-  q = polyc_v_fma(q, t, polyc_v_set(1.421413741f));
-  q = polyc_v_fma(q, t, polyc_v_set(-0.284496736f));
-  q = polyc_v_fma(q, t, polyc_v_set(0.254829592f));
-  polyc_v16 far = 1.0f - q * t * polyc_v_expf(-a * a);
+  polyc_v16 far = 1.0f - POLYC_ERF_POLY(polyc_v_fma, polyc_v_set, t) * t * polyc_v_expf(-a * a);
   polyc_v16 a2 = a * a;
-  polyc_v16 near = a * 1.12837916709551257f * (1.0f + a2 * (-1.0f / 3.0f + a2 * (1.0f / 10.0f
-                   + a2 * (-1.0f / 42.0f + a2 * (1.0f / 216.0f + a2 * (-1.0f / 1320.0f))))));
+  polyc_v16 near = POLYC_ERF_NEAR(a, a2);
   return polyc_v_sign_of(x, polyc_v_blend(POLYC_V_CMP(a, polyc_v_set(0.5f), 1), far, near));
 }
 #endif

@@ -29,6 +29,10 @@ class Scalars(ExprPrinter):
     def ctype(self, dtype: str) -> str:
         return C_TYPE[dtype]
 
+    def at(self, lvalue: str) -> str:
+        """The value at C lvalue `lvalue` (`Lanes`: the 16 from it on)."""
+        return lvalue
+
     def assign(self, lvalue: str, value: str) -> cgen.Generable:
         return cgen.Assign(lvalue, value)
 

@@ -378,12 +378,12 @@ class WriteBackMixin:
         return " + ".join(f"mk_o{d} * {c_size(real[d])}" for d in self.view.cols)
 
     def _init_value(self, first: str, acc_name: str, j: int = 0,
-                    lanes: Lanes | None = None) -> str:
+                    printer: Scalars | None = None) -> str:
         """The C of the init's value plus the sums of the K blocks before, at the tile's
-        row mk_r + j (`lanes`: on the lanes from column mk_c on)."""
+        row mk_r + j, printed by `printer` (scalars by default; `Lanes`: the lanes from
+        column mk_c on)."""
         view = self.view
-        p = lanes or ExprPrinter(self.b.arrays, lambda pos: self._o(pos, j))
-        at = lanes.at if lanes else str
+        p = printer or Scalars(self.b.arrays, lambda pos: self._o(pos, j), {})
         init = p.value(view.init.expr)
         if first == "1":
             return init
@@ -391,8 +391,8 @@ class WriteBackMixin:
         if self._virtual_acc():  # the sums of the K blocks before, init not in them
             n = self._acc_shape()[1]
             return (f"({first} ? {init} : {init} + "
-                    f"{at(f'{acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c]')})")
-        mem = at(f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]")
+                    f"{p.at(f'{acc_name}[mk_vboff + {row} * {n} + mk_jt + mk_c]')})")
+        mem = p.at(f"{acc_name}[mk_boff + {row} * {self.plan.n} + {self._col()}]")
         return f"({first} ? {init} : {init} + {mem})" if self._sums_apart() else f"({first} ? {init} : {mem})"
 
     def _partial(self, first: str, acc_name: str) -> cgen.Generable:
@@ -465,8 +465,8 @@ class WriteBackMixin:
         tile = f"mk_tile[{_row(j)} * {NR} + mk_c]"
         v = f"mk_v_{j}" if j else "mk_v"
         body = [cgen.Statement(f"const {printer.ctype(s0.dtype)} {v} = "
-                               f"{lanes.at(tile) if lanes else tile} + "
-                               f"{self._init_value(first, acc_name, j, lanes)}")]
+                               f"{printer.at(tile)} + "
+                               f"{self._init_value(first, acc_name, j, printer)}")]
         return body + in_scalars(printer, s0.target, view.init.index, v, view.epilogue,
                                  lambda k: f"mk_e{k}_{j}" if j else f"mk_e{k}", self._leaves)
 

@@ -107,3 +107,15 @@ def test_a_scalar_set_under_an_if_and_selected_after_it_is_not_miscompiled():
     two, one = b.constant("two", [1], [2.0]), b.constant("one", [1], [1.0])
     compiled = _check(b.build([b.concat(b.mul(x, two), b.add(y, one), axis=0)]), rtol=0)
     assert 'optimize("no-tree-loop-if-convert")' in compiled.c_source
+
+
+def test_a_streamed_loop_that_the_ast_split_keeps_its_copy_without_the_output():
+    # transformer's softmax in the NZ layout: the loop marked to stream its output was
+    # split by the AST build into a copy writing only a local, whose stage buffer was
+    # printed with no type and no address (`None polyc_stage[256]`): gcc failed
+    b = polyc.GraphBuilder("softmax_nz_out")
+    x = b.input("x", [16, 16, 128, 128])
+    nz = [b.transpose(b.reshape(t, shape=[16, 16, 8, 16, 8, 16]), perm=[0, 1, 4, 2, 3, 5])
+          for t in (x, b.cast(x, to="float16"))]
+    compiled = _check(b.build(nz), rtol=0)
+    assert "polyc_stream(" in compiled.c_source

@@ -351,7 +351,9 @@ class CpuBuilder(CBuilder):
     def emit_streaming_loop(self, it, init, cond, inc, calls, marks):
         """Strip-mined by STREAM_CHUNK, each chunk of the output is computed into a
         stage buffer in L1 by a `simd` loop, then copied out with non-temporal stores
-        (`polyc_stream`); the loop's other statements write locals and stay as they are."""
+        (`polyc_stream`); the loop's other statements write locals and stay as they are.
+        None when the loop writes no output: the AST build may have split the marked loop
+        and left a copy that writes only the locals."""
         bound = re.fullmatch(rf"{it} <= (.+)", cond)
         if inc != "1" or bound is None:
             return None
@@ -367,6 +369,8 @@ class CpuBuilder(CBuilder):
             body.append(cgen.Statement(f"polyc_stage[{it} - {chunk}] = {p.value(s.expr)}"))
             start = [re.sub(rf"\b{it}\b", chunk, x) for x in iters]
             address = ExprPrinter(self.arrays, lambda pos: start[pos]).access(s.target, s.index)
+        if address is None:
+            return None
         self.streamed = True
         private = [m for m in marks if isinstance(m, str) and m.startswith("private(")]
         inner = cgen.Module([

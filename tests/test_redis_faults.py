@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,12 +33,16 @@ def small_graph(name: str) -> dict:
             "nodes": [{"op": "exp", "inputs": ["x"], "outputs": ["y"]}], "outputs": ["y"]}
 
 
-@pytest.fixture
-def redis_proc(tmp_path):
+def _need_redis_server() -> None:
     if redis_server_path() is None:
         if os.environ.get("CI"):
             pytest.fail("redis-server is not installed, and CI must run the Redis tests")
         pytest.skip("redis-server is not installed")
+
+
+@pytest.fixture
+def redis_proc(tmp_path):
+    _need_redis_server()
     with RedisProcess(tmp_path / "redis") as redis:
         try:
             yield redis
@@ -182,3 +188,29 @@ def test_lock_of_a_killed_replica_lapses_within_seconds(redis_proc, tmp_path, se
         # dead replica used to hold for 90 s
         assert took < 15, took
     r.close()
+
+
+def test_a_redis_server_outlives_no_killed_process_that_started_it(tmp_path):
+    """A test worker that crashes never leaves its `with RedisProcess` block: the server
+    must go with it, not keep its port and memory until the machine is shut down."""
+    _need_redis_server()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from polyc.server.testing import RedisProcess\n"
+         f"r = RedisProcess({str(tmp_path)!r}).start(); print(r.proc.pid, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(owner.stdout.readline())
+        os.kill(server, 0)  # it runs
+    finally:
+        owner.kill()
+        owner.wait(10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie where no init reaps it
+            if Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    os.kill(server, signal.SIGKILL)
+    pytest.fail(f"redis-server {server} still runs 20 s after the process that started it was killed")

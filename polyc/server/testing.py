@@ -1,8 +1,10 @@
 """Real processes on loopback for tests and benchmarks: a `polyc serve` server, a
 throw-away redis-server and a one-machine Ray cluster. Each listens on free ports, logs
-to a file, and is stopped (by its own pid) when the `with` block ends."""
+to a file, and is stopped (by its own pid) when the `with` block ends, or when the process
+that started it dies without ending the block (a crashed test worker)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -19,6 +21,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stopped_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies. A `with` block's exit never
+    runs in a worker killed by a crash or a signal, and its redis-server or Ray head
+    would keep their ports, files and memory for as long as the machine runs."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
@@ -57,7 +69,8 @@ class _LoopbackProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_stopped_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -2,11 +2,13 @@
 
     python benchmarks/akg_corpus.py CORPUS [--sample N] [--timeout S] [--jobs J]
                                     [--results FILE.jsonl] [--run-limit MIB]
+                                    [--target cpu|manycore|npu]
     python benchmarks/akg_corpus.py --report FILE.jsonl      # the tables of a past run
 
 CORPUS is the folder of `.info` files (e.g. shared/corpus/akg-composite, or the sample
 vendored in tests/data/akg); without it (or `POLYC_AKG_CORPUS`) the script says so and
-exits. Each file is imported (`polyc.import_akg`), compiled for the cpu, run on seeded
+exits. Each file is imported (`polyc.import_akg`), compiled for the target (the cpu
+unless --target names a simulated chip: its runtime runs the kernels here), run on seeded
 inputs and compared with the numpy reference executor, in a worker process with a time
 limit (a file that hangs or kills its worker is recorded, and the next file gets a
 fresh worker). Graphs whose tensors hold more than --run-limit MiB are compiled only.
@@ -130,7 +132,8 @@ def oracle_rejections(compiled) -> list[str]:
     return out
 
 
-def check_file(path: Path, *, seed: int = 0, run_limit_mib: float = 3072) -> dict:
+def check_file(path: Path, *, seed: int = 0, run_limit_mib: float = 3072,
+               target: str = "cpu") -> dict:
     """The verdict on one file (see the module docstring), with its details."""
     import polyc
     from polyc.errors import GraphError
@@ -144,7 +147,7 @@ def check_file(path: Path, *, seed: int = 0, run_limit_mib: float = 3072) -> dic
         return {**result, "verdict": "refused", "reason": str(e.problems[0])[:300]}
     try:
         start = time.perf_counter()
-        compiled = polyc.compile(graph, "cpu", limits=big)
+        compiled = polyc.compile(graph, target, limits=big)
         result["compile_s"] = time.perf_counter() - start
         result["kernels"] = len(compiled.kernels)
         result["rejections"] = oracle_rejections(compiled)
@@ -172,25 +175,26 @@ def check_file(path: Path, *, seed: int = 0, run_limit_mib: float = 3072) -> dic
 
 # --- running files in workers with a time limit -------------------------------------------
 
-def _worker(conn, run_limit_mib: float) -> None:
+def _worker(conn, run_limit_mib: float, target: str) -> None:
     while True:
         path = conn.recv()
         if path is None:
             return
-        conn.send(check_file(Path(path), run_limit_mib=run_limit_mib))
+        conn.send(check_file(Path(path), run_limit_mib=run_limit_mib, target=target))
 
 
 class Worker:
     """A process that checks files one at a time; replaced when one hangs or kills it."""
 
-    def __init__(self, run_limit_mib: float):
-        self.run_limit_mib = run_limit_mib
+    def __init__(self, run_limit_mib: float, target: str):
+        self.run_limit_mib, self.target = run_limit_mib, target
         self._start()
 
     def _start(self) -> None:
         self.conn, child = mp.Pipe()
         self.proc = mp.get_context("fork").Process(target=_worker,
-                                                   args=(child, self.run_limit_mib),
+                                                   args=(child, self.run_limit_mib,
+                                                         self.target),
                                                    daemon=True)
         self.proc.start()
 
@@ -213,9 +217,9 @@ class Worker:
 
 
 def run_files(files: list[Path], *, timeout: float, jobs: int, run_limit_mib: float,
-              on_result) -> None:
+              on_result, target: str = "cpu") -> None:
     """Check every file, `jobs` at a time; `on_result(result)` as each one finishes."""
-    workers = [Worker(run_limit_mib) for _ in range(jobs)]
+    workers = [Worker(run_limit_mib, target) for _ in range(jobs)]
     try:
         if jobs == 1:
             for path in files:
@@ -305,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--run-limit", type=float, default=3072,
                     help="MiB of tensors above which a graph is compiled only")
+    ap.add_argument("--target", default="cpu", choices=("cpu", "manycore", "npu"))
     ap.add_argument("--results", type=Path, help="append each file's result here (JSONL); "
                     "files already in it are not checked again")
     ap.add_argument("--report", type=Path, help="print the tables of a results file")
@@ -335,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
 
     run_files(files, timeout=args.timeout, jobs=args.jobs, run_limit_mib=args.run_limit,
-              on_result=on_result)
+              on_result=on_result, target=args.target)
     print(report(results, corpus))
     return 0
 

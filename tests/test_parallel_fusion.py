@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import polyc
 from polyc import GraphBuilder
@@ -98,4 +99,18 @@ def test_an_akg_parallel_fusion_graph_is_one_kernel():
     graph = polyc.import_akg(path)
     compiled = compile(graph)
     assert len(compiled.kernels) == 1
+    _check(graph, compiled)
+
+
+@pytest.mark.parametrize("target", ["manycore", "npu"])
+def test_on_a_chip_with_scratchpads_parts_are_kernels_of_their_own(target):
+    # a sequence of parts has no band for the cores' tiles: AKG's NZ MatMul, its two
+    # transposed operands one kernel, was refused as one tile of 15 MiB for a 256 KiB UB
+    b = GraphBuilder("two_transposes")
+    x, y = b.input("x", [256, 512]), b.input("y", [512, 384])
+    graph = b.build([b.op("transpose", x, perm=[1, 0], out="xt"),
+                     b.op("transpose", y, perm=[1, 0], out="yt")])
+    compiled = compile(graph, target)
+    assert len(compiled.kernels) == 2
+    assert any("each part is a kernel of its own" in line for line in compiled.fusion.report)
     _check(graph, compiled)

@@ -206,3 +206,14 @@ def test_the_service_compiles_for_the_chip_under_its_own_key(tmp_path):
         bad = c.post("/v1/compile", json={"graph": g, "target": "manycore",
                                           "options": {"threads": 2}})
         assert bad.status_code == 422 and "options/threads" in bad.text
+
+
+def test_a_tile_that_fits_once_but_not_twice_is_allocated_once():
+    # the smallest tile (one 192 KiB plane of a whole sum) fits the LDM only without its
+    # second buffer: planned so, but the code allocated two and the runtime refused
+    b = GraphBuilder("total")
+    graph = b.build([b.reduce_sum(b.input("x", [4, 12, 64, 64]), axes=[0, 1, 2, 3], out="s")])
+    compiled, inputs = _check(graph, rtol=1e-5)
+    (kernel,) = compiled.kernels
+    assert any("in 1 buffer" in line for line in kernel.fusion_report)
+    assert compiled.profile(**inputs)["high_water"]["LDM"] <= LDM

@@ -200,3 +200,12 @@ def test_the_service_compiles_for_the_npu_under_its_own_key(tmp_path):
         assert "polyc_npu_launch" in npu.json()["c_source"]
         bad = c.post("/v1/compile", json={"graph": g, "target": "npu", "options": {"cores": 33}})
         assert bad.status_code == 422 and "cores" in bad.text
+
+
+def test_a_tile_that_fits_once_but_not_twice_is_allocated_once():
+    # as on the many-core chip: one 192 KiB plane fits the UB only single-buffered
+    b = GraphBuilder("total")
+    graph = b.build([b.reduce_sum(b.input("x", [4, 12, 64, 64]), axes=[0, 1, 2, 3], out="s")])
+    compiled, _ = _check(graph, rtol=1e-5)
+    (kernel,) = compiled.kernels
+    assert any("in 1 buffer" in line for line in kernel.fusion_report)

@@ -84,7 +84,9 @@ class Promotion:
         lo = ", ".join(" | ".join(_pieces(p)) for p in self.lo)
         also = f" (also holding {', '.join(self.also)}, in place)" if self.also else ""
         placed = f" placed {layout_map(self)}" if self.layout.startswith("fractal") else ""
-        placed += f" in {self.slots} {'steps' if self.stepped else 'slots'}" if self.slots else ""
+        if self.slots:
+            placed += (" in 1 buffer" if self.slots == 1 else
+                       f" in {self.slots} {'steps' if self.stepped else 'slots'}")
         return (f"promote {self.array} -> {self.buffer} [{self.level}, {self.direction}, "
                 f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}{placed}")
 

@@ -109,8 +109,8 @@ class ManycoreBuilder(ScratchpadBuilder):
         copies = self._leading_copies(inner)
         # fetched a tile ahead only when no tile writes what a later one reads (a
         # reduction across the loop gets its partial results after they are put)
-        if copies and self.double and all(self.copy_call(c)[1].direction != "inout"
-                                           for c in copies):
+        if copies and all(self.copy_call(c)[1].direction != "inout"
+                          and self.buffers_of(self.copy_call(c)[1]) > 1 for c in copies):
             return self.pipelined(it, init, cond, inc, inner, copies)
         code = self.emit_loop(it, init, cond, inc, statement(self.node(body)), marks)
         calls = user_calls(body)

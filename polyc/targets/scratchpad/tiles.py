@@ -215,6 +215,9 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
                 note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'} "
                         f"for the cores: {need} of {level.capacity} bytes of "
                         f"{level.name}{', double-buffered' if double else ''}")
+                if options.double_buffer and not double:
+                    # what did not fit twice: the code must allocate it once, as planned
+                    promotions = tuple(replace(p, slots=1) for p in promotions)
                 return replace(state.with_schedule(schedule), kernel=kernel,
                                promotions=promotions).note(note, *map(str, promotions))
             if not sizes or max(sizes) == 1:

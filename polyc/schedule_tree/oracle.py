@@ -151,12 +151,8 @@ def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: 
     dependences are the two groups' and the few between them (the graph of
     size1-everywhere spent a third of its fuse stage on dataflow over the whole merge)."""
     capacity = machine.fusion_level.capacity
-    if machine.tile_level.managed:
-        # a chip's cores share one band's tiles (scratchpad/tiles.py): a sequence of
-        # parts has none, and would run as one tile on one core, or not fit at all
-        return FusionAnswer(False, 0, False, 0, capacity, 0,
-                            "independent, but the cores of a chip with scratchpads share "
-                            "the tiles of one loop nest: each part is a kernel of its own")
+    if (refused := _no_sequence(machine, "independent")) is not None:
+        return refused
     models = models or GroupModels(graph)
     kernel, lost = _merged_kernel(graph, a, b, microkernels, models)
     if lost:
@@ -308,7 +304,7 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             "their loops traverse it differently, nothing would be reused")
     small = _small_side(graph, kernel, capacity, (a, kept_a), (b, kept_b))
     if depth == 0 and small:
-        return _sequence_answer(graph, a, b, small, capacity, "no loop is shared")
+        return _sequence_answer(graph, a, b, small, machine, "no loop is shared")
     if depth == 0:
         blocking = reversed_dependence(model, kernel, kept_a, kept_b)
         return FusionAnswer(False, 0, False, 0, capacity, 0,
@@ -321,14 +317,29 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other
         # side under it; in sequence the other keeps its own loops and tiles
-        return _sequence_answer(graph, a, b, small, capacity,
+        return _sequence_answer(graph, a, b, small, machine,
                                 f"sharing {depth} loop(s) touches {_mib(foot)} per iteration")
     return answer
 
 
+def _no_sequence(machine: Machine, why: str) -> FusionAnswer | None:
+    """The refusal of a kernel whose groups share no loop (in sequence, or independent
+    parts) on a chip with scratchpads, whose cores share the tiles of one band
+    (scratchpad/tiles.py): a sequence has none, so it would run as one tile on one core,
+    or not fit its scratchpad at all. None where such a kernel is fine."""
+    if not machine.tile_level.managed:
+        return None
+    return FusionAnswer(False, 0, False, 0, machine.fusion_level.capacity, 0,
+                        f"{why}, but the cores of a chip with scratchpads share the tiles of "
+                        "one loop nest: each is a kernel of its own")
+
+
 def _sequence_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
-                     small: tuple[tuple[str, ...], str], capacity: int, why: str
+                     small: tuple[tuple[str, ...], str], machine: Machine, why: str
                      ) -> FusionAnswer:
+    if (refused := _no_sequence(machine, why)) is not None:
+        return refused
+    capacity = machine.fusion_level.capacity
     saved = _saved_bytes(graph, a, b)
     side, because = small
     return FusionAnswer(True, 0, True, 0, capacity, saved,

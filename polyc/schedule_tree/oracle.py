@@ -150,11 +150,11 @@ def ask_parallel(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: 
     `models` keeps the groups' models between proposals, as for `ask_fusion`: the merged
     dependences are the two groups' and the few between them (the graph of
     size1-everywhere spent a third of its fuse stage on dataflow over the whole merge)."""
-    capacity = machine.fusion_level.capacity
     if (refused := _no_sequence(machine, "independent")) is not None:
         return refused
     models = models or GroupModels(graph)
     kernel, lost = _merged_kernel(graph, a, b, microkernels, models)
+    capacity = machine.fusion_level.capacity
     if lost:
         return FusionAnswer(False, 0, False, 0, capacity, 0, lost)
     kept_a, kept_b = _statements_of(kernel, a), _statements_of(kernel, b)

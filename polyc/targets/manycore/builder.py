@@ -108,9 +108,10 @@ class ManycoreBuilder(ScratchpadBuilder):
             inner = inner.mark_get_node()
         copies = self._leading_copies(inner)
         # fetched a tile ahead only when no tile writes what a later one reads (a
-        # reduction across the loop gets its partial results after they are put)
-        if copies and all(self.copy_call(c)[1].direction != "inout"
-                          and self.buffers_of(self.copy_call(c)[1]) > 1 for c in copies):
+        # reduction across the loop gets its partial results after they are put), into
+        # the second buffer of each moved one (the plan may have had room for one only)
+        moved = [p for p in (self.copy_call(c)[1] for c in copies) if p.direction != "local"]
+        if copies and all(p.direction != "inout" and self.buffers_of(p) > 1 for p in moved):
             return self.pipelined(it, init, cond, inc, inner, copies)
         code = self.emit_loop(it, init, cond, inc, statement(self.node(body)), marks)
         calls = user_calls(body)

@@ -209,3 +209,11 @@ def test_a_tile_that_fits_once_but_not_twice_is_allocated_once():
     compiled, _ = _check(graph, rtol=1e-5)
     (kernel,) = compiled.kernels
     assert any("in 1 buffer" in line for line in kernel.fusion_report)
+
+
+def test_a_long_sum_keeps_a_partial_result_per_lane():
+    # as on the many-core chip: 64 partial sums, one per lane of the vector unit
+    b = GraphBuilder("long_sum")
+    graph = b.build([b.reduce_sum(b.input("x", [4096, 4096]), axes=[0, 1], out="s")])
+    inputs = {"x": np.random.default_rng(0).uniform(0, 2, (4096, 4096)).astype(np.float32)}
+    _check(graph, inputs, rtol=1e-6, atol=0)

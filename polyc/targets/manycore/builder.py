@@ -14,13 +14,14 @@ import re
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import atom, if_, statement, user_calls
+from ...codegen.ast_to_c import atom, if_, user_calls
 from ...kernel.comprehension import Statement
 from ...microkernels.analysis import gemm_view
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion
 from ..scratchpad.builder import Runtime, ScratchpadBuilder, statement_ops
 from .gemm import KERNEL, KR, MR, NR
+from .machine import LANES
 
 KERNEL_FN = f"polyc_{KERNEL}"
 
@@ -39,6 +40,7 @@ RUNTIME = Runtime(core="polyc_mc_core", run="polyc_mc_run", handle="polyc_mm",
 class ManycoreBuilder(ScratchpadBuilder):
     runtime = RUNTIME
     cost = EXPENSIVE
+    lanes = LANES
 
     def alloc(self, p: Promotion | None, name: str, nbytes: int) -> str:
         return f"polyc_ldm_alloc(core, \"{name}\", {nbytes})"
@@ -113,7 +115,7 @@ class ManycoreBuilder(ScratchpadBuilder):
         moved = [p for p in (self.copy_call(c)[1] for c in copies) if p.direction != "local"]
         if copies and all(p.direction != "inout" and self.buffers_of(p) > 1 for p in moved):
             return self.pipelined(it, init, cond, inc, inner, copies)
-        code = self.emit_loop(it, init, cond, inc, statement(self.node(body)), marks)
+        code = self.inner_loop(n, it, init, cond, inc, marks)
         calls = user_calls(body)
         if calls is None:
             return code

@@ -27,13 +27,14 @@ import math
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import if_, statement, user_calls
+from ...codegen.ast_to_c import if_, user_calls
 from ...kernel.comprehension import Statement, loads
 from ...microkernels.analysis import gemm_view
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion, layout_map
 from ..scratchpad.builder import LocalPrinter, Runtime, ScratchpadBuilder, statement_ops
 from .cube import KERNEL, VECTOR_COST
+from .machine import VECTOR_LANES
 
 RUNTIME = Runtime(core="polyc_npu_core", run="polyc_npu_run", handle="polyc_gm",
                   core_id="polyc_npu_id", core_count="polyc_npu_count", wrap="polyc_gm_wrap",
@@ -52,6 +53,7 @@ def grid(p: Promotion, extent: str) -> str:
 class NpuBuilder(ScratchpadBuilder):
     runtime = RUNTIME
     cost = VECTOR_COST
+    lanes = VECTOR_LANES
 
     def __init__(self, kernel, promotions, double: bool):
         super().__init__(kernel, promotions, double)
@@ -115,7 +117,7 @@ class NpuBuilder(ScratchpadBuilder):
     def loop(self, n: isl.AstNode, it: str, init: str, cond: str, inc: str,
              marks: tuple) -> cgen.Generable:
         body = n.for_get_body()
-        code = self.emit_loop(it, init, cond, inc, statement(self.node(body)), marks)
+        code = self.inner_loop(n, it, init, cond, inc, marks)
         calls = user_calls(body)
         if calls is None:
             return code

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 import cgen
 import islpy as isl
 
-from ...codegen.ast_to_c import CBuilder, atom
-from ...codegen.cexpr import C_TYPE, ExprPrinter
+from ...codegen.ast_to_c import CBuilder, atom, statement, user_calls
+from ...codegen.cexpr import C_TYPE, ExprPrinter, c_literal
 from ...codegen.isl_c import c_of, c_of_set
 from ...kernel import Array, Kernel, c_comment
-from ...kernel.comprehension import Call, Expr, Guarded, Index, Statement, c_index, loads
+from ...kernel.comprehension import (Call, Expr, Guarded, Index, Statement, c_index, loads,
+                                     reduce_identity)
 from ...microkernels import registry
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion
@@ -110,6 +111,7 @@ class LocalPrinter(ExprPrinter):
 class ScratchpadBuilder(CBuilder):
     runtime: Runtime
     cost: dict[str, int]  # cycles per element of an op, beyond 1 (`ops`)
+    lanes: int  # of a vector op: the partial results a `reduce` loop keeps
 
     def __init__(self, kernel: Kernel, promotions: tuple[Promotion, ...], double: bool):
         super().__init__(kernel)
@@ -147,6 +149,46 @@ class ScratchpadBuilder(CBuilder):
     def core_state(self) -> list[cgen.Generable]:
         """Variables the core's code keeps across tiles, declared before it."""
         return []
+
+    def inner_loop(self, n: isl.AstNode, it: str, init: str, cond: str, inc: str,
+                   marks: tuple) -> cgen.Generable:
+        """The loop as C; a `reduce` loop keeps one partial result per vector lane, as
+        the vector unit does, folded pairwise after it: one running sum of 16 million
+        floats was 4% off (each addend rounded to the sum's ulp)."""
+        body = n.for_get_body()
+        calls = user_calls(body)
+        if not any(isinstance(m, mk.Reduce) for m in marks) or not calls or any(
+                self.copy_call(c) is not None for c in calls):
+            return self.emit_loop(it, init, cond, inc, statement(self.node(body)), marks)
+        lanes: dict[str, tuple[str, str, str]] = {}  # element -> (partials, op, dtype)
+        code = []
+        for call in calls:
+            s, iters = self._call(call)
+            p = self.printer(lambda pos: iters[pos])
+            target = p.access(s.target, s.index)
+            if s.reduce is None or re.search(rf"\b{it}\b", target):
+                code.append(self.emit_assign(s, iters))
+                continue
+            part = lanes.setdefault(target, (f"polyc_part{len(lanes)}", s.reduce, s.dtype))[0]
+            code.append(cgen.Statement(p.update(f"{part}[polyc_lane]", s.reduce,
+                                                p.value(s.expr), s.dtype).rstrip(";")))
+        if not lanes:
+            return self.emit_loop(it, init, cond, inc, cgen.Block(code), marks)
+        n_lanes, p = self.lanes, self.printer(lambda pos: "0")
+        before = [cgen.Statement("int polyc_lane = 0")]
+        fold = []
+        for target, (part, op, dtype) in lanes.items():
+            identity = c_literal(reduce_identity(op, dtype), dtype)
+            before += [cgen.Statement(f"{C_TYPE[dtype]} {part}[{n_lanes}]"),
+                       cgen.For("int l = 0", f"l < {n_lanes}", "l++",
+                                cgen.Statement(f"{part}[l] = {identity}"))]
+            fold += [cgen.For(f"int w = {n_lanes // 2}", "w > 0", "w /= 2", cgen.For(
+                         "int l = 0", "l < w", "l++", cgen.Statement(
+                             p.update(f"{part}[l]", op, f"{part}[l + w]", dtype).rstrip(";")))),
+                     cgen.Statement(p.update(target, op, f"{part}[0]", dtype).rstrip(";"))]
+        code.append(cgen.Statement(f"polyc_lane = polyc_lane + 1 == {n_lanes} ? 0 : polyc_lane + 1"))
+        return cgen.Block(before + [self.emit_loop(it, init, cond, inc, cgen.Block(code), marks)]
+                          + fold)
 
     # -- accesses ------------------------------------------------------------------------
     def printer(self, iters) -> LocalPrinter:

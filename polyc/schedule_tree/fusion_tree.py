@@ -163,7 +163,13 @@ def _hoisted(statements: list[Statement], level: int, deps: _Deps) -> list[State
     return order
 
 
-def _runs(statements: list[Statement], level: int, deps: _Deps) -> list[list[Statement]]:
+def _point(s: Statement, level: int) -> bool:
+    """Is `s` one instance with an iterator at `level` (a whole sum's init, [1, 1])?"""
+    return _rank(s) > level and all(e == 1 for e in s.extents)
+
+
+def _runs(statements: list[Statement], level: int, deps: _Deps,
+          points_inside: bool = False) -> list[list[Statement]]:
     runs: list[list[Statement]] = []
     for s in _hoisted(statements, level, deps):
         last = runs[-1] if runs else None
@@ -176,17 +182,27 @@ def _runs(statements: list[Statement], level: int, deps: _Deps) -> list[list[Sta
             last.append(s)
         else:
             runs.append([s])
+    if points_inside:  # each run of single instances joins the loop after it, if legal
+        for k in range(len(runs) - 2, -1, -1):
+            points, after = runs[k], runs[k + 1]
+            if (all(_point(s, level) for s in points) and all(_loops(s, level) for s in after)
+                    and not any(deps.has(m, level, "<") for m in deps.between(points, after))):
+                runs[k:k + 2] = [points + after]
     return runs
 
 
-def _build(statements: list[Statement], level: int, deps: _Deps) -> _Node:
-    runs = _runs(statements, level, deps)
+def _build(statements: list[Statement], level: int, deps: _Deps,
+           points_inside: bool = False) -> _Node:
+    runs = _runs(statements, level, deps, points_inside)
     built = []
     for run in runs:
         if all(_rank(s) > level for s in run):
             inner = list(deps.between(run, run))
             coincident = not any(deps.has(m, level, "!=") for m in inner)
-            built.append((run, _Band([level], run, [coincident], True, _build(run, level + 1, deps))))
+            # below the outermost loop they run before the loops again (the cores' tiles
+            # need the one band; an innermost loop, no test of its first iteration)
+            built.append((run, _Band([level], run, [coincident], True,
+                                     _build(run, level + 1, deps))))
         elif len(run) == 1:
             built.append((run, _Leaf()))
         else:  # pragma: no cover - a run only groups statements that all have the level
@@ -282,14 +298,16 @@ def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) 
     return tree
 
 
-def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int) -> _Node:
+def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int,
+          points_inside: bool = False) -> _Node:
     deps = _Deps.of(model)
     parts = independent_parts(model, statements)
     trees = []
     for part in parts:
         names = {s.name for s in part}
         own = _Deps({k: m for k, m in deps.by_pair.items() if k[0] in names})
-        trees.append((part, _blocked(_merge(_build(part, 0, own), own), part, own, block)))
+        tree = _build(part, 0, own, points_inside)
+        trees.append((part, _blocked(_merge(tree, own), part, own, block)))
     return trees[0][1] if len(trees) == 1 else _Sequence(trees)
 
 
@@ -351,10 +369,12 @@ def column_block(model: PolyModel, statements: tuple[Statement, ...],
 
 
 def fusion_schedule(model: PolyModel, statements: tuple[Statement, ...],
-                    block: int = 0) -> isl.Schedule:
+                    block: int = 0, points_inside: bool = False) -> isl.Schedule:
     """The schedule tree of a fused kernel (see the module docstring); `block` > 0
-    allows column blocks of that many columns."""
-    tree = _tree(model, statements, block)
+    allows column blocks of that many columns; `points_inside` puts a statement of one
+    instance (a whole sum's init) in the outermost loop after it, at its first iteration,
+    not before it: a chip's cores tile one band, which a sequence at the root has not."""
+    tree = _tree(model, statements, block, points_inside)
     body = _text(tree)
     text = f'{{ domain: "{model.domain}"' + (f", child: {body}" if body else "") + " }"
     return isl.Schedule.read_from_str(model.domain.get_ctx(), text)

@@ -53,8 +53,9 @@ def schedule_pass(state: KernelState, machine, options) -> KernelState:
     block = (column_block(state.model, kernel.statements, element_bytes(kernel),
                           machine.block_bytes, machine.cores) if fused else 0)
     if fused:  # fusion_tree's structure: linear in the dependences, no budget needed
-        return replace(state, model=schedule_kernel(state.model, kernel.statements,
-                                                    fused=True, block=block))
+        return replace(state, model=schedule_kernel(
+            state.model, kernel.statements, fused=True, block=block,
+            points_inside=machine.tile_level.managed))
     ledger = state.ledger or Ledger.of(options)
     why = ledger.out_of_time("schedule") if ledger.exhausted("schedule") else ""
     if not why:

@@ -1,7 +1,8 @@
 """Tiles for the cores of a chip with scratchpads: every buffer of a tile in the target's
 tile level (the many-core LDM, the NPU's unified buffer), and what the copies move.
 
-The kernel's outermost band is cut into tiles whose data fits one core's scratchpad: for a
+The kernel's outermost band is cut into tiles whose data fits one core's scratchpad (or,
+where one iteration of it is too much, the band below it, in each of its iterations): for a
 candidate tile size, the intermediates are contracted (`contract.py`) and every other
 array the tile touches is promoted (`promotion.py`): its footprint per tile, computed with
 isl, becomes a buffer there. What a tile reads of an array before writing it is got
@@ -146,29 +147,36 @@ def _spans(band: isl.ScheduleNode) -> list[int]:
     return out
 
 
-def _tilable(schedule: isl.Schedule) -> isl.Schedule:
-    """`schedule` with an outer band that may be cut in tiles: a band that is not
+def _tilable(schedule: isl.Schedule, depth: int) -> isl.Schedule:
+    """`schedule` with a band at `depth` that may be cut in tiles: a band that is not
     permutable keeps only its first member (strip-mining one loop is always legal)."""
-    band = _outer_band(schedule)
+    band = _band(schedule, depth)
     if band is None or band.band_get_permutable() or band.band_n_member() == 1:
         return schedule
     return band.band_split(1).get_schedule()
 
 
-def _outer_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
-    """The first band on the way down from the root, through marks, if every statement
-    is below it."""
-    node = schedule.get_root().child(0)
-    while node.get_type() == isl.schedule_node_type.mark:
+def _band(schedule: isl.Schedule, depth: int) -> isl.ScheduleNode | None:
+    """The band `depth` bands down from the root, through marks, each the only child of
+    the node above it (so every statement is below it), or None."""
+    node = schedule.get_root()
+    for _ in range(depth + 1):
+        if node.n_children() != 1:
+            return None
         node = node.child(0)
-    return node if node.get_type() == _BAND else None
+        while node.get_type() == isl.schedule_node_type.mark:
+            node = node.child(0)
+        if node.get_type() != _BAND:
+            return None
+    return node
 
 
-def _tile(schedule: isl.Schedule, sizes: list[int] | None, level: str) -> isl.ScheduleNode:
-    """The node below which one tile runs: under the tile band of the outermost band
+def _tile(schedule: isl.Schedule, depth: int, sizes: list[int] | None,
+          level: str) -> isl.ScheduleNode:
+    """The node below which one tile runs: under the tile band of the band at `depth`
     (cut by `sizes`), or below the band itself (None: its iterations are the tiles), or
     the root's child when there is no band; marked `tile <level>`."""
-    band = _outer_band(schedule)
+    band = _band(schedule, depth)
     if band is None:
         node = schedule.get_root().child(0)
     elif sizes is None:
@@ -181,9 +189,9 @@ def _tile(schedule: isl.Schedule, sizes: list[int] | None, level: str) -> isl.Sc
     return node.insert_mark(isl.Id(str(marks.Tile(level)))).child(0)
 
 
-def _tiles(schedule: isl.Schedule) -> int:
+def _tiles(schedule: isl.Schedule, depth: int) -> int:
     """How many iterations the tile band's first loop (the one the cores share) has."""
-    band = _outer_band(schedule)
+    band = _band(schedule, depth)
     first = isl.UnionMap.from_union_pw_aff(band.band_get_partial_schedule().get_union_pw_aff(0))
     return first.intersect_domain(band.get_domain()).range().as_set().count_val().to_python()
 
@@ -195,38 +203,47 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     # then pins it, and contraction drops that dimension from a tile's buffers
     state.ctx.set_tile_shift_point_loops(0)
     level = machine.tile_level
-    tilable = _tilable(state.schedule)
-    band = _outer_band(tilable)
-    extents = _spans(band) if band is not None else None
-    sizes = list(extents) if extents else None
-    for double in ((True, False) if options.double_buffer else (False,)):
-        while True:
-            node = _tile(tilable, sizes, level.name)
-            schedule = node.get_schedule()
-            kernel = contract_arrays(state.kernel, state.model, schedule)
-            promotions = promotions_at(node, kernel, state.model, level.name,
-                                       str(marks.Tile(level.name)))
-            need = scratch_bytes(promotions, kernel, double, level.alignment)
-            # enough tiles for every core, as long as a tile moves enough data that a
-            # transfer's latency does not dominate it
-            shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule) < options.cores
-            few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
-            if need <= level.capacity and not few:
-                note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'} "
-                        f"for the cores: {need} of {level.capacity} bytes of "
-                        f"{level.name}{', double-buffered' if double else ''}")
-                if options.double_buffer and not double:
-                    # what did not fit twice: the code must allocate it once, as planned
-                    promotions = tuple(replace(p, slots=1) for p in promotions)
-                return replace(state.with_schedule(schedule), kernel=kernel,
-                               promotions=promotions).note(note, *map(str, promotions))
-            if not sizes or max(sizes) == 1:
-                break
-            # the shared loop's first while the cores lack tiles (a tile then keeps whole
-            # rows: long transfers, a reduction in one tile), else the largest member
-            m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
-            sizes[m] = max(1, sizes[m] // 2)
-        sizes = list(extents) if extents else None
+    depth = 0
+    while True:
+        # the outermost band's tiles; where one iteration of it is too much, the tiles
+        # of the band below it, in each of its iterations (a block of columns whose
+        # rows a reduction runs down: the rows in tiles, the sums carried from tile to
+        # tile in the scratchpad)
+        tilable = _tilable(state.schedule, depth)
+        band = _band(tilable, depth)
+        extents = _spans(band) if band is not None else None
+        for double in ((True, False) if options.double_buffer else (False,)):
+            sizes = list(extents) if extents else None
+            while True:
+                node = _tile(tilable, depth, sizes, level.name)
+                schedule = node.get_schedule()
+                kernel = contract_arrays(state.kernel, state.model, schedule)
+                promotions = promotions_at(node, kernel, state.model, level.name,
+                                           str(marks.Tile(level.name)))
+                need = scratch_bytes(promotions, kernel, double, level.alignment)
+                # enough tiles for every core, as long as a tile moves enough data that a
+                # transfer's latency does not dominate it
+                shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule, depth) < options.cores
+                few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
+                if need <= level.capacity and not few:
+                    note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'}"
+                            f"{f' inside the outer {depth} band(s)' if depth else ''} "
+                            f"for the cores: {need} of {level.capacity} bytes of "
+                            f"{level.name}{', double-buffered' if double else ''}")
+                    if options.double_buffer and not double:
+                        # what did not fit twice: the code must allocate it once, as planned
+                        promotions = tuple(replace(p, slots=1) for p in promotions)
+                    return replace(state.with_schedule(schedule), kernel=kernel,
+                                   promotions=promotions).note(note, *map(str, promotions))
+                if not sizes or max(sizes) == 1:
+                    break
+                # the shared loop's first while the cores lack tiles (a tile then keeps
+                # whole rows: long transfers, a reduction in one tile), else the largest
+                m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
+                sizes[m] = max(1, sizes[m] // 2)
+        if band is None or _band(tilable, depth + 1) is None:
+            break
+        depth += 1
     biggest = max(promotions, key=lambda p: p.bytes)
     tensor = next(a.tensor for a in kernel.arrays if a.c_name == biggest.array)
     raise GraphError(Problem(

@@ -29,7 +29,7 @@ import islpy as isl
 from ...errors import GraphError, Problem
 from ...kernel import Kernel
 from ...kernel.comprehension import loads
-from ...machine import Machine
+from ...machine import Machine, MemoryLevel
 from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.model import PolyModel, statement_names
@@ -196,6 +196,47 @@ def _tiles(schedule: isl.Schedule, depth: int) -> int:
     return first.intersect_domain(band.get_domain()).range().as_set().count_val().to_python()
 
 
+def _fit(state: KernelState, depth: int, level: MemoryLevel, options
+         ) -> tuple[KernelState | None, tuple[Kernel, tuple[Promotion, ...], int]]:
+    """The state with the band at `depth` cut in the largest tiles that fit `level`
+    (double-buffered if they can be), or None; and the smallest tile tried (its kernel,
+    promotions and bytes)."""
+    tilable = _tilable(state.schedule, depth)
+    band = _band(tilable, depth)
+    extents = _spans(band) if band is not None else None
+    for double in ((True, False) if options.double_buffer else (False,)):
+        sizes = list(extents) if extents else None
+        while True:
+            node = _tile(tilable, depth, sizes, level.name)
+            schedule = node.get_schedule()
+            kernel = contract_arrays(state.kernel, state.model, schedule)
+            promotions = promotions_at(node, kernel, state.model, level.name,
+                                       str(marks.Tile(level.name)))
+            need = scratch_bytes(promotions, kernel, double, level.alignment)
+            # enough tiles for every core, as long as a tile moves enough data that a
+            # transfer's latency does not dominate it
+            shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule, depth) < options.cores
+            few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
+            if need <= level.capacity and not few:
+                note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'}"
+                        f"{f' inside the outer {depth} band(s)' if depth else ''} "
+                        f"for the cores: {need} of {level.capacity} bytes of "
+                        f"{level.name}{', double-buffered' if double else ''}")
+                if options.double_buffer and not double:
+                    # what did not fit twice: the code must allocate it once, as planned
+                    promotions = tuple(replace(p, slots=1) for p in promotions)
+                fitted = replace(state.with_schedule(schedule), kernel=kernel,
+                                 promotions=promotions).note(note, *map(str, promotions))
+                return fitted, (kernel, promotions, need)
+            if not sizes or max(sizes) == 1:
+                break
+            # the shared loop's first while the cores lack tiles (a tile then keeps whole
+            # rows: long transfers, a reduction in one tile), else the largest member
+            m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
+            sizes[m] = max(1, sizes[m] // 2)
+    return None, (kernel, promotions, need)
+
+
 def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     if state.promotions:  # a contraction planned its own tiles and copies
         return state
@@ -204,46 +245,14 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     state.ctx.set_tile_shift_point_loops(0)
     level = machine.tile_level
     depth = 0
-    while True:
-        # the outermost band's tiles; where one iteration of it is too much, the tiles
-        # of the band below it, in each of its iterations (a block of columns whose
-        # rows a reduction runs down: the rows in tiles, the sums carried from tile to
-        # tile in the scratchpad)
-        tilable = _tilable(state.schedule, depth)
-        band = _band(tilable, depth)
-        extents = _spans(band) if band is not None else None
-        for double in ((True, False) if options.double_buffer else (False,)):
-            sizes = list(extents) if extents else None
-            while True:
-                node = _tile(tilable, depth, sizes, level.name)
-                schedule = node.get_schedule()
-                kernel = contract_arrays(state.kernel, state.model, schedule)
-                promotions = promotions_at(node, kernel, state.model, level.name,
-                                           str(marks.Tile(level.name)))
-                need = scratch_bytes(promotions, kernel, double, level.alignment)
-                # enough tiles for every core, as long as a tile moves enough data that a
-                # transfer's latency does not dominate it
-                shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule, depth) < options.cores
-                few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
-                if need <= level.capacity and not few:
-                    note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'}"
-                            f"{f' inside the outer {depth} band(s)' if depth else ''} "
-                            f"for the cores: {need} of {level.capacity} bytes of "
-                            f"{level.name}{', double-buffered' if double else ''}")
-                    if options.double_buffer and not double:
-                        # what did not fit twice: the code must allocate it once, as planned
-                        promotions = tuple(replace(p, slots=1) for p in promotions)
-                    return replace(state.with_schedule(schedule), kernel=kernel,
-                                   promotions=promotions).note(note, *map(str, promotions))
-                if not sizes or max(sizes) == 1:
-                    break
-                # the shared loop's first while the cores lack tiles (a tile then keeps
-                # whole rows: long transfers, a reduction in one tile), else the largest
-                m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
-                sizes[m] = max(1, sizes[m] // 2)
-        if band is None or _band(tilable, depth + 1) is None:
-            break
+    # the outermost band's tiles; where one iteration of it is too much (a batch of one:
+    # the whole image), the tiles of the band below it, in each of its iterations
+    while (found := _fit(state, depth, level, options))[0] is None and \
+            _band(state.schedule, depth + 1) is not None:
         depth += 1
+    fitted, (kernel, promotions, need) = found
+    if fitted is not None:
+        return fitted
     biggest = max(promotions, key=lambda p: p.bytes)
     tensor = next(a.tensor for a in kernel.arrays if a.c_name == biggest.array)
     raise GraphError(Problem(
@@ -251,4 +260,3 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
         f"smallest tile needs {need} bytes, {biggest.bytes} of them for tensor {tensor!r} "
         f"({'x'.join(map(str, biggest.box))} elements); nothing in the kernel can be split "
         "further", field=f"kernel {kernel.name}"))
-

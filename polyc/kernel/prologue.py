@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 
 from ..graph.storage import STORAGE
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
-                            Mod, Statement, first_sum, identity, loads)
+                            Mod, Outside, Statement, first_sum, identity, loads)
 
 # which statements a producer (its position) folds into; none when it does not fold
 Readers = Callable[[list[Statement], int], list[int]]
@@ -192,7 +192,7 @@ def _substitute_into(s: Statement, prod: Statement) -> Statement:
                      s.origin)
 
 
-def _rename(e: Expr, to: dict[int, Aff]) -> Expr:
+def _rename(e: Expr, to: dict[int, Index]) -> Expr:
     """`e` over the producer's iterators, each replaced by the consumer's index `to[p]`."""
     if isinstance(e, Load):
         return Load(e.tensor, tuple(_index(x, to) for x in e.index), e.dtype)
@@ -212,8 +212,10 @@ def _aff(a: Aff, to: dict[int, Aff]) -> Aff:
     return out
 
 
-def _index(e: Index, to: dict[int, Aff]) -> Index:
+def _index(e: Index, to: dict[int, Index]) -> Index:
     if isinstance(e, Aff):
+        if e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
+            return to[e.terms[0][0]]  # a bare iterator: the reader's index as it is
         return _aff(e, to)
     if isinstance(e, FloorDiv):
         return FloorDiv(_index(e.arg, to), e.d)
@@ -235,9 +237,11 @@ def widening_loads(statements: Iterable[Statement], local: set[str]) -> tuple[st
 RECOMPUTE = CHEAP | {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "reciprocal"}
 
 
-def recomputable(statements: Iterable[Statement], tensor: str) -> bool:
+def recomputable(statements: Iterable[Statement], tensor: str, quasi: bool = False) -> bool:
     """Is `tensor` written by exactly one elementwise statement of at most MAX_CALLS ops
-    (transcendental ones included), and read only at affine indices?"""
+    (transcendental ones included), and read only at affine indices? With `quasi`, also
+    at a reshape's floor and mod where the writer loads by that iterator alone (a
+    transpose: its loads take the reader's index as it is)."""
     statements = list(statements)
     writers = [s for s in statements if s.target == tensor]
     if len(writers) != 1:
@@ -249,8 +253,28 @@ def recomputable(statements: Iterable[Statement], tensor: str) -> bool:
     if _depends_on_first_sum(statements, statements.index(w)) and any(
             _operand_of_product(s, tensor) for s in statements):
         return False  # a second contraction reads its rows in place (`GemmView.then`)
-    return all(all(isinstance(e, Aff) for e in ld.index)
+    bare = _bare_iterators(w) if quasi else set()
+    return all(all(isinstance(e, Aff) or d in bare for d, e in enumerate(ld.index))
                for s in statements for ld, _ in loads(s.expr) if ld.tensor == tensor)
+
+
+def _bare_iterators(w: Statement) -> set[int]:
+    """The iterators `w` uses only alone in its loads' indices (never scaled, shifted or
+    in a guard's bounds): a reader's quasi-affine index may replace them as it is."""
+    bare = set(range(len(w.extents)))
+    for ld, guards in loads(w.expr):
+        for g in guards:
+            for bound in (g.bounds if isinstance(g, Outside) else (g,)):
+                bare -= _iterators(bound.aff)
+        for e in ld.index:
+            if not (isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1
+                    and e.terms[0][1] == 1):
+                bare -= _iterators(e)
+    return bare
+
+
+def _iterators(e: Index) -> set[int]:
+    return {p for p, _ in e.terms} if isinstance(e, Aff) else _iterators(e.arg)
 
 
 def recompute(statements: Iterable[Statement], tensors: Iterable[str],

@@ -77,9 +77,16 @@ def contract_pass(state: KernelState, machine, options) -> KernelState:
 
 
 def recompute_pass(state: KernelState, machine, options) -> KernelState:
+    return recompute_stored(state)
+
+
+def recompute_stored(state: KernelState, quasi: bool = False) -> KernelState:
+    """The state restarted on its kernel with every local stored whole that can be
+    recomputed (`recomputable`, `quasi` passed on) computed again where it is read; the
+    state itself when none can be."""
     kernel = state.kernel
     stored = tuple(a.tensor for a in kernel.arrays if a.role == "local" and a.kept is None
-                   and recomputable(kernel.statements, a.tensor))
+                   and recomputable(kernel.statements, a.tensor, quasi))
     if not stored:
         return state
     lines = tuple(f"{t} is computed again where it is read: no buffer of the loop structure "

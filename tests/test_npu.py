@@ -200,39 +200,3 @@ def test_the_service_compiles_for_the_npu_under_its_own_key(tmp_path):
         assert "polyc_npu_launch" in npu.json()["c_source"]
         bad = c.post("/v1/compile", json={"graph": g, "target": "npu", "options": {"cores": 33}})
         assert bad.status_code == 422 and "cores" in bad.text
-
-
-def test_a_tile_that_fits_once_but_not_twice_is_allocated_once():
-    # as on the many-core chip: one 192 KiB plane fits the UB only single-buffered
-    b = GraphBuilder("total")
-    graph = b.build([b.reduce_sum(b.input("x", [4, 12, 64, 64]), axes=[0, 1, 2, 3], out="s")])
-    compiled, _ = _check(graph, rtol=1e-5)
-    (kernel,) = compiled.kernels
-    assert any("in 1 buffer" in line for line in kernel.fusion_report)
-
-
-def test_a_long_sum_keeps_a_partial_result_per_lane():
-    # as on the many-core chip: 64 partial sums, one per lane of the vector unit
-    b = GraphBuilder("long_sum")
-    graph = b.build([b.reduce_sum(b.input("x", [4096, 4096]), axes=[0, 1], out="s")])
-    inputs = {"x": np.random.default_rng(0).uniform(0, 2, (4096, 4096)).astype(np.float32)}
-    _check(graph, inputs, rtol=1e-6, atol=0)
-
-
-def test_a_batch_of_one_is_tiled_by_the_loops_inside_it():
-    # MindSpore's [1, C, H, W]: the outermost band is the batch of one, whose single
-    # iteration was the smallest tile (2 MiB) and was refused; its channels are tiled now
-    b = GraphBuilder("unit_batch")
-    x, y, z = (b.input(n, [1, 256, 32, 32]) for n in "xyz")
-    compiled, _ = _check(b.build([b.add(b.mul(x, y), b.sub(z, y), out="o")]))
-    assert any("inside the outer 1 band(s)" in line for line in compiled.kernels[0].fusion_report)
-
-
-def test_a_sum_of_squares_is_one_kernel_in_tiles():
-    # the init of a whole sum ran before the loops, so the kernel had no band to tile
-    # and was refused (AKG's LAMB and gradient-norm graphs); it runs at the first row now
-    b = GraphBuilder("sum_sq")
-    x = b.input("x", [1024, 1024])
-    compiled, _ = _check(b.build([b.reduce_sum(b.mul(x, x), axes=[0, 1], keepdims=True,
-                                               out="s")]), rtol=1e-5)
-    assert len(compiled.kernels) == 1

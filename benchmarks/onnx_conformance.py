@@ -1,6 +1,6 @@
 """polyc on the ONNX node tests: the cases the onnx package generates for its backends.
 
-    python benchmarks/onnx_conformance.py [--ops Add,Softmax] [--verbose]
+    python benchmarks/onnx_conformance.py [--ops Add,Softmax] [--verbose] [--target npu]
 
 Every case (those of `onnx.backend.test.case.node.collect_testcases`) whose ops all have an
 importer in polyc and whose tensors all have dtypes the importer maps is imported,
@@ -96,7 +96,7 @@ def _frozen(case, inputs: dict) -> dict:
     return out
 
 
-def run_case(case) -> Verdict:
+def run_case(case, target: str = "cpu") -> Verdict:
     import onnx
 
     import polyc
@@ -112,7 +112,8 @@ def run_case(case) -> Verdict:
         try:
             if compiled is None:
                 frozen = _frozen(case, feeds)
-                compiled = polyc.compile(polyc.import_onnx(case.model, constants=frozen))
+                compiled = polyc.compile(polyc.import_onnx(case.model, constants=frozen),
+                                         target)
             elif any(not np.array_equal(feeds[k], v) for k, v in frozen.items()):
                 return Verdict("refused", "data sets with different shape inputs")
             got = compiled(**{k: v for k, v in feeds.items() if k not in frozen})
@@ -157,11 +158,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="", help="comma-separated ONNX ops (default: all)")
     parser.add_argument("--verbose", action="store_true", help="print every case not matched")
+    parser.add_argument("--target", default="cpu", choices=("cpu", "manycore", "npu"))
     args = parser.parse_args()
     cases = eligible_cases(set(args.ops.split(",")) if args.ops else None)
     results = {}
     for case in cases:
-        results[case.name] = run_case(case)
+        results[case.name] = run_case(case, args.target)
         if args.verbose and results[case.name].kind != "match":
             print(f"{case.name}: {results[case.name].kind}: {results[case.name].detail}",
                   file=sys.stderr, flush=True)

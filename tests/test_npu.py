@@ -200,3 +200,11 @@ def test_the_service_compiles_for_the_npu_under_its_own_key(tmp_path):
         assert "polyc_npu_launch" in npu.json()["c_source"]
         bad = c.post("/v1/compile", json={"graph": g, "target": "npu", "options": {"cores": 33}})
         assert bad.status_code == 422 and "cores" in bad.text
+
+
+def test_a_contraction_that_is_an_output_and_read_by_its_epilogue_is_written():
+    # matmul_1 and neg(matmul_1) both outputs: only the epilogue's rows left the chip, and
+    # matmul_1 itself was never written (found by random graphs with large dims)
+    b = GraphBuilder("both")
+    m = b.matmul(b.input("x", [33, 1000]), b.input("w", [1000, 1]), out="m")
+    _check(b.build([b.neg(m, out="n"), m]), rtol=1e-4, atol=1e-3)

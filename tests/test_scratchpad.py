@@ -72,3 +72,14 @@ def test_a_sum_of_squares_is_one_kernel_in_tiles(target):
     x = b.input("x", [1024, 1024])
     graph = b.build([b.reduce_sum(b.mul(x, x), axes=[0, 1], keepdims=True, out="s")])
     assert len(_check(graph, target, rtol=1e-5).kernels) == 1
+
+
+@pytest.mark.parametrize("target", MACHINES)
+def test_a_matmul_and_a_sibling_reading_its_operand_copy_their_own_boxes(target):
+    # the tile band covers the matmul's rows of A whole and the sibling's column blocks
+    # of it: a buffer as wide as the row, but a column block's copy started mid-row and
+    # ran a whole row's length, past the array's end (the runtime refused it on the npu)
+    b = GraphBuilder("siblings")
+    x = b.input("x", [33, 1000])
+    graph = b.build([b.matmul(x, b.input("w", [1000, 2]), out="m"), b.neg(x, out="n")])
+    _check(graph, target, rtol=1e-3)

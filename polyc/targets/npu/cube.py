@@ -290,7 +290,9 @@ def with_store(kernel: Kernel, view: GemmView) -> Kernel:
     n = len(c.type.shape)
     store = Statement(f"{s0.name}_store", c.type.shape, c.tensor, identity(n),
                       Load(acc.tensor, identity(n), c.type.dtype), c.type.dtype, None, s0.origin)
-    return replace(kernel, statements=tuple(renamed) + (store,),
+    # right after the contraction: an epilogue that reads the output reads the store's
+    at = kernel.statements.index(s0) + 1
+    return replace(kernel, statements=(*renamed[:at], store, *renamed[at:]),
                    arrays=kernel.arrays + (acc,))
 
 
@@ -299,7 +301,9 @@ def cube_pass(state: KernelState, machine: Machine, options) -> KernelState:
     if not options.uses_microkernels(kernel.name) or (dtype := cube_dtype(kernel)) is None:
         return state
     view = gemm_view(kernel)
-    if not view.epilogue:
+    if not view.epilogue or kernel.array(view.stmt.target).role == "out":
+        # an output read by an epilogue too: without the copy, the epilogue's rows in UB
+        # were all that left the chip, and the output itself was never written
         return state.rewritten(with_store(kernel, view),
                                f"{view.stmt.target} is an output: the cube's result leaves "
                                "through the unified buffer, copied by an epilogue statement")

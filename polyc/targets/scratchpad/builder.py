@@ -108,6 +108,21 @@ class LocalPrinter(ExprPrinter):
         return f"{buf}[{' + '.join(reversed(terms)) or '0'}]"
 
 
+def _whole(p: Promotion, d: int, size: int) -> bool:
+    """Does every tile's box of `p` span dimension `d` whole (so that it merges with the
+    dimensions after it into runs)? A buffer as wide as the array is not enough: tiles of
+    two statements may touch a whole row for one and a column block for the other (a
+    matmul's A and an elementwise sibling reading it), each box from its own start."""
+    if p.extents[d] != size:
+        return False
+    lo, hi = p.lo[d], p.footprint.dim_max(d)
+    domain = lo.domain()
+    zero = isl.PwAff.zero_on_domain(isl.LocalSpace.from_space(domain.get_space()))
+    zero = zero.intersect_domain(domain)
+    last = zero.add_constant_val(isl.Val.int_from_si(domain.get_ctx(), size - 1))
+    return lo.eq_set(zero).is_equal(domain) and hi.eq_set(last).is_equal(domain)
+
+
 class ScratchpadBuilder(CBuilder):
     runtime: Runtime
     cost: dict[str, int]  # cycles per element of an op, beyond 1 (`ops`)
@@ -246,7 +261,7 @@ class ScratchpadBuilder(CBuilder):
         shape, box, elem = a.type.shape, p.extents, p.element_bytes
         nd = len(shape)
         k = nd - 1
-        while k > 0 and box[k] == shape[k]:
+        while k > 0 and _whole(p, k, shape[k]):
             k -= 1
         inner = math.prod(shape[k + 1:]) if nd else 1
         run = f"{p.buffer}_n{k} * {inner * elem}" if nd else str(elem)

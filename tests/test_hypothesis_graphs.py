@@ -36,9 +36,9 @@ def _broadcast_partner(draw, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @st.composite
-def recipes(draw):
+def recipes(draw, shapes=shapes):
     """(input shapes, steps); a step names its op, its operand(s) by index into the
-    tensors made so far, and every attribute."""
+    tensors made so far, and every attribute. `shapes` draws the first input's."""
     inputs = [draw(shapes)]
     tensors = list(inputs)  # shapes of every tensor so far, inputs first
     steps = []

@@ -302,6 +302,8 @@ def _reason_kind(reason: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from polyc import targets
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", nargs="?", default=os.environ.get("POLYC_AKG_CORPUS"))
     ap.add_argument("--sample", type=int, help="check N files spread over the corpus")
@@ -309,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--run-limit", type=float, default=3072,
                     help="MiB of tensors above which a graph is compiled only")
-    ap.add_argument("--target", default="cpu", choices=("cpu", "manycore", "npu"))
+    ap.add_argument("--target", default="cpu", choices=targets.names())
     ap.add_argument("--results", type=Path, help="append each file's result here (JSONL); "
                     "files already in it are not checked again")
     ap.add_argument("--report", type=Path, help="print the tables of a results file")

@@ -155,10 +155,12 @@ def table(results: dict[str, Verdict], cases: list) -> str:
 
 
 def main() -> int:
+    from polyc import targets
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="", help="comma-separated ONNX ops (default: all)")
     parser.add_argument("--verbose", action="store_true", help="print every case not matched")
-    parser.add_argument("--target", default="cpu", choices=("cpu", "manycore", "npu"))
+    parser.add_argument("--target", default="cpu", choices=targets.names())
     args = parser.parse_args()
     cases = eligible_cases(set(args.ops.split(",")) if args.ops else None)
     results = {}

@@ -212,10 +212,17 @@ def _aff(a: Aff, to: dict[int, Aff]) -> Aff:
     return out
 
 
+def _bare(e: Index) -> int | None:
+    """The iterator `e` is, alone (not scaled, not shifted), or None."""
+    if isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
+        return e.terms[0][0]
+    return None
+
+
 def _index(e: Index, to: dict[int, Index]) -> Index:
+    if (p := _bare(e)) is not None:
+        return to[p]  # the reader's index as it is (a floor or mod of a reshape too)
     if isinstance(e, Aff):
-        if e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1:
-            return to[e.terms[0][0]]  # a bare iterator: the reader's index as it is
         return _aff(e, to)
     if isinstance(e, FloorDiv):
         return FloorDiv(_index(e.arg, to), e.d)
@@ -267,8 +274,7 @@ def _bare_iterators(w: Statement) -> set[int]:
             for bound in (g.bounds if isinstance(g, Outside) else (g,)):
                 bare -= _iterators(bound.aff)
         for e in ld.index:
-            if not (isinstance(e, Aff) and e.const == 0 and len(e.terms) == 1
-                    and e.terms[0][1] == 1):
+            if _bare(e) is None:
                 bare -= _iterators(e)
     return bare
 

@@ -13,7 +13,10 @@ r + 1 of any, so that a slow spell of minutes falls on one round of several case
 of the machine's FMA peak or read bandwidth, both measured first by two small C programs
 built here with gcc (the peak on the widest vectors the host has). For contractions,
 polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`), in
-the same turns: the chosen one should be the fastest. Each thread count runs in its own
+the same turns: the chosen one should be the fastest. A convolution polyc computes by
+Winograd's F(2x2, 3x3) is timed as the direct convolution too (`winograd=False`: the
+alternative "direct", in both suites); its GFLOP/s, as every column's, count the direct
+convolution's multiply-adds, which is why they can pass the FMA peak. Each thread count runs in its own
 process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before anything
 starts a thread pool).
 PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
@@ -359,6 +362,11 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         # the gemm kernels polyc did not choose, each pinned, timed beside the choice (the
         # main suite only: the ResNet set is about the peers)
         others = {}
+        if "winograd_f2x3" in used:  # the direct convolution it was chosen over
+            direct = compile(graph, options=Options(threads=threads, winograd=False))
+            _check_result(f"{name} direct", direct.program(inputs, out)[graph.outputs[0]], want)
+            others["direct"] = lambda direct=direct, inputs=inputs, out=out: \
+                direct.program(inputs, out)
         if suite == "main":
             fns["numpy"] = lambda np_fn=np_fn, args=args: np_fn(*args)
             for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():

@@ -135,8 +135,10 @@ class KernelResult:
 
     @property
     def microkernels(self) -> list[str]:
-        """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16']."""
-        return list(dict.fromkeys(m.kernel for m in self.marks(mk.Microkernel)))
+        """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16'] (a Winograd
+        convolution's: its transforms', then its products')."""
+        winograd = [name for m in self.marks(mk.Winograd) for name in ("winograd_f2x3", m.kernel)]
+        return list(dict.fromkeys(winograd + [m.kernel for m in self.marks(mk.Microkernel)]))
 
     def provenance(self) -> list[dict]:
         """Per statement: the primitive node it computes (S<j> is the kernel's j-th node),

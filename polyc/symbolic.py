@@ -70,8 +70,9 @@ def compile_symbolic(loaded: Graph, backend, machine, options, trace, *, compile
                                  f"(symbols {', '.join(loaded.symbols)}): give the inputs "
                                  "static shapes for it", field="target"))
     # the row tail's own contraction fused at a probe's lengths would leave the whole
-    # kernel to the portable loops when the tail's rows cannot be blocked for every length
-    options = replace(options, tail_contraction=False)
+    # kernel to the portable loops when the tail's rows cannot be blocked for every length;
+    # so would a Winograd convolution, whose blocks of tile rows follow every size
+    options = replace(options, tail_contraction=False, winograd=False)
     probes = _ProbeRuns(loaded, backend, machine, trace, compile_graph, quiet_trace)
     (top, _), *lower = size_regimes(_free_ranges(loaded)[0])
     first, options = _first_version(probes, top, options, "_v0" if lower else "")

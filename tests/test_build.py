@@ -126,22 +126,26 @@ def test_the_examples_build_without_a_warning(tmp_path, monkeypatch, werror_cach
     compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
 
 
-@pytest.mark.parametrize("x,w", [((2, 100, 20, 20), (90, 100, 1, 1)),
-                                 ((5, 128, 28, 28), (32, 128, 3, 3))],
-                         ids=["1x1-packed-whole", "3x3-image-by-image"])
+@pytest.mark.parametrize("x,w,winograd,packed", [
+    ((2, 100, 20, 20), (90, 100, 1, 1), True, "mk_paw"),
+    ((5, 128, 28, 28), (32, 128, 3, 3), False, "mk_paw"),
+    ((5, 128, 28, 28), (32, 128, 3, 3), True, "mk_const_S0_u")],
+    ids=["1x1-packed-whole", "3x3-image-by-image", "3x3-winograd"])
 def test_a_convolution_of_constant_weights_builds_without_a_warning(tmp_path, monkeypatch,
-                                                                    werror_cache, x, w):
+                                                                    werror_cache, x, w,
+                                                                    winograd, packed):
     """Weights that are constants of the graph (an exported model's) are packed once,
-    whole (`pack_const`): the tiles' blocks of them declare no extent nothing reads. Nor
-    does the padded copy of an input read in place one image at a time (`BRows.slices`)
-    name the batch index it does not need."""
+    whole (`pack_const`), or transformed once (Winograd's): the tiles' blocks of them
+    declare no extent nothing reads. Nor does the padded copy of an input read in place
+    one image at a time (`BRows.slices`) name the batch index it does not need, nor
+    Winograd's output rows an index nothing reads."""
     monkeypatch.setenv("POLYC_CACHE_DIR", str(werror_cache))
     rng = np.random.default_rng(0)
     b = GraphBuilder("conv_bias_relu")
     weights = b.constant("w", w, rng.uniform(-1, 1, w).astype(np.float32).ravel().tolist())
     y = b.conv2d(b.input("x", x), weights, b.input("b", (w[0],)), pads=[w[2] // 2] * 4)
-    compiled = compile(b.build([b.relu(y)]), build=False)
-    assert "mk_paw" in compiled.c_source  # packed whole
+    compiled = compile(b.build([b.relu(y)]), options={"winograd": winograd}, build=False)
+    assert packed in compiled.c_source  # packed or transformed whole, once
     base = _toolchain()
     compile_c(compiled.c_source, _toolchain(flags=(*base.flags, "-Werror")), tmp_path / "unit.so")
 

@@ -135,6 +135,13 @@ REGISTRY: tuple[Microkernel, ...] = (
          "float polyc_row_max_f32(const float *restrict x, long n)"),
     _row("row_maxsumexp", "row_maxsumexp_f32.c",
          "writes max and sum(exp(x - max)) through two pointers"),
+    # a 3x3 convolution's Winograd transforms (targets/cpu/winograd.py): the products
+    # between them run on a gemm kernel, its A and B the transforms' output
+    Microkernel("winograd_f2x3", "winograd", "float32", "winograd_f2x3.c", (),
+                layouts=(("w", "row-major O x C x 3 x 3"), ("x", "row-major N x C x H x W"),
+                         ("U", "16 gemm A operands, column panels of the gemm kernel's mr"),
+                         ("V", "16 gemm B operands, row panels of its nr")),
+                writes="U, V and two output rows a channel (see the file)"),
     Microkernel("mc_sgemm_64x64x32", "gemm", "float32", "mc_sgemm_64x64x32.c", ("sw_cpe",),
                 64, 64, 64, (("A", "row-major 64 x 32 in LDM, lda floats a row, zero padded"),
                              ("B", "row-major 32 x 64 in LDM, ldb floats a row, zero padded"),

@@ -57,8 +57,12 @@ class CpuBackend(Backend):
         # a symbolic kernel's symbols are isl parameters: the AST knows their ranges
         build = isl.AstBuild.from_context(state.model.domain.params())
         builder = CpuBuilder(state.kernel, state.promotions)
-        ast = build.node_from_schedule(without_tile_statements(state.schedule, state.kernel,
-                                                               gemms))
+        schedule = without_tile_statements(state.schedule, state.kernel, gemms)
+        for plan in state.marks(marks.Winograd):
+            # the emitter computes every statement below its mark in blocks: isl builds
+            # one point of the contraction there, for the mark's place
+            schedule = schedule.intersect_domain(first_point(state.kernel, plan.stmt, schedule))
+        ast = build.node_from_schedule(schedule)
         return str(builder.function(ast)), buffer_report(builder)
 
     def prelude(self, machine):
@@ -102,6 +106,12 @@ def without_tile_statements(schedule: isl.Schedule, kernel, gemms: list[marks.Ge
         if s.get_tuple_name() not in dropped:
             keep = keep.union(isl.UnionSet.from_set(s))
     return _tile_points(schedule.intersect_domain(keep), views)
+
+
+def first_point(kernel, stmt: str, schedule: isl.Schedule) -> isl.UnionSet:
+    s = next(s for s in kernel.statements if s.name == stmt)
+    return isl.UnionSet.read_from_str(schedule.get_ctx(),
+                                      f"{{ {stmt}[{', '.join(['0'] * len(s.extents))}] }}")
 
 
 def _tile_points(schedule: isl.Schedule, views: dict) -> isl.Schedule:

@@ -163,7 +163,7 @@ def mark_cpu_loops(schedule: isl.Schedule, kernel: Kernel, model: PolyModel, mac
         return node
 
     def visit(node: isl.ScheduleNode, in_band: bool) -> isl.ScheduleNode:
-        if _below_mark(node, marks.Gemm):
+        if _below_mark(node, marks.Gemm, marks.Winograd):
             in_band = True  # a gemm's nest has its own threads (`Gemm.par`)
         if node.get_type() == _BAND and _runs_once(node):
             # a loop of one iteration (a dim of size 1) is dropped by the AST build, and

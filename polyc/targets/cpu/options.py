@@ -31,6 +31,9 @@ class CpuOptions(Options):
     # columns would be a block that grows with it), and B read in place is copied image
     # by image (`BRows.slices`), not as a copy of all images, which would grow with it
     fold_batch: bool = True
+    # 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) where it pays
+    # (`winograd.py`); False: the direct convolution
+    winograd: bool = True
 
     def named_kernels(self) -> list[tuple[str, str]]:
         return super().named_kernels() + [(f"kernel_gemm.{k}", name)

@@ -261,21 +261,10 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
     (`registry.choose`, `streaming` as in `streams_b`); within `options.microkernel_isa`
     when it names one."""
     isa = options.microkernel_isa
-    allowed = [m for m in registry.REGISTRY if m.kind == "gemm"
-               and set(m.features) <= machine.features
-               and (not isa or m.name in registry.ISAS[isa])]
-    mine = [k for k, (name, _) in enumerate(options.kernel_gemm) if name == kernel.name]
-    field = f"kernel_gemm.{mine[0]}" if mine else "gemm_kernel"
-    asked = options.kernel_gemm[mine[0]][1] if mine else options.gemm_kernel
-    if asked:
-        mk = registry.by_name(asked)
-        if mk not in allowed:
-            raise GraphError(Problem(
-                f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
-                f"{machine.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
-                f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
-                field=f"options.{field}"))
-        return mk, f"asked for by options.{field.split('.')[0]}"
+    allowed = allowed_gemm_kernels(machine, isa)
+    asked = asked_gemm_kernel(kernel, machine, options)
+    if asked is not None:
+        return asked
     tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
     name = tuned.get("microkernel")
     if name and any(m.name == name for m in allowed):
@@ -311,6 +300,32 @@ def choose_gemm_kernel(view: GemmView, kernel: Kernel, machine: Machine, options
                                rates=measured(machine, streaming=True), windows=True)
     return registry.choose("gemm", "float32", machine, isa, shape=tile_shape(view, kernel),
                            rates=measured(machine, streaming), streaming=streaming)
+
+
+def allowed_gemm_kernels(machine: Machine, isa: str) -> list[registry.Microkernel]:
+    return [m for m in registry.REGISTRY if m.kind == "gemm" and set(m.features) <= machine.features
+            and (not isa or m.name in registry.ISAS[isa])]
+
+
+def asked_gemm_kernel(kernel: Kernel, machine: Machine, options
+                      ) -> tuple[registry.Microkernel, str] | None:
+    """The gemm kernel `options.kernel_gemm` names for this kernel, else the one
+    `options.gemm_kernel` names, and why; None when neither names one. A kernel the
+    target cannot run (or outside `options.microkernel_isa`) is the user's error."""
+    isa = options.microkernel_isa
+    mine = [k for k, (name, _) in enumerate(options.kernel_gemm) if name == kernel.name]
+    field = f"kernel_gemm.{mine[0]}" if mine else "gemm_kernel"
+    asked = options.kernel_gemm[mine[0]][1] if mine else options.gemm_kernel
+    if not asked:
+        return None
+    mk, allowed = registry.by_name(asked), allowed_gemm_kernels(machine, isa)
+    if mk not in allowed:
+        raise GraphError(Problem(
+            f"{asked} needs {', '.join(mk.features) or 'nothing'}; the target (-march="
+            f"{machine.arch}{f', microkernel_isa {isa}' if isa else ''}) offers "
+            f"{', '.join(m.name for m in allowed) or 'no gemm kernel'}",
+            field=f"options.{field}"))
+    return mk, f"asked for by options.{field.split('.')[0]}"
 
 
 def tile_shape(view: GemmView, kernel: Kernel) -> tuple[int, int]:

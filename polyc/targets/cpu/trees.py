@@ -76,6 +76,7 @@ from ...schedule_tree.promotion import Promotion, find, promote
 from ...schedule_tree.state import KernelState, Pass
 from .plan import (choose_gemm_kernel, cpu_gemm_view, gemm_microkernel, plan_gemm, plan_rows,
                    plan_view, streams_b, window_kernel)
+from .winograd import plan_winograd, winograd_schedule
 
 # shorter rows reduce as fast in the compiler's own vectorised loop
 MIN_ROW = 128
@@ -95,6 +96,18 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     """
     if not options.uses_microkernels(kernel.name):
         return model
+    winograd = plan_winograd(kernel, machine, options)
+    if winograd is not None:
+        conv, plan, why = winograd
+        if report is not None:
+            report.append(
+                f"{conv.view.stmt.name} ({conv.N}x{conv.C}x{conv.H}x{conv.W} to {conv.O}, 3x3, "
+                f"stride 1) by Winograd's F(2x2, 3x3): {conv.gain:.2f}x fewer multiply-adds "
+                f"than direct, as 16 products of {conv.O}x{conv.C} @ {conv.C}x(tiles) in blocks "
+                f"of {plan.rows} tile rows on {plan.kernel} ({why}); weights transformed "
+                f"{'once' if plan.weights == 'const' else 'on every call'}; "
+                "options.winograd=False for the direct convolution")
+        return model.with_schedule(winograd_schedule(model, conv, plan))
     window = window_kernel(kernel, machine, options)
     view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction, window)
     streaming = view is not None and streams_b(view, kernel, machine)

@@ -6,8 +6,8 @@ import re
 
 import cgen
 
-from ....codegen.ast_to_c import mentions
-from ....codegen.cexpr import C_TYPE, ExprPrinter
+from ....codegen.ast_to_c import if_, mentions
+from ....codegen.cexpr import C_TYPE, ExprPrinter, c_size
 from ....kernel.comprehension import Expr, Index, Load, Statement
 
 # K rows packed per pass of the run packer (pack.py's _run_nest)
@@ -83,6 +83,25 @@ def virtual(names: list[str], weights: tuple[int, ...], flat: str) -> list[cgen.
         outer = w
     return out
 
+
+
+def kept(held: str, whole: str, size: int, fill: list[cgen.Generable]) -> list[cgen.Generable]:
+    """`float *whole`: `size` bytes that `fill` writes on the kernel's first call, into a
+    buffer the loaded object keeps (`static held`): a constant operand's panels. Two
+    threads calling first may both fill one; one buffer is published, the other freed."""
+    return [
+        cgen.Statement(f"static float *{held}"),
+        cgen.Statement(f"float *restrict {whole} = __atomic_load_n(&{held}, __ATOMIC_ACQUIRE)"),
+        if_(f"!{whole}", cgen.Block([
+            cgen.Block([
+                cgen.Statement(f"float *restrict {whole} = aligned_alloc(64, {c_size(size)})"),
+                if_(f"!{whole}", cgen.Statement("abort()")),  # no error channel in the ABI
+                *fill,
+                cgen.Statement("float *mk_none = 0"),
+                if_(f"!__atomic_compare_exchange_n(&{held}, &mk_none, {whole}, 0, "
+                    "__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)",
+                    cgen.Statement(f"free({whole})"))]),
+            cgen.Assign(whole, f"__atomic_load_n(&{held}, __ATOMIC_ACQUIRE)")]))]
 
 
 def up(n: int, unit: int) -> int:

@@ -41,10 +41,12 @@ from .brows import BRowsMixin
 from .common import up
 from .pack import PackMixin
 from .then import ThenMixin
+from .winograd import WinogradMixin
 from .writeback import WriteBackMixin
 
 _T = isl.ast_node_type
-_KINDS = (marks.Gemm, marks.BRows, marks.PackB, marks.PackA, marks.TeamFor, marks.Microkernel)
+_KINDS = (marks.Gemm, marks.BRows, marks.PackB, marks.PackA, marks.TeamFor, marks.Microkernel,
+          marks.Winograd)
 
 
 def handles(mark: marks.Mark) -> bool:
@@ -60,7 +62,7 @@ def _rectangular_pair(n: isl.AstNode) -> bool:
     return not any(mentions(e.to_C_str(), it) for e in (inner.for_get_init(), inner.for_get_cond()))
 
 
-class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
+class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin, WinogradMixin):
     def __init__(self, builder):
         self.b = builder  # the CpuBuilder: node(), loops, arrays, kernel
         self.used: list[registry.Microkernel] = []
@@ -74,6 +76,8 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin):
     def emit(self, mark: marks.Mark, child: isl.AstNode, outer: tuple) -> cgen.Generable:
         if isinstance(mark, marks.Gemm):
             return self.gemm(mark, child, outer)
+        if isinstance(mark, marks.Winograd):
+            return self.winograd(mark, child, outer)
         if isinstance(mark, marks.Microkernel) and mark.kernel.startswith("row_"):
             return self.row(mark, child, outer)
         if self.plan is None:  # a mark outside its gemm: plain loops

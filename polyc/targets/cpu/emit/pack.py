@@ -12,7 +12,7 @@ from ....codegen.cexpr import ExprPrinter, c_size
 from ....kernel.comprehension import Aff, Const, Expr, Guarded, Load
 from ....microkernels.analysis import (flat_along, iterators, k_col_stride, k_row_stride,
                                         loads_of)
-from .common import ROWS, decompose, read_only, up
+from .common import ROWS, decompose, kept, read_only, up
 
 # panels packed side by side, K row by K row (`_panel_rows`): eight write streams (32,
 # a 512-column block's, were slower on Zen 3)
@@ -97,22 +97,10 @@ class PackMixin:
         expr = self.view.a_expr if side == "a" else self.view.b_expr
         arr = self.b.arrays[expr.tensor]
         size = -(-self.b.promotion(f"mk_p{side}").bytes // 64) * 64
-        held, whole = f"mk_const_{self.view.stmt.name}_{side}", f"mk_p{side}w"
-        return [
-            cgen.Comment(f"{side.upper()}: the constant {arr.c_name} (data sha256 "
-                         f"{arr.constant}), packed on the first call"),
-            cgen.Statement(f"static float *{held}"),
-            cgen.Statement(f"float *restrict {whole} = __atomic_load_n(&{held}, __ATOMIC_ACQUIRE)"),
-            if_(f"!{whole}", cgen.Block([
-                cgen.Block([
-                    cgen.Statement(f"float *restrict {whole} = aligned_alloc(64, {c_size(size)})"),
-                    if_(f"!{whole}", cgen.Statement("abort()")),  # no error channel in the ABI
-                    self._whole(side),
-                    cgen.Statement("float *mk_none = 0"),
-                    if_(f"!__atomic_compare_exchange_n(&{held}, &mk_none, {whole}, 0, "
-                        "__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)",
-                        cgen.Statement(f"free({whole})"))]),
-                cgen.Assign(whole, f"__atomic_load_n(&{held}, __ATOMIC_ACQUIRE)")]))]
+        return [cgen.Comment(f"{side.upper()}: the constant {arr.c_name} (data sha256 "
+                             f"{arr.constant}), packed on the first call"),
+                *kept(f"mk_const_{self.view.stmt.name}_{side}", f"mk_p{side}w", size,
+                      [self._whole(side)])]
 
     def _whole(self, side: str) -> cgen.Generable:
         """All of an operand into mk_paw (A) or mk_pbw (B), block by block where each

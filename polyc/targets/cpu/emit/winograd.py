@@ -1,0 +1,134 @@
+"""Codegen of the `winograd` mark (`targets/cpu/winograd.py`): a 3x3 convolution's blocks.
+
+For each block of tile rows: its patches transformed into the 16 products' B panels
+(`polyc_winograd_f2x3_input`), the 16 products on the gemm kernel over the weights'
+transformed A panels (made once where the weights are a constant), then for each output
+channel the products transformed back into two output rows a tile row
+(`polyc_winograd_f2x3_output`), read by the init and the epilogue, which store the outputs:
+
+    U = transformed weights (kept, or per call)
+    for blocks of the plan's tile rows        (par=blocks: each thread its own)
+      V = input transform of the block        (par=team: the channels shared)
+      M[e] = U[e] V[e], e < 16                (par=team: the products' panels shared)
+      for each output channel o               (par=team: shared)
+        Y = output transform of M's row o
+        for each tile row, its two output rows: y = Y + init, epilogue, stores
+
+The statements below the mark are not built (`targets/cpu/first_point`): this is all of
+the kernel.
+"""
+from __future__ import annotations
+
+import cgen
+
+from ....codegen.ast_to_c import if_
+from ....codegen.cexpr import c_size
+from ....microkernels import registry
+from ....schedule_tree import marks
+from ..winograd import WINOGRAD, conv_of
+from .common import Scalars, in_scalars, kept, up
+
+# extra floats between two of the 16 operands: their rows a multiple of 4 KiB apart had
+# the transform's 16 write streams share a few of L1's sets (the input transform 3.2x
+# its time on 8x128x28x28, Zen 5)
+APART = 16
+NAMES = ("mk_n", "mk_o", "mk_y", "mk_x")  # the output's dims in the epilogue
+
+
+class WinogradMixin:
+    def winograd(self, plan: marks.Winograd, child, outer) -> cgen.Generable:
+        conv = conv_of(self.b.kernel)
+        mk = registry.by_name(plan.kernel)
+        if conv is None or conv.view.stmt.name != plan.stmt:
+            return self.b.node(child, outer)  # not the kernel the plan was made for
+        for m in (WINOGRAD, mk):
+            if m not in self.used:
+                self.used.append(m)
+        rows, c, o = plan.rows, conv.C, conv.O
+        op, cols = up(o, mk.mr), up(rows * conv.row_tiles, mk.nr)
+        es, em = c * cols + APART, op * cols + APART
+        team = plan.par == "team"
+        body: list[cgen.Generable] = [cgen.Comment(
+            f"Winograd F(2x2, 3x3): {conv.view.stmt.name} as 16 products of {o}x{c} @ "
+            f"{c}x{cols} on {mk.name}, blocks of {rows} tile rows, par={plan.par}")]
+        body += self._weights(plan, conv, mk, op)
+        buffers = [cgen.Statement(f"float *restrict mk_V = polyc_scratch(0, {c_size(64 * es)})"),
+                   cgen.Statement(f"float *restrict mk_M = polyc_scratch(2, {c_size(64 * em)})")]
+        own = [cgen.Statement(f"float *restrict mk_S = polyc_scratch(3, "
+                              f"{c_size(16 * (2 * cols + 2))})"),
+               cgen.Statement(f"float *restrict mk_Y = polyc_scratch(4, {c_size(16 * cols)})")]
+        block = self._block(conv, mk, rows, op, cols, es, em, team)
+        loop = cgen.For("long mk_r0 = 0", f"mk_r0 < {conv.tile_rows}", f"mk_r0 += {rows}",
+                        cgen.Block(block))
+        threads = f" num_threads({plan.threads})" if plan.threads else ""
+        if plan.par == "blocks":
+            body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block(
+                buffers + own + [cgen.Pragma("omp for schedule(dynamic, 1)"), loop])]
+        elif team:  # the block's buffers the team's, shared
+            body += buffers + [cgen.Pragma(f"omp parallel{threads}"), cgen.Block(own + [loop])]
+        else:
+            body += buffers + own + [loop]
+        return cgen.Block(body)
+
+    def _weights(self, plan: marks.Winograd, conv, mk: registry.Microkernel,
+                 op: int) -> list[cgen.Generable]:
+        """mk_U: the weights as the 16 products' A panels."""
+        w = self.b.arrays[conv.w]
+        size = 4 * 16 * op * conv.C
+        fill = [cgen.Statement(f"polyc_winograd_f2x3_weights({w.c_name}, {conv.O}, {conv.C}, "
+                               f"{mk.mr}, mk_U)")]
+        if plan.weights == "const":
+            return [cgen.Comment(f"the constant {w.c_name} (data sha256 {w.constant}), "
+                                 "transformed on the first call"),
+                    *kept(f"mk_const_{conv.view.stmt.name}_u", "mk_U", size, fill)]
+        return [cgen.Statement(f"float *restrict mk_U = polyc_scratch(1, {c_size(size)})"), *fill]
+
+    def _block(self, conv, mk: registry.Microkernel, rows: int, op: int, cols: int, es: int,
+               em: int, team: bool) -> list[cgen.Generable]:
+        """One block of tile rows, from mk_r0: its transforms, products and outputs."""
+        x = self.b.arrays[conv.x].c_name
+        shared = [cgen.Pragma("omp for schedule(static)")] if team else []
+        channels = (f"mk_c, mk_c + 1" if team else f"0, {conv.C}")
+        transform = cgen.Statement(
+            f"polyc_winograd_f2x3_input({x}, {conv.C}, {conv.H}, {conv.W}, {conv.pad_top}, "
+            f"{conv.pad_left}, {-(-conv.OH // 2)}, {-(-conv.OW // 2)}, mk_r0, mk_r1, {channels}, "
+            f"{mk.nr}, mk_cols, {es}, mk_V, mk_S)")
+        if team:
+            transform = cgen.For("long mk_c = 0", f"mk_c < {conv.C}", "mk_c++", transform)
+        products = cgen.For(
+            "long mk_e = 0", "mk_e < 16", "mk_e++", cgen.For(
+                "long mk_j = 0", "mk_j < mk_cols", f"mk_j += {mk.nr}", cgen.For(
+                    "long mk_i = 0", f"mk_i < {op}", f"mk_i += {mk.mr}", cgen.Statement(
+                        f"{mk.c_function}({conv.C}, mk_U + (mk_e * {op} + mk_i) * {conv.C}, "
+                        f"mk_V + mk_e * {es} + mk_j * {conv.C}, "
+                        f"mk_M + mk_e * {em} + mk_i * {cols} + mk_j, {cols}, 0)"))))
+        outputs = cgen.For("long mk_o = 0", f"mk_o < {conv.O}", "mk_o++", cgen.Block([
+            cgen.Statement(f"polyc_winograd_f2x3_output(mk_M + mk_o * {cols}, {em}, mk_cols, mk_Y)"),
+            self._rows(conv)]))
+        return [cgen.Statement(f"const long mk_r1 = min(mk_r0 + {rows}, {conv.tile_rows})"),
+                cgen.Statement(f"const long mk_cols = ((mk_r1 - mk_r0) * {conv.row_tiles} + "
+                               f"{mk.nr - 1}) / {mk.nr} * {mk.nr}"),
+                *shared, transform,
+                *([cgen.Pragma("omp for collapse(2) schedule(static)")] if team else []), products,
+                *shared, outputs]
+
+    def _rows(self, conv) -> cgen.Generable:
+        """Output channel mk_o's rows of the block's tile rows, from mk_Y: init, epilogue
+        and the stores of what leaves the kernel."""
+        view = conv.view
+        ty = -(-conv.OH // 2)
+        p = Scalars(self.b.arrays, lambda pos: NAMES[pos], {})
+        value = f"mk_src[mk_x] + {p.value(view.init.expr)}"
+        points = in_scalars(p, view.stmt.target, view.init.index, "mk_v", view.epilogue,
+                            lambda k: f"mk_e{k}", lambda t: self.b.arrays[t].role == "out")
+        row = [cgen.Statement(f"const long mk_y = 2 * mk_ty + mk_h"),
+               cgen.Statement(f"const float *restrict mk_src = mk_Y + mk_h * 2 * mk_cols + "
+                              f"(mk_r - mk_r0) * {2 * conv.row_tiles}"),
+               cgen.Pragma("omp simd"),
+               cgen.For("long mk_x = 0", f"mk_x < {conv.OW}", "mk_x++", cgen.Block([
+                   cgen.Statement(f"const float mk_v = {value}"), *points]))]
+        if conv.OH % 2:  # the last tile row's second output row is past the output
+            row.insert(1, if_(f"mk_y >= {conv.OH}", cgen.Statement("break")))
+        return cgen.For("long mk_r = mk_r0", "mk_r < mk_r1", "mk_r++", cgen.Block([
+            cgen.Statement(f"const long mk_n = mk_r / {ty}, mk_ty = mk_r % {ty}"),
+            cgen.For("long mk_h = 0", "mk_h < 2", "mk_h++", cgen.Block(row))]))

@@ -3,6 +3,7 @@ results against the reference executor, the plan in the tree and the report, and
 convolutions it leaves to the direct path."""
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -12,9 +13,10 @@ from polyc import GraphBuilder
 from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.schedule_tree import marks
-from polyc.targets.cpu.winograd import blocking, conv_of
 from polyc.microkernels import registry
+from polyc.targets.cpu.winograd import blocking, conv_of
 
+from test_build import _toolchain
 from test_microkernels import _isa
 
 
@@ -118,3 +120,16 @@ def test_blocks_are_whole_panels_where_the_tile_rows_allow():
     conv = conv_of(kernel.kernel)
     assert (conv.tile_rows, conv.row_tiles) == (112, 15)
     assert blocking(conv, registry.by_name("sgemm_avx512_8x48")) == (32, 112 * 15)
+
+
+def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
+    """The kernels.c a user downloads (`polyc compile`): the transforms pasted, not
+    linked (they are a prebuilt part otherwise), with -Werror."""
+    graph, _ = _conv((1, 32, 16, 16), 32, const=False)
+    compiled = compile(graph, build=False)
+    assert "polyc_winograd_f2x3_input(" in compiled.c_source
+    c_file = tmp_path / "kernels.c"
+    c_file.write_text(compiled.c_source)
+    command = _toolchain().command(c_file, tmp_path / "unit.so")
+    proc = subprocess.run([command[0], "-Werror", *command[1:]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

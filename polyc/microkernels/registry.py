@@ -43,8 +43,9 @@ class Microkernel:
     # gemm: C function reading A in place, row r at A + r * lda, on a tile's first rows x cols
     a_rows_variant: str = ""
     target: str = "cpu"  # the target whose code calls it
-    # a row kernel built once as a prebuilt part: its entry's C prototype (one that
-    # calls the codegen prelude's functions, polyc_expf, is pasted into each unit)
+    # a kernel built once as a prebuilt part (a row kernel, Winograd's transforms): its
+    # entries' C prototypes, ';'-separated (one that calls the codegen prelude's
+    # functions, polyc_expf, is pasted into each unit)
     entry: str = ""
     # gemm: made for a convolution's window read in place (B broadcast, C's rows made by
     # a transpose in registers): `choose` never picks it, the cpu plan does for such a B
@@ -141,7 +142,15 @@ REGISTRY: tuple[Microkernel, ...] = (
                 layouts=(("w", "row-major O x C x 3 x 3"), ("x", "row-major N x C x H x W"),
                          ("U", "16 gemm A operands, column panels of the gemm kernel's mr"),
                          ("V", "16 gemm B operands, row panels of its nr")),
-                writes="U, V and two output rows a channel (see the file)"),
+                writes="U, V and two output rows a channel (see the file)",
+                entry="void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, "
+                      "long mr, float *restrict U); "
+                      "void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, "
+                      "long W, long pt, long pl, long TY, long TX, long r0, long r1, long c0, "
+                      "long c1, long nr, long cols, long es, float *restrict V, "
+                      "float *restrict strip); "
+                      "void polyc_winograd_f2x3_output(const float *restrict m, long es, "
+                      "long cols, float *restrict y)"),
     Microkernel("mc_sgemm_64x64x32", "gemm", "float32", "mc_sgemm_64x64x32.c", ("sw_cpe",),
                 64, 64, 64, (("A", "row-major 64 x 32 in LDM, lda floats a row, zero padded"),
                              ("B", "row-major 32 x 64 in LDM, ldb floats a row, zero padded"),
@@ -267,13 +276,14 @@ _SUPPORT_PROTOTYPES = (
 def prebuilt(m: Microkernel) -> bool:
     """A cpu gemm kernel is compiled once per toolchain and linked (codegen/build.py):
     its row-count instantiations cost more gcc time than most kernels that call it. So
-    is a row kernel with an `entry`: pasted, row_max was a fifth of a softmax's gcc time."""
+    is a kernel with an `entry`: pasted, row_max was a fifth of a softmax's gcc time, and
+    Winograd's transforms half a convolution's."""
     return m.target == "cpu" and (m.kind == "gemm" or bool(m.entry))
 
 
 def prototypes(m: Microkernel) -> str:
     if m.entry:
-        return f"{_HIDDEN} {m.entry};"
+        return "\n".join(f"{_HIDDEN} {e.strip()};" for e in m.entry.split(";"))
     lines = [f"{_HIDDEN} void {m.c_function}({_ENTRY_ARGS}{_C_ARGS});"]
     if m.rows_variant:
         lines.append(f"{_HIDDEN} void {m.rows_variant}({_ENTRY_ARGS}{_C_ARGS}, long rows, "
@@ -318,7 +328,7 @@ def part_source(m: Microkernel) -> str:
     """The C of the prebuilt part of `m`: the kernel with visible (hidden) entry points,
     followed by the prototypes units see, so gcc checks those against the definitions."""
     return (f"#define POLYC_MK_ENTRY __attribute__((noinline)) {_HIDDEN}\n"
-            f"#define POLYC_ROW_ENTRY {_HIDDEN}\n" + c_source([m]) + "\n" + prototypes(m) + "\n")
+            f"#define POLYC_PART_ENTRY {_HIDDEN}\n" + c_source([m]) + "\n" + prototypes(m) + "\n")
 
 
 def support_part_source() -> str:

@@ -13,8 +13,8 @@
 #include <string.h>
 /* the entry point: private to the unit it is pasted into, unless the kernel is built
    once as a prebuilt part (registry.py: part_source), which defines this as hidden */
-#ifndef POLYC_ROW_ENTRY
-#define POLYC_ROW_ENTRY static
+#ifndef POLYC_PART_ENTRY
+#define POLYC_PART_ENTRY static
 #endif
 
 typedef float polyc_rm_v8f __attribute__((vector_size(32)));
@@ -31,7 +31,7 @@ typedef int32_t polyc_rm_v8i __attribute__((vector_size(32)));
                                 (polyc_rm_v8f)(((polyc_rm_v8i)v_ & t_) | ((polyc_rm_v8i)a_ & ~t_)); })
 #endif
 
-POLYC_ROW_ENTRY float polyc_row_max_f32(const float *restrict x, long n)
+POLYC_PART_ENTRY float polyc_row_max_f32(const float *restrict x, long n)
 {
   const polyc_rm_v8f lo = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};

@@ -12,13 +12,13 @@
 #include <string.h>
 /* the entry point: private to the unit it is pasted into, unless the kernel is built
    once as a prebuilt part (registry.py: part_source), which defines this as hidden */
-#ifndef POLYC_ROW_ENTRY
-#define POLYC_ROW_ENTRY static
+#ifndef POLYC_PART_ENTRY
+#define POLYC_PART_ENTRY static
 #endif
 
 typedef float polyc_rs_v8f __attribute__((vector_size(32)));
 
-POLYC_ROW_ENTRY float polyc_row_sum_f32(const float *restrict x, long n)
+POLYC_PART_ENTRY float polyc_row_sum_f32(const float *restrict x, long n)
 {
   polyc_rs_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
   long k = 0;

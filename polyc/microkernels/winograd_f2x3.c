@@ -34,11 +34,13 @@
  */
 #ifndef POLYC_WINO_F2X3
 #define POLYC_WINO_F2X3
-#ifndef POLYC_WINO_ENTRY
-#define POLYC_WINO_ENTRY __attribute__((unused)) static
+/* the entry points: private to the unit they are pasted into, unless built once as a
+   prebuilt part (registry.py: part_source), which defines this as hidden */
+#ifndef POLYC_PART_ENTRY
+#define POLYC_PART_ENTRY static
 #endif
 
-POLYC_WINO_ENTRY void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, long mr,
+POLYC_PART_ENTRY void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, long mr,
                                               float *restrict U)
 {
   const long OP = (O + mr - 1) / mr * mr;
@@ -66,7 +68,7 @@ POLYC_WINO_ENTRY void polyc_winograd_f2x3_weights(const float *restrict w, long 
     }
 }
 
-POLYC_WINO_ENTRY void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, long W,
+POLYC_PART_ENTRY void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, long W,
                                             long pt, long pl, long TY, long TX, long r0, long r1,
                                             long c0, long c1, long nr, long cols, long es,
                                             float *restrict V, float *restrict strip)
@@ -122,7 +124,7 @@ POLYC_WINO_ENTRY void polyc_winograd_f2x3_input(const float *restrict x, long C,
   }
 }
 
-POLYC_WINO_ENTRY void polyc_winograd_f2x3_output(const float *restrict m, long es, long cols,
+POLYC_PART_ENTRY void polyc_winograd_f2x3_output(const float *restrict m, long es, long cols,
                                              float *restrict y)
 {
   float *restrict y1 = y + 2 * cols;

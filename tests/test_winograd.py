@@ -75,7 +75,7 @@ def test_winograd_matches_the_reference(xs, o, pads, const, epilogue, threads):
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
 def test_winograd_runs_its_products_on_each_isa_s_kernels(isa):
-    graph, inputs = _conv((2, 32, 14, 14), 48)
+    graph, inputs = _conv((4, 32, 28, 28), 48)
     compiled = _check(graph, inputs, replace(_isa(isa), threads=2))
     [plan] = _plans(compiled)
     assert plan.kernel in registry.ISAS[isa]
@@ -83,13 +83,13 @@ def test_winograd_runs_its_products_on_each_isa_s_kernels(isa):
 
 def test_the_plan_is_in_the_tree_and_the_report_says_why():
     graph, inputs = _conv((1, 32, 16, 16), 32)
-    compiled = _check(graph, inputs)
+    compiled = _check(graph, inputs, Options(threads=1))
     [kernel] = compiled.kernels
     text = kernel.to_json()["schedule_text"]
     assert 'mark: "winograd S0 ' in text and 'mark: "gemm ' not in text
     assert any("Winograd's F(2x2, 3x3)" in line and "options.winograd=False" in line
                for line in kernel.fusion_report)
-    direct = _check(graph, inputs, Options(winograd=False))
+    direct = _check(graph, inputs, Options(threads=1, winograd=False))
     assert not _plans(direct) and direct.kernels[0].marks(marks.Gemm)
 
 
@@ -97,10 +97,11 @@ def test_the_plan_is_in_the_tree_and_the_report_says_why():
     ((1, 32, 16, 16), 32, (2, 2), (1, 1, 1, 1)),  # strided
     ((1, 32, 7, 7), 32, (1, 1), (1, 1, 1, 1)),  # 7x7: its tiles' pads waste what it saves
     ((1, 16, 16, 16), 32, (1, 1), (1, 1, 1, 1)),  # too few channels for the transforms
-], ids=["strided", "7x7", "16-channels"])
+    ((1, 64, 14, 14), 64, (1, 1), (1, 1, 1, 1)),  # too little work for a team
+], ids=["strided", "7x7", "16-channels", "small"])
 def test_convolutions_it_does_not_pay_on_stay_direct(xs, o, strides, pads):
     graph, inputs = _conv(xs, o, pads, strides=strides)
-    assert not _plans(_check(graph, inputs))
+    assert not _plans(_check(graph, inputs, Options(threads=2)))
 
 
 def test_a_dilated_or_non_3x3_window_is_no_winograd_convolution():
@@ -126,7 +127,7 @@ def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
     """The kernels.c a user downloads (`polyc compile`): the transforms pasted, not
     linked (they are a prebuilt part otherwise), with -Werror."""
     graph, _ = _conv((1, 32, 16, 16), 32, const=False)
-    compiled = compile(graph, build=False)
+    compiled = compile(graph, options=Options(threads=1), build=False)
     assert "polyc_winograd_f2x3_input(" in compiled.c_source
     c_file = tmp_path / "kernels.c"
     c_file.write_text(compiled.c_source)

@@ -11,13 +11,15 @@ are laid out two floats a tile with one tile more (its right pad), so the transf
 long unit-stride loops over a block, at the cost of that tile's products.
 
 Taken where it pays: 3x3 windows of stride 1 over float32, at least MIN_CHANNELS
-channels in and out, and tiles that waste little of the output (a 7x7 output is 4x4
-tiles of 2x2, 5 wide with the pad: 1.4x fewer multiply-adds than direct, before the
-transforms). Zen 5, 1 thread, a hand-written harness of this code against polyc's
-direct convolution (about 255 GFLOP/s there), with bias and relu, in effective GFLOP/s
-(the direct convolution's multiply-adds over the time): 1x and 8x64x56x56 to 64 394 and
-366, 1x and 8x128x28x28 to 128 406 and 433, 8x256x14x14 to 256 407, 1x and 8x512x7x7 to
-512 138 and 239.
+channels in and out, tiles that waste little of the output (a 7x7 output is 4x4 tiles
+of 2x2, 5 wide with the pad: 1.4x fewer multiply-adds than direct, before the
+transforms), and for a team, work enough (MIN_TEAM_FLOPS). Zen 5, polyc's direct
+convolution's time over this one's, in pairs of calls (bias and relu, constant
+weights), 1 and 2 threads: 1x32x56x56 to 32 1.27x and 1.41x, 8x32x56x56 1.25x and
+1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and 1.33x, 8x64x14x14 1.17x
+and 1.04x, 1x128x14x14 1.16x and 1.15x, 1x256x10x10 1.53x and 1.44x; ResNet-50's 3x3s
+(`bench_cpu.py --suite resnet50`) 1.4-1.8x; 8x512x7x7 (not taken) in a harness of this
+code 0.9x.
 
 The rounding differs from the direct sum's: the transforms add and subtract up to nine
 inputs or products (a few ulps of the largest), about what a direct sum's order changes.
@@ -50,6 +52,10 @@ MIN_GAIN = 1.8
 # phases, each of the 16 operands read panel by panel
 MAX_BLOCK_FLOATS = 1 << 20
 MAX_BLOCK_COLUMNS = 512
+# products' multiply-adds under which a team's direct convolution wins: Zen 5, 2
+# threads, 1x64x14x14 to 64 (8.4 M) 0.97x the direct one's speed; 1x128x14x14 to 128
+# (34 M) 1.15x (in pairs of calls; at 1 thread 1.05x and 1.16x)
+MIN_TEAM_FLOPS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,8 @@ def plan_winograd(kernel: Kernel, machine: Machine, options) -> tuple[Conv, mark
     blocks = -(-conv.tile_rows // rows)
     team = tuning.team(options, machine)
     flops = 2 * 16 * conv.O * conv.C * cols
+    if team > 1 and flops < MIN_TEAM_FLOPS:
+        return None
     par = "none"
     if team > 1 and flops >= MIN_PARALLEL_FLOPS:
         par = "blocks" if blocks >= 2 * team or blocks % team == 0 else "team"

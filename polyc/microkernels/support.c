@@ -8,7 +8,9 @@
  *   3 = a group of gathered K rows of an operand packed by runs (emit.py: _run_nest),
  *   4 = the padded copy of a B read in place by rows, 5 = its K rows' offsets, 6 = the
  *   panels of a row tail's contraction's B (emit/then.py), 7-10 = a kernel's locals
- *   stored whole (the cpu builder's declare_local).
+ *   stored whole (the cpu builder's declare_local). A Winograd convolution's
+ *   (emit/winograd.py): 0 its patches transformed, 1 its weights, 2 its products, 3 the
+ *   patches' rows, 4 its output rows.
  *   A thread's buffers live as long as the thread (OpenMP keeps its team).
  *
  *   polyc_pack_rows_t(src, ld, rows, tile, kc, dst), tile <= 48: a column panel from

@@ -123,6 +123,8 @@ def conv_of(kernel: Kernel) -> Conv | None:
         if not isinstance(index, Aff) or dict(index.terms) != {out: 1, k: 1}:
             return None
         pads.append(-index.const)
+    if min(pads) < 0:  # the window starts past its output point: no pad, a shift
+        return None
     # the guard must read x exactly inside its bounds: then a read outside is a zero
     valid = {d: [0, shape[d]] for d in range(4)}
     for bound in bounds:
@@ -138,8 +140,6 @@ def conv_of(kernel: Kernel) -> Conv | None:
         if not any(dict(bd.aff.terms) == dict(x.index[d].terms) for bd in bounds) \
                 and (lo < 0 or hi >= shape[d]):
             return None
-    if pads[0] < 0 or pads[1] < 0:
-        return None
     return Conv(view, x.tensor, w.tensor, shape[0], C, shape[2], shape[3], O, view.shape[2],
                 view.shape[3], pads[0], pads[1])
 

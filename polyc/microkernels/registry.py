@@ -144,7 +144,7 @@ REGISTRY: tuple[Microkernel, ...] = (
                          ("V", "16 gemm B operands, row panels of its nr")),
                 writes="U, V and two output rows a channel (see the file)",
                 entry="void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, "
-                      "long mr, float *restrict U); "
+                      "long mr, long es, float *restrict U); "
                       "void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, "
                       "long W, long pt, long pl, long TY, long TX, long r0, long r1, long c0, "
                       "long c1, long nr, long cols, long es, float *restrict V, "

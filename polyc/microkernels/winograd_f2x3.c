@@ -12,10 +12,10 @@
  *
  * Contract (the caller is the cpu target's Winograd emitter, targets/cpu/emit/winograd.py):
  *
- *   polyc_winograd_f2x3_weights(w, O, C, mr, U): w[o][c][3][3] (row-major, any
+ *   polyc_winograd_f2x3_weights(w, O, C, mr, es, U): w[o][c][3][3] (row-major, any
  *   alignment) to U as the 16 products' A operands, each as column panels of mr rows
- *   (a gemm kernel's packed A): U[((e * OP / mr + o / mr) * C + c) * mr + o % mr], OP =
- *   O rounded up to mr, rows past O zero. Writes 16 * OP * C floats.
+ *   (a gemm kernel's packed A): U[e * es + (o / mr * C + c) * mr + o % mr], rows past O
+ *   zero up to O rounded up to mr (OP); es >= OP * C.
  *
  *   polyc_winograd_f2x3_input(x, C, H, W, pt, pl, TY, TX, r0, r1, c0, c1, nr, cols, es,
  *   V, strip): channels c0 .. c1 - 1 of the tiles of tile rows r0 .. r1 - 1 of x[n][c][H][W]
@@ -41,30 +41,33 @@
 #endif
 
 POLYC_PART_ENTRY void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, long mr,
-                                              float *restrict U)
+                                              long es, float *restrict U)
 {
-  const long OP = (O + mr - 1) / mr * mr;
-  for (long o = 0; o < OP; o++)
+  for (long o0 = 0; o0 < O; o0 += mr)
     for (long c = 0; c < C; c++) {
-      float u[16] = {0};
-      if (o < O) {
-        const float *g = w + (o * C + c) * 9;
-        float t[4][3];  /* G g: the rows */
+      float *restrict u = U + (o0 / mr * C + c) * mr;
+      const long rows = O - o0 < mr ? O - o0 : mr;
+#pragma omp simd
+      for (long r = 0; r < rows; r++) {
+        const float *g = w + ((o0 + r) * C + c) * 9;
+        /* G g: its rows, then (G g) Gt: each row's columns */
+        float t[4][3];
         for (int k = 0; k < 3; k++) {
           t[0][k] = g[k];
           t[1][k] = 0.5f * (g[k] + g[3 + k] + g[6 + k]);
           t[2][k] = 0.5f * (g[k] - g[3 + k] + g[6 + k]);
           t[3][k] = g[6 + k];
         }
-        for (int i = 0; i < 4; i++) {  /* (G g) Gt: the columns */
-          u[4 * i + 0] = t[i][0];
-          u[4 * i + 1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-          u[4 * i + 2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-          u[4 * i + 3] = t[i][2];
+        for (int i = 0; i < 4; i++) {
+          u[(4 * i + 0) * es + r] = t[i][0];
+          u[(4 * i + 1) * es + r] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+          u[(4 * i + 2) * es + r] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+          u[(4 * i + 3) * es + r] = t[i][2];
         }
       }
-      for (int e = 0; e < 16; e++)
-        U[((e * (OP / mr) + o / mr) * C + c) * mr + o % mr] = u[e];
+      for (long r = rows; r < mr; r++)
+        for (int e = 0; e < 16; e++)
+          u[e * es + r] = 0.0f;
     }
 }
 

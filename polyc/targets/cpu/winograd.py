@@ -18,8 +18,8 @@ convolution's time over this one's, in pairs of calls (bias and relu, constant
 weights), 1 and 2 threads: 1x32x56x56 to 32 1.27x and 1.41x, 8x32x56x56 1.25x and
 1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and 1.33x, 8x64x14x14 1.17x
 and 1.04x, 1x128x14x14 1.16x and 1.15x, 1x256x10x10 1.53x and 1.44x; ResNet-50's 3x3s
-(`bench_cpu.py --suite resnet50`) 1.4-1.8x; 8x512x7x7 (not taken) in a harness of this
-code 0.9x.
+(`bench_cpu.py --suite resnet50`, best times) 1.33-1.69x; 8x512x7x7 (not taken) in a
+harness of this code 0.9x.
 
 The rounding differs from the direct sum's: the transforms add and subtract up to nine
 inputs or products (a few ulps of the largest), about what a direct sum's order changes.

@@ -29,8 +29,8 @@ from ..winograd import WINOGRAD, conv_of
 from .common import Scalars, in_scalars, kept, up
 
 # extra floats between two of the 16 operands: their rows a multiple of 4 KiB apart had
-# the transform's 16 write streams share a few of L1's sets (the input transform 3.2x
-# its time on 8x128x28x28, Zen 5)
+# the transforms' 16 write streams share a few of L1's sets (Zen 5: the input transform
+# 3.2x its time on 8x128x28x28, the weights' 7x on 64x64)
 APART = 16
 NAMES = ("mk_n", "mk_o", "mk_y", "mk_x")  # the output's dims in the epilogue
 
@@ -46,18 +46,18 @@ class WinogradMixin:
                 self.used.append(m)
         rows, c, o = plan.rows, conv.C, conv.O
         op, cols = up(o, mk.mr), up(rows * conv.row_tiles, mk.nr)
-        es, em = c * cols + APART, op * cols + APART
+        eu, es, em = op * c + APART, c * cols + APART, op * cols + APART
         team = plan.par == "team"
         body: list[cgen.Generable] = [cgen.Comment(
             f"Winograd F(2x2, 3x3): {conv.view.stmt.name} as 16 products of {o}x{c} @ "
             f"{c}x{cols} on {mk.name}, blocks of {rows} tile rows, par={plan.par}")]
-        body += self._weights(plan, conv, mk, op)
+        body += self._weights(plan, conv, mk, eu)
         buffers = [cgen.Statement(f"float *restrict mk_V = polyc_scratch(0, {c_size(64 * es)})"),
                    cgen.Statement(f"float *restrict mk_M = polyc_scratch(2, {c_size(64 * em)})")]
         own = [cgen.Statement(f"float *restrict mk_S = polyc_scratch(3, "
                               f"{c_size(16 * (2 * cols + 2))})"),
                cgen.Statement(f"float *restrict mk_Y = polyc_scratch(4, {c_size(16 * cols)})")]
-        block = self._block(conv, mk, rows, op, cols, es, em, team)
+        block = self._block(conv, mk, rows, op, cols, (eu, es, em), team)
         loop = cgen.For("long mk_r0 = 0", f"mk_r0 < {conv.tile_rows}", f"mk_r0 += {rows}",
                         cgen.Block(block))
         threads = f" num_threads({plan.threads})" if plan.threads else ""
@@ -71,21 +71,23 @@ class WinogradMixin:
         return cgen.Block(body)
 
     def _weights(self, plan: marks.Winograd, conv, mk: registry.Microkernel,
-                 op: int) -> list[cgen.Generable]:
-        """mk_U: the weights as the 16 products' A panels."""
+                 eu: int) -> list[cgen.Generable]:
+        """mk_U: the weights as the 16 products' A panels, `eu` floats apart."""
         w = self.b.arrays[conv.w]
-        size = 4 * 16 * op * conv.C
+        size = 4 * 16 * eu
         fill = [cgen.Statement(f"polyc_winograd_f2x3_weights({w.c_name}, {conv.O}, {conv.C}, "
-                               f"{mk.mr}, mk_U)")]
+                               f"{mk.mr}, {eu}, mk_U)")]
         if plan.weights == "const":
             return [cgen.Comment(f"the constant {w.c_name} (data sha256 {w.constant}), "
                                  "transformed on the first call"),
                     *kept(f"mk_const_{conv.view.stmt.name}_u", "mk_U", size, fill)]
         return [cgen.Statement(f"float *restrict mk_U = polyc_scratch(1, {c_size(size)})"), *fill]
 
-    def _block(self, conv, mk: registry.Microkernel, rows: int, op: int, cols: int, es: int,
-               em: int, team: bool) -> list[cgen.Generable]:
-        """One block of tile rows, from mk_r0: its transforms, products and outputs."""
+    def _block(self, conv, mk: registry.Microkernel, rows: int, op: int, cols: int,
+               apart: tuple[int, int, int], team: bool) -> list[cgen.Generable]:
+        """One block of tile rows, from mk_r0: its transforms, products and outputs
+        (`apart`: the floats from one of the 16 operands to the next in mk_U, mk_V, mk_M)."""
+        eu, es, em = apart
         x = self.b.arrays[conv.x].c_name
         shared = [cgen.Pragma("omp for schedule(static)")] if team else []
         channels = (f"mk_c, mk_c + 1" if team else f"0, {conv.C}")
@@ -99,7 +101,7 @@ class WinogradMixin:
             "long mk_e = 0", "mk_e < 16", "mk_e++", cgen.For(
                 "long mk_j = 0", "mk_j < mk_cols", f"mk_j += {mk.nr}", cgen.For(
                     "long mk_i = 0", f"mk_i < {op}", f"mk_i += {mk.mr}", cgen.Statement(
-                        f"{mk.c_function}({conv.C}, mk_U + (mk_e * {op} + mk_i) * {conv.C}, "
+                        f"{mk.c_function}({conv.C}, mk_U + mk_e * {eu} + mk_i * {conv.C}, "
                         f"mk_V + mk_e * {es} + mk_j * {conv.C}, "
                         f"mk_M + mk_e * {em} + mk_i * {cols} + mk_j, {cols}, 0)"))))
         outputs = cgen.For("long mk_o = 0", f"mk_o < {conv.O}", "mk_o++", cgen.Block([

@@ -14,7 +14,7 @@ from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.schedule_tree import marks
 from polyc.microkernels import registry
-from polyc.targets.cpu.winograd import blocking, conv_of
+from polyc.targets.cpu.winograd import MIN_GAIN, blocking, conv_of
 
 from test_build import _toolchain
 from test_microkernels import _isa
@@ -134,3 +134,29 @@ def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
     command = _toolchain().command(c_file, tmp_path / "unit.so")
     proc = subprocess.run([command[0], "-Werror", *command[1:]], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _random_case(seed: int):
+    """A convolution Winograd takes, its sizes, pads and epilogue drawn from `seed`:
+    non-square images, odd and even sides, pads from none to past a tile (drawn again
+    until its tiles waste little enough of the output, `MIN_GAIN`)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        h, w = (int(v) for v in rng.integers(8, 34, 2))
+        pads = tuple(int(v) for v in rng.integers(0, 4, 4))
+        oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+        if 9 * oh * ow >= MIN_GAIN * 16 * -(-oh // 2) * (-(-ow // 2) + 1):
+            break
+    xs = (int(rng.integers(1, 4)), int(rng.integers(32, 49)), h, w)
+    return (xs, int(rng.integers(32, 51)), pads, bool(rng.integers(0, 2)),
+            str(rng.choice(["relu", "silu+residual", "both"])), int(rng.integers(1, 3)))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_winograd_convolutions_match_the_reference(seed):
+    xs, o, pads, const, epilogue, threads = _random_case(seed)
+    graph, inputs = _conv(xs, o, pads, const, epilogue, seed=seed)
+    options = Options(threads=threads)
+    if not _plans(compile(graph, options=options, build=False)):  # too little for a team
+        options = Options(threads=1)
+    assert _plans(_check(graph, inputs, options))

@@ -2,7 +2,8 @@
 
     python benchmarks/bench_onnx.py [--threads 1] [--out DIR]
 
-For each model of `examples/onnx_models.py` (an MLP, a small CNN, a transformer block):
+For each model of `examples/onnx_models.py` (an MLP, a small CNN, a transformer block,
+a ResNet block):
 polyc's import + compile time, the number of kernels, and the time per call of polyc's
 kernels and of an onnxruntime session (CPU provider, the same thread count), measured in
 turns (`machine.best_times`) after checking that both give the same answer; the ratio

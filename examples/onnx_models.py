@@ -1,6 +1,7 @@
 """Small real networks as ONNX models, written with the onnx helper API (seeded weights).
 
-    python examples/onnx_models.py [DIR]     # writes mlp.onnx, cnn.onnx, transformer.onnx
+    python examples/onnx_models.py [DIR]     # writes mlp.onnx, cnn.onnx, transformer.onnx,
+                                             # resnet_block.onnx
     polyc run DIR/transformer.onnx           # import, compile, run, compare with the reference
 
 - `mlp()`: Gemm -> Relu -> Gemm -> Softmax, batch 32, 256 -> 512 -> 10.
@@ -10,6 +11,8 @@
   LayerNormalization, attention written out with MatMul / Reshape / Transpose /
   Softmax, a residual Add, LayerNormalization, MatMul + bias + Gelu + MatMul + bias,
   a residual Add.
+- `resnet_block()`: ResNet-18's first basic block on 1x64x56x56: two 3x3 convolutions
+  with BatchNormalization, Relu and the residual Add.
 """
 from __future__ import annotations
 
@@ -110,7 +113,28 @@ def transformer(seed: int = 0, seq: int = 64, width: int = 128, heads: int = 4) 
     return _model("transformer", nodes, [_io("x", (seq, width))], [_io("y", (seq, width))], w)
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+def resnet_block(seed: int = 0, channels: int = 64, size: int = 56) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    c = channels
+    w = _weights(rng, c1=(c, c, 3, 3), c2=(c, c, 3, 3))
+    for k in (1, 2):
+        w |= {f"s{k}": rng.uniform(0.5, 1.5, c).astype(np.float32),
+              f"b{k}": rng.uniform(-0.1, 0.1, c).astype(np.float32),
+              f"m{k}": rng.uniform(-0.1, 0.1, c).astype(np.float32),
+              f"v{k}": rng.uniform(0.5, 1.5, c).astype(np.float32)}
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "c1"], ["t1"], pads=[1, 1, 1, 1]),
+             n("BatchNormalization", ["t1", "s1", "b1", "m1", "v1"], ["t2"]),
+             n("Relu", ["t2"], ["t3"]),
+             n("Conv", ["t3", "c2"], ["t4"], pads=[1, 1, 1, 1]),
+             n("BatchNormalization", ["t4", "s2", "b2", "m2", "v2"], ["t5"]),
+             n("Add", ["t5", "x"], ["t6"]),
+             n("Relu", ["t6"], ["y"])]
+    shape = (1, c, size, size)
+    return _model("resnet_block", nodes, [_io("x", shape)], [_io("y", shape)], w)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "resnet_block": resnet_block}
 
 
 def main(out: str = ".") -> int:

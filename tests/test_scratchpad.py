@@ -69,13 +69,16 @@ def test_a_batch_of_one_is_tiled_by_the_loops_inside_it(target):
     assert "inside the outer 1 band(s)" in _report(compiled)
 
 
+@pytest.mark.parametrize("keepdims", [True, False], ids=["kept-dims", "scalar"])
 @pytest.mark.parametrize("target", MACHINES)
-def test_a_sum_of_squares_is_one_kernel_in_tiles(target):
+def test_a_sum_of_squares_is_one_kernel_in_tiles(target, keepdims):
     # the init of a whole sum ran before the loops, so the kernel had no band to tile
-    # and was refused (AKG's LAMB and gradient-norm graphs); it runs at the first row now
+    # and was refused (AKG's LAMB and gradient-norm graphs); it runs at the first row
+    # now, and so does a scalar's (no iterator to join the loop with: its schedule a
+    # constant 0 there), which stayed refused
     b = GraphBuilder("sum_sq")
     x = b.input("x", [1024, 1024])
-    graph = b.build([b.reduce_sum(b.mul(x, x), axes=[0, 1], keepdims=True, out="s")])
+    graph = b.build([b.reduce_sum(b.mul(x, x), axes=[0, 1], keepdims=keepdims, out="s")])
     assert len(_check(graph, target, rtol=1e-5).kernels) == 1
 
 

@@ -164,8 +164,9 @@ def _hoisted(statements: list[Statement], level: int, deps: _Deps) -> list[State
 
 
 def _point(s: Statement, level: int) -> bool:
-    """Is `s` one instance with an iterator at `level` (a whole sum's init, [1, 1])?"""
-    return _rank(s) > level and all(e == 1 for e in s.extents)
+    """Is `s` one instance with an iterator at `level` (a whole sum's init, [1, 1]), or
+    one without iterators (a sum's init to a scalar) at the outermost level?"""
+    return (_rank(s) > level or _rank(s) == level == 0) and all(e == 1 for e in s.extents)
 
 
 def _runs(statements: list[Statement], level: int, deps: _Deps,
@@ -196,9 +197,13 @@ def _build(statements: list[Statement], level: int, deps: _Deps,
     runs = _runs(statements, level, deps, points_inside)
     built = []
     for run in runs:
-        if all(_rank(s) > level for s in run):
+        if any(_rank(s) > level for s in run):  # a scalar among them: a point joined
             inner = list(deps.between(run, run))
-            coincident = not any(deps.has(m, level, "!=") for m in inner)
+            scalars = [s for s in run if _rank(s) <= level]
+            # a scalar runs at the loop's first iteration: what the others read of it
+            # crosses the loop's iterations, which `has` does not see (no iterator)
+            coincident = not any(deps.has(m, level, "!=") for m in inner) and not any(
+                True for _ in deps.between(scalars, run))
             # below the outermost loop they run before the loops again (the cores' tiles
             # need the one band; an innermost loop, no test of its first iteration)
             built.append((run, _Band([level], run, [coincident], True,
@@ -252,9 +257,10 @@ def _text(node: _Node) -> str:
         members.append("{ " + "; ".join(
             f"{s.name}[{_iters(s)}] -> [(floor(({s.iter_name(_rank(s) - 1)})/{node.block}))]"
             for s in node.statements) + " }")
-    for lv in node.levels:
-        members.append("{ " + "; ".join(f"{s.name}[{_iters(s)}] -> [({s.iter_name(lv)})]"
-                                        for s in node.statements) + " }")
+    for lv in node.levels:  # a scalar joined to the loop: its first iteration
+        members.append("{ " + "; ".join(
+            f"{s.name}[{_iters(s)}] -> [({s.iter_name(lv) if lv < _rank(s) else 0})]"
+            for s in node.statements) + " }")
     coincident = ", ".join(str(int(c)) for c in node.coincident)
     body = _text(node.child)
     text = (f'{{ schedule: "[{", ".join(members)}]", permutable: {int(node.permutable)}, '

@@ -91,6 +91,11 @@ def test_the_plan_is_in_the_tree_and_the_report_says_why():
                for line in kernel.fusion_report)
     direct = _check(graph, inputs, Options(threads=1, winograd=False))
     assert not _plans(direct) and direct.kernels[0].marks(marks.Gemm)
+    # where the convolution's result lives (it had been "a buffer of 1 element")
+    for compiled, where in ((compiled, "Winograd's transforms compute it block by block"),
+                            (direct, "the microkernel computes it tile by tile")):
+        assert any(f"not materialised in memory: {where}" in line
+                   for line in compiled.kernels[0].fusion_report)
 
 
 @pytest.mark.parametrize("xs, o, strides, pads", [

@@ -43,7 +43,7 @@ class CBuilder:
         self.arrays: dict[str, Array] = {a.tensor: a for a in kernel.arrays}
         # contracted locals: small arrays declared once (per thread, where threads run)
         self.buffers = [a for a in kernel.arrays if a.kept is not None]
-        self.unstored: list[Array] = []  # uncontracted locals no code touched (function())
+        self.unstored: list[Array] = []  # locals no code touched (function())
 
     # -- the walk ------------------------------------------------------------------
     def node(self, n: isl.AstNode, marks: tuple = ()) -> cgen.Generable:
@@ -131,7 +131,7 @@ class CBuilder:
         body += [take for take, release in buffers if release is None]
         # locals that could not be contracted live whole for the call
         locals_ = [a for a in self.kernel.arrays if a.role == "local" and a.kept is None]
-        self.unstored = [a for a in locals_ if a.c_name in untouched]
+        self.unstored = [a for a in self.kernel.arrays if a.c_name in untouched]
         held = [self.declare_local(a) for a in locals_ if a not in self.unstored]
         held += [(take, release) for take, release in buffers if release is not None]
         body += [take for take, _ in held] + [code] + [release for _, release in held]

@@ -155,16 +155,20 @@ def buffer_report(builder: CpuBuilder) -> tuple[str, ...]:
     """Where each local of the kernel lives, as the builder made it."""
     lines = []
     for a in builder.kernel.arrays:
-        if a.kept is not None:
-            shape = "x".join(map(str, a.buffer_shape)) or "1"
-            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
-                         f"{shape} element(s) per thread holds it")
+        if a in builder.unstored and a.tensor in builder.microkernels.winograd_results:
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: Winograd's "
+                         "transforms compute it block by block, two output rows a channel "
+                         "in scratch, where its consumers read it")
         elif a in builder.unstored:
             where = ("with the partial sums of its K blocks in scratch"
                      if a.tensor in builder.microkernels.partial_sums
                      else "in registers until its consumers are applied at the write-back")
             lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: the "
                          f"microkernel computes it tile by tile, {where}")
+        elif a.kept is not None:
+            shape = "x".join(map(str, a.buffer_shape)) or "1"
+            lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a buffer of "
+                         f"{shape} element(s) per thread holds it")
         elif a.block is not None:
             lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: a block of "
                          f"{a.block[1]} rows at a time, in scratch (one per thread unless a "

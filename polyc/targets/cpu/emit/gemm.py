@@ -71,6 +71,7 @@ class MicrokernelEmitter(PackMixin, BRowsMixin, WriteBackMixin, ThenMixin, Winog
         self.rows: BRows | None = None
         self.base = 0
         self.partial_sums: set[str] = set()  # local results whose K blocks meet in scratch
+        self.winograd_results: set[str] = set()  # convolutions Winograd's blocks compute
 
     # -- dispatch ----------------------------------------------------------------------
     def emit(self, mark: marks.Mark, child: isl.AstNode, outer: tuple) -> cgen.Generable:

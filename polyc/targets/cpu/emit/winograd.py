@@ -44,6 +44,7 @@ class WinogradMixin:
         for m in (WINOGRAD, mk):
             if m not in self.used:
                 self.used.append(m)
+        self.winograd_results.add(conv.view.stmt.target)
         rows, c, o = plan.rows, conv.C, conv.O
         op, cols = up(o, mk.mr), up(rows * conv.row_tiles, mk.nr)
         eu, es, em = op * c + APART, c * cols + APART, op * cols + APART

@@ -229,6 +229,23 @@ def test_tuple_options_arrive_as_arrays(client):
     assert "omp parallel num_threads(2)" in two["c_source"]
 
 
+def test_a_convolution_by_winograd_or_not_is_the_caller_s_choice(client):
+    """The service says which algorithm a 3x3 convolution ran (its kernel's report, its
+    C) and takes `winograd: false` for the direct one."""
+    g = {"inputs": [{"name": "x", "shape": [1, 32, 16, 16]}, {"name": "w", "shape": [32, 32, 3, 3]}],
+         "nodes": [{"op": "conv2d", "inputs": ["x", "w"], "outputs": ["y"],
+                    "attrs": {"pads": [1, 1, 1, 1]}}], "outputs": ["y"]}
+    for winograd in (True, False):
+        r = client.post("/v1/compile", json={"graph": g, "options": {"threads": 1,
+                                                                     "winograd": winograd}})
+        assert r.status_code == 200, r.text
+        [kernel] = r.json()["kernels"]
+        said = any("by Winograd's F(2x2, 3x3)" in line for line in kernel["fusion_report"])
+        assert said == winograd == ("polyc_winograd_f2x3_input(" in r.json()["c_source"])
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["CompileOptions"]
+    assert "Winograd" in schema["properties"]["winograd"]["description"]
+
+
 def test_healthz(client):
     r = client.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "ok"

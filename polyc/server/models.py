@@ -108,6 +108,9 @@ _OPTION_FIELDS: dict[str, dict] = {
                                         "not exist"},
     "threads": {"ge": 0, "le": 1024,
                 "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
+    "winograd": {"description": "3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) "
+                                "where it pays (cpu; the kernel's report says when); false: "
+                                "the direct convolution"},
 }
 
 

@@ -232,7 +232,7 @@ def test_tuple_options_arrive_as_arrays(client):
 def test_a_convolution_by_winograd_or_not_is_the_caller_s_choice(client):
     """The service says which algorithm a 3x3 convolution ran (its kernel's report, its
     C) and takes `winograd: false` for the direct one."""
-    g = {"inputs": [{"name": "x", "shape": [1, 32, 16, 16]}, {"name": "w", "shape": [32, 32, 3, 3]}],
+    g = {"inputs": [{"name": "x", "shape": [1, 32, 28, 28]}, {"name": "w", "shape": [32, 32, 3, 3]}],
          "nodes": [{"op": "conv2d", "inputs": ["x", "w"], "outputs": ["y"],
                     "attrs": {"pads": [1, 1, 1, 1]}}], "outputs": ["y"]}
     for winograd in (True, False):

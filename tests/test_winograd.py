@@ -109,6 +109,14 @@ def test_convolutions_it_does_not_pay_on_stay_direct(xs, o, strides, pads):
     assert not _plans(_check(graph, inputs, Options(threads=2)))
 
 
+def test_weights_given_on_every_call_need_tiles_enough_to_serve():
+    """Weights that are a graph input are transformed on every call, which over a 14x14
+    image costs what its products do: direct there; constant, they are Winograd's."""
+    for const in (False, True):
+        graph, inputs = _conv((1, 64, 14, 14), 64, const=const)
+        assert bool(_plans(_check(graph, inputs, Options(threads=1)))) == const
+
+
 def test_a_dilated_or_non_3x3_window_is_no_winograd_convolution():
     b = GraphBuilder("conv")
     y = b.conv2d(b.input("x", (1, 32, 16, 16)), b.input("w", (32, 32, 3, 3)), pads=[2] * 4,
@@ -131,7 +139,7 @@ def test_blocks_are_whole_panels_where_the_tile_rows_allow():
 def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
     """The kernels.c a user downloads (`polyc compile`): the transforms pasted, not
     linked (they are a prebuilt part otherwise), with -Werror."""
-    graph, _ = _conv((1, 32, 16, 16), 32, const=False)
+    graph, _ = _conv((1, 32, 28, 28), 32, const=False)
     compiled = compile(graph, options=Options(threads=1), build=False)
     assert "polyc_winograd_f2x3_input(" in compiled.c_source
     c_file = tmp_path / "kernels.c"

@@ -13,7 +13,8 @@ long unit-stride loops over a block, at the cost of that tile's products.
 Taken where it pays: 3x3 windows of stride 1 over float32, at least MIN_CHANNELS
 channels in and out, tiles that waste little of the output (a 7x7 output is 4x4 tiles
 of 2x2, 5 wide with the pad: 1.4x fewer multiply-adds than direct, before the
-transforms), and for a team, work enough (MIN_TEAM_FLOPS). Zen 5, polyc's direct
+transforms), for a team, work enough (MIN_TEAM_FLOPS), and for weights transformed on
+every call, tiles enough (MIN_CALL_TILES). Zen 5, polyc's direct
 convolution's time over this one's, in pairs of calls (bias and relu, constant
 weights), 1 and 2 threads: 1x32x56x56 to 32 1.27x and 1.41x, 8x32x56x56 1.25x and
 1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and 1.33x, 8x64x14x14 1.17x
@@ -56,6 +57,12 @@ MAX_BLOCK_COLUMNS = 512
 # threads, 1x64x14x14 to 64 (8.4 M) 0.97x the direct one's speed; 1x128x14x14 to 128
 # (34 M) 1.15x (in pairs of calls; at 1 thread 1.05x and 1.16x)
 MIN_TEAM_FLOPS = 1 << 24
+# tiles (a tile row's pad counted) that weights transformed on every call (a graph
+# input, not a constant) must serve: their transform costs about what the products of
+# 64 tiles do. Zen 5, in pairs of calls, the direct convolution's time over this one's:
+# 1x256x14x14 to 256 (56 tiles) 0.91x at 1 thread, 1.08x at 2; 1x128x28x28 to 128 (210)
+# 1.29x and 1.49x
+MIN_CALL_TILES = 128
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,8 @@ def plan_winograd(kernel: Kernel, machine: Machine, options) -> tuple[Conv, mark
     if team > 1 and flops >= MIN_PARALLEL_FLOPS:
         par = "blocks" if blocks >= 2 * team or blocks % team == 0 else "team"
     weights = "const" if constant_operand(conv.view, kernel, "a") else "call"
+    if weights == "call" and conv.tile_rows * conv.row_tiles < MIN_CALL_TILES:
+        return None
     return conv, marks.Winograd(conv.view.stmt.name, mk.name, rows, par, options.threads,
                                 weights), why
 

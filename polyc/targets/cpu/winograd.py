@@ -44,7 +44,6 @@ from .emit.common import up
 from .plan import (MIN_PARALLEL_FLOPS, allowed_gemm_kernels, asked_gemm_kernel,
                    constant_operand, measured)
 
-WINOGRAD = registry.by_name("winograd_f2x3")
 MIN_CHANNELS = 32
 # the direct convolution's multiply-adds over the products' (a tile's pad counted): 2.1
 # on 28x28 outputs, 1.97 on 14x14, 1.38 on 7x7, which lost (above)
@@ -84,16 +83,24 @@ class Conv:
     pad_left: int
 
     @property
-    def tile_rows(self) -> int:  # two output rows of every image each
-        return self.N * -(-self.OH // 2)
+    def TY(self) -> int:  # tile rows of an image (two output rows each)
+        return -(-self.OH // 2)
+
+    @property
+    def TX(self) -> int:  # tiles of a tile row (two output columns each)
+        return -(-self.OW // 2)
+
+    @property
+    def tile_rows(self) -> int:  # of every image
+        return self.N * self.TY
 
     @property
     def row_tiles(self) -> int:  # tiles a tile row takes, its pad tile counted
-        return -(-self.OW // 2) + 1
+        return self.TX + 1
 
     @property
     def gain(self) -> float:
-        return 9 * self.OH * self.OW / (16 * -(-self.OH // 2) * self.row_tiles)
+        return 9 * self.OH * self.OW / (16 * self.TY * self.row_tiles)
 
 
 def conv_of(kernel: Kernel) -> Conv | None:
@@ -168,10 +175,11 @@ def blocking(conv: Conv, mk: registry.Microkernel) -> tuple[int, int]:
     return best
 
 
-def plan_winograd(kernel: Kernel, machine: Machine, options) -> tuple[Conv, marks.Winograd, str] | None:
+def plan_winograd(kernel: Kernel, machine: Machine, options
+                  ) -> tuple[Conv, marks.Winograd, str] | None:
     """The Winograd plan of a 3x3 convolution where it pays (see the module doc), the
     convolution and why its kernel, or None."""
-    if not getattr(options, "winograd", False):
+    if not options.winograd:
         return None
     conv = conv_of(kernel)
     if conv is None or min(conv.C, conv.O) < MIN_CHANNELS or conv.gain < MIN_GAIN:

@@ -25,13 +25,14 @@ from ....codegen.ast_to_c import if_
 from ....codegen.cexpr import c_size
 from ....microkernels import registry
 from ....schedule_tree import marks
-from ..winograd import WINOGRAD, conv_of
+from ..winograd import conv_of
 from .common import Scalars, in_scalars, kept, up
 
 # extra floats between two of the 16 operands: their rows a multiple of 4 KiB apart had
 # the transforms' 16 write streams share a few of L1's sets (Zen 5: the input transform
 # 3.2x its time on 8x128x28x28, the weights' 7x on 64x64)
 APART = 16
+WINOGRAD = registry.by_name("winograd_f2x3")
 NAMES = ("mk_n", "mk_o", "mk_y", "mk_x")  # the output's dims in the epilogue
 
 
@@ -61,7 +62,7 @@ class WinogradMixin:
         block = self._block(conv, mk, rows, op, cols, (eu, es, em), team)
         loop = cgen.For("long mk_r0 = 0", f"mk_r0 < {conv.tile_rows}", f"mk_r0 += {rows}",
                         cgen.Block(block))
-        threads = f" num_threads({plan.threads})" if plan.threads else ""
+        threads = _num_threads(plan)
         if plan.par == "blocks":
             body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block(
                 buffers + own + [cgen.Pragma("omp for schedule(dynamic, 1)"), loop])]
@@ -76,24 +77,20 @@ class WinogradMixin:
         """mk_U: the weights as the 16 products' A panels, `eu` floats apart."""
         w = self.b.arrays[conv.w]
         size = 4 * 16 * eu
-        fill = [cgen.Statement(f"polyc_winograd_f2x3_weights({w.c_name}, {conv.O}, {conv.C}, "
-                               f"{mk.mr}, {eu}, mk_U)")]
+        # a panel of rows at a time: on every call, the team's (Zen 5, 256 x 256
+        # channels: 201 us on one thread)
+        fill = [cgen.For("long mk_p = 0", f"mk_p < {-(-conv.O // mk.mr)}", "mk_p++", cgen.Statement(
+            f"polyc_winograd_f2x3_weights({w.c_name} + mk_p * {mk.mr * conv.C * 9}, "
+            f"min({mk.mr}, {conv.O} - mk_p * {mk.mr}), {conv.C}, {mk.mr}, {eu}, "
+            f"mk_U + mk_p * {mk.mr * conv.C})"))]
         if plan.weights == "const":
             return [cgen.Comment(f"the constant {w.c_name} (data sha256 {w.constant}), "
                                  "transformed on the first call"),
                     *kept(f"mk_const_{conv.view.stmt.name}_u", "mk_U", size, fill)]
-        out = [cgen.Statement(f"float *restrict mk_U = polyc_scratch(1, {c_size(size)})")]
-        if plan.par == "none":
-            return out + fill
-        # on every call, by the team, a panel of rows at a time (Zen 5, 256 x 256
-        # channels: 201 us on one thread)
-        threads = f" num_threads({plan.threads})" if plan.threads else ""
-        panel = cgen.Statement(
-            f"polyc_winograd_f2x3_weights({w.c_name} + mk_p * {mk.mr * conv.C * 9}, "
-            f"min({mk.mr}, {conv.O} - mk_p * {mk.mr}), {conv.C}, {mk.mr}, {eu}, "
-            f"mk_U + mk_p * {mk.mr * conv.C})")
-        return out + [cgen.Pragma(f"omp parallel for schedule(static){threads}"),
-                      cgen.For("long mk_p = 0", f"mk_p < {-(-conv.O // mk.mr)}", "mk_p++", panel)]
+        team = ([cgen.Pragma(f"omp parallel for schedule(static){_num_threads(plan)}")]
+                if plan.par != "none" else [])
+        return [cgen.Statement(f"float *restrict mk_U = polyc_scratch(1, {c_size(size)})"),
+                *team, *fill]
 
     def _block(self, conv, mk: registry.Microkernel, rows: int, op: int, cols: int,
                apart: tuple[int, int, int], team: bool) -> list[cgen.Generable]:
@@ -105,7 +102,7 @@ class WinogradMixin:
         channels = (f"mk_c, mk_c + 1" if team else f"0, {conv.C}")
         transform = cgen.Statement(
             f"polyc_winograd_f2x3_input({x}, {conv.C}, {conv.H}, {conv.W}, {conv.pad_top}, "
-            f"{conv.pad_left}, {-(-conv.OH // 2)}, {-(-conv.OW // 2)}, mk_r0, mk_r1, {channels}, "
+            f"{conv.pad_left}, {conv.TY}, {conv.TX}, mk_r0, mk_r1, {channels}, "
             f"{mk.nr}, mk_cols, {es}, mk_V, mk_S)")
         if team:
             transform = cgen.For("long mk_c = 0", f"mk_c < {conv.C}", "mk_c++", transform)
@@ -117,7 +114,8 @@ class WinogradMixin:
                         f"mk_V + mk_e * {es} + mk_j * {conv.C}, "
                         f"mk_M + mk_e * {em} + mk_i * {cols} + mk_j, {cols}, 0)"))))
         outputs = cgen.For("long mk_o = 0", f"mk_o < {conv.O}", "mk_o++", cgen.Block([
-            cgen.Statement(f"polyc_winograd_f2x3_output(mk_M + mk_o * {cols}, {em}, mk_cols, mk_Y)"),
+            cgen.Statement(f"polyc_winograd_f2x3_output(mk_M + mk_o * {cols}, {em}, mk_cols, "
+                           "mk_Y)"),
             self._rows(conv)]))
         return [cgen.Statement(f"const long mk_r1 = min(mk_r0 + {rows}, {conv.tile_rows})"),
                 cgen.Statement(f"const long mk_cols = ((mk_r1 - mk_r0) * {conv.row_tiles} + "
@@ -130,7 +128,6 @@ class WinogradMixin:
         """Output channel mk_o's rows of the block's tile rows, from mk_Y: init, epilogue
         and the stores of what leaves the kernel."""
         view = conv.view
-        ty = -(-conv.OH // 2)
         p = Scalars(self.b.arrays, lambda pos: NAMES[pos], {})
         value = f"mk_src[mk_x] + {p.value(view.init.expr)}"
         points = in_scalars(p, view.stmt.target, view.init.index, "mk_v", view.epilogue,
@@ -144,5 +141,9 @@ class WinogradMixin:
         if conv.OH % 2:  # the last tile row's second output row is past the output
             row.insert(1, if_(f"mk_y >= {conv.OH}", cgen.Statement("break")))
         return cgen.For("long mk_r = mk_r0", "mk_r < mk_r1", "mk_r++", cgen.Block([
-            cgen.Statement(f"const long mk_n = mk_r / {ty}, mk_ty = mk_r % {ty}"),
+            cgen.Statement(f"const long mk_n = mk_r / {conv.TY}, mk_ty = mk_r % {conv.TY}"),
             cgen.For("long mk_h = 0", "mk_h < 2", "mk_h++", cgen.Block(row))]))
+
+
+def _num_threads(plan: marks.Winograd) -> str:
+    return f" num_threads({plan.threads})" if plan.threads else ""

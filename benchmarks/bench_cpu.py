@@ -14,9 +14,11 @@ of the machine's FMA peak or read bandwidth, both measured first by two small C 
 built here with gcc (the peak on the widest vectors the host has). For contractions,
 polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`), in
 the same turns: the chosen one should be the fastest. A convolution polyc computes by
-Winograd's F(2x2, 3x3) is timed as the direct convolution too (`winograd=False`: the
-alternative "direct", in both suites); its GFLOP/s, as every column's, count the direct
-convolution's multiply-adds, which is why they can pass the FMA peak. Each thread count runs in its own
+Winograd's F(2x2, 3x3) or F(4x4, 3x3) is timed as the direct convolution too
+(`winograd=False`: the alternative "direct", in both suites), and one on F(4x4, 3x3) on
+F(2x2, 3x3) where that pays (the alternative "winograd 2x2"); its GFLOP/s, as every
+column's, count the direct convolution's multiply-adds, which is why they can pass the
+FMA peak. Each thread count runs in its own
 process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before anything
 starts a thread pool).
 PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
@@ -362,11 +364,18 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         # the gemm kernels polyc did not choose, each pinned, timed beside the choice (the
         # main suite only: the ResNet set is about the peers)
         others = {}
-        if "winograd_f2x3" in used:  # the direct convolution it was chosen over
-            direct = compile(graph, options=Options(threads=threads, winograd=False))
-            _check_result(f"{name} direct", direct.program(inputs, out)[graph.outputs[0]], want)
-            others["direct"] = lambda direct=direct, inputs=inputs, out=out: \
-                direct.program(inputs, out)
+        # the algorithms a Winograd convolution was chosen over
+        over = {"direct": {"winograd": False}} if any(m.startswith("winograd") for m in used) \
+            else {}
+        if "winograd_f4x3" in used:
+            over["winograd 2x2"] = {"winograd_tile": 2}
+        for alt, asked in over.items():
+            other = compile(graph, options=Options(threads=threads, **asked))
+            if alt != "direct" and all("winograd_f2x3" not in k.microkernels
+                                       for k in other.kernels):
+                continue  # F(2x2, 3x3) does not pay there
+            _check_result(f"{name} {alt}", other.program(inputs, out)[graph.outputs[0]], want)
+            others[alt] = lambda other=other, inputs=inputs, out=out: other.program(inputs, out)
         if suite == "main":
             fns["numpy"] = lambda np_fn=np_fn, args=args: np_fn(*args)
             for alt in _gemm_kernels() if any(m.startswith("sgemm") for m in used) else ():

@@ -903,7 +903,7 @@ def test_a_number_too_large_for_a_float_is_refused():
     ({"max_operations": 0}, "max_operations"), ({"microkernel_isa": "sse9"}, "microkernel_isa"),
     ({"tile_sizes": (16, 0)}, "tile_sizes"), ({"microkernel_tiles": (("kc", -5),)},
                                               "microkernel_tiles"),
-    ({"microkernel_tiles": (("kc",),)}, "microkernel_tiles"),
+    ({"microkernel_tiles": (("kc",),)}, "microkernel_tiles"), ({"winograd_tile": 3}, "winograd_tile"),
 ])
 def test_option_values_polyc_cannot_use_name_the_option(options, field):
     with pytest.raises(GraphError, match=rf"^field 'options\.{field}': "):

@@ -203,6 +203,7 @@ def test_a_spent_fusion_budget_leaves_each_node_its_own_kernel(client):
     ({"microkernel_tiles": [["kc", 0]]}, "microkernel_tiles", "a size 1 to"),
     ({"microkernel_tiles": [["zz", 8]]}, "microkernel_tiles", "pairs of 'mc', 'nc' or 'kc'"),
     ({"tile_sizes": [32, -1]}, "tile_sizes", "sizes must be 1 to"),
+    ({"winograd_tile": 3}, "winograd_tile", "must be 0 (the plan chooses) or one of 2, 4"),
 ])
 def test_option_values_polyc_cannot_use_are_422_naming_the_option(client, options, field, says):
     g = {"inputs": [{"name": "a", "shape": [8, 8]}],
@@ -244,6 +245,7 @@ def test_a_convolution_by_winograd_or_not_is_the_caller_s_choice(client):
         assert said == winograd == ("polyc_winograd_f2x3_input(" in r.json()["c_source"])
     schema = client.get("/openapi.json").json()["components"]["schemas"]["CompileOptions"]
     assert "Winograd" in schema["properties"]["winograd"]["description"]
+    assert "F(4x4, 3x3)" in schema["properties"]["winograd_tile"]["description"]
 
 
 def test_healthz(client):

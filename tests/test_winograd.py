@@ -1,6 +1,7 @@
-"""3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) (targets/cpu/winograd.py): the
-results against the reference executor, the plan in the tree and the report, and the
-convolutions it leaves to the direct path."""
+"""3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) and F(4x4, 3x3)
+(targets/cpu/winograd.py): the results against the reference executor, the plan in the
+tree and the report, which tile it takes, and the convolutions it leaves to the direct
+path."""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +15,7 @@ from polyc.compiler import Options, compile
 from polyc.graph.reference import run_reference
 from polyc.schedule_tree import marks
 from polyc.microkernels import registry
-from polyc.targets.cpu.winograd import MIN_GAIN, blocking, conv_of
+from polyc.targets.cpu.winograd import F4_MARGIN, blocking, conv_of
 
 from test_build import _toolchain
 from test_microkernels import _isa
@@ -56,29 +57,33 @@ def _plans(compiled) -> list[marks.Winograd]:
     return [m for k in compiled.kernels for m in k.marks(marks.Winograd)]
 
 
-@pytest.mark.parametrize("xs, o, pads, const, epilogue, threads", [
-    ((2, 32, 16, 16), 40, (1, 1, 1, 1), True, "relu", 1),  # rows past the kernel's mr
-    ((1, 48, 29, 29), 32, (1, 1, 1, 1), False, "relu", 1),  # odd: the last tiles half out
-    ((1, 32, 20, 26), 32, (2, 0, 1, 3), True, "silu+residual", 1),  # uneven pads
-    ((2, 32, 18, 18), 32, (0, 0, 0, 0), False, "both", 1),  # no pads; C an output too
-    ((8, 32, 28, 28), 32, (1, 1, 1, 1), True, "relu", 2),  # each thread its own blocks
-    ((1, 64, 28, 28), 64, (1, 1, 1, 1), False, "relu", 2),  # one image: a team a block
-    ((1, 32, 12, 12), 32, (5, 1, 2, 5), True, "relu", 1),  # pads past a tile
-], ids=["rows", "odd", "pads", "valid", "blocks", "team", "wide-pads"])
-def test_winograd_matches_the_reference(xs, o, pads, const, epilogue, threads):
+@pytest.mark.parametrize("xs, o, pads, const, epilogue, threads, tiles", [
+    ((2, 32, 16, 16), 40, (1, 1, 1, 1), True, "relu", 1, (2, 4)),  # rows past the kernel's mr
+    ((1, 48, 45, 45), 32, (1, 1, 1, 1), False, "relu", 1, (2, 4)),  # odd: last tiles part out
+    ((1, 32, 20, 26), 32, (2, 0, 1, 3), True, "silu+residual", 1, (2, 4)),  # uneven pads
+    ((2, 32, 34, 34), 32, (0, 0, 0, 0), False, "both", 1, (2, 4)),  # no pads; C an output too
+    ((8, 32, 28, 28), 32, (1, 1, 1, 1), True, "relu", 2, (2,)),  # each thread its own blocks
+    ((8, 32, 56, 56), 32, (1, 1, 1, 1), True, "relu", 2, (4,)),
+    ((1, 64, 28, 28), 64, (1, 1, 1, 1), False, "relu", 2, (2,)),  # one image: a team a block
+    ((1, 64, 46, 46), 64, (1, 1, 1, 1), False, "relu", 2, (4,)),
+    ((1, 32, 24, 24), 32, (5, 1, 2, 5), True, "relu", 1, (2, 4)),  # pads past a tile
+], ids=["rows", "odd", "pads", "valid", "blocks", "blocks-56", "team", "team-46", "wide-pads"])
+def test_winograd_matches_the_reference(xs, o, pads, const, epilogue, threads, tiles):
     graph, inputs = _conv(xs, o, pads, const, epilogue)
-    compiled = _check(graph, inputs, Options(threads=threads))
-    [plan] = _plans(compiled)
-    assert plan.weights == ("const" if const else "call")
-    assert plan.par == {1: "none", 2: "blocks" if xs[0] > 1 else "team"}[threads]
+    for tile in tiles:
+        compiled = _check(graph, inputs, Options(threads=threads, winograd_tile=tile))
+        [plan] = _plans(compiled)
+        assert (plan.tile, plan.weights) == (tile, "const" if const else "call")
+        assert plan.par == {1: "none", 2: "blocks" if xs[0] > 1 else "team"}[threads]
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
-def test_winograd_runs_its_products_on_each_isa_s_kernels(isa):
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_runs_its_products_on_each_isa_s_kernels(isa, tile):
     graph, inputs = _conv((4, 32, 28, 28), 48)
-    compiled = _check(graph, inputs, replace(_isa(isa), threads=2))
+    compiled = _check(graph, inputs, replace(_isa(isa), threads=2, winograd_tile=tile))
     [plan] = _plans(compiled)
-    assert plan.kernel in registry.ISAS[isa]
+    assert plan.kernel in registry.ISAS[isa] and plan.tile == tile
 
 
 def test_the_plan_is_in_the_tree_and_the_report_says_why():
@@ -87,7 +92,7 @@ def test_the_plan_is_in_the_tree_and_the_report_says_why():
     [kernel] = compiled.kernels
     text = kernel.to_json()["schedule_text"]
     assert 'mark: "winograd S0 ' in text and 'mark: "gemm ' not in text
-    assert any("Winograd's F(2x2, 3x3)" in line and "options.winograd=False" in line
+    assert any("by Winograd's F(" in line and "options.winograd=False" in line
                for line in kernel.fusion_report)
     direct = _check(graph, inputs, Options(threads=1, winograd=False))
     assert not _plans(direct) and direct.kernels[0].marks(marks.Gemm)
@@ -96,6 +101,20 @@ def test_the_plan_is_in_the_tree_and_the_report_says_why():
                             (direct, "the microkernel computes it tile by tile")):
         assert any(f"not materialised in memory: {where}" in line
                    for line in compiled.kernels[0].fusion_report)
+
+
+@pytest.mark.parametrize("xs, o, tile, why", [
+    ((8, 64, 56, 56), 64, 4, "at least"),  # 4x4 tiles: about 1.7x fewer products
+    ((8, 256, 10, 10), 256, 2, "under"),  # a 10x10 image in 4x4 tiles: 1.1x, not enough
+], ids=["56x56", "10x10"])
+def test_of_the_tiles_that_pay_4x4_where_its_products_take_enough_less_time(xs, o, tile, why):
+    """The choice on the portable kernel (one kernel on every host: the same panels)."""
+    graph, _ = _conv(xs, o)
+    compiled = compile(graph, options=replace(_isa("portable"), threads=1), build=False)
+    [plan] = _plans(compiled)
+    assert plan.tile == tile
+    [line] = [line for line in compiled.kernels[0].fusion_report if "products take" in line]
+    assert f"by Winograd's F({tile}x{tile}, 3x3)" in line and f"{why} the {F4_MARGIN}x" in line
 
 
 @pytest.mark.parametrize("xs, o, strides, pads", [
@@ -137,11 +156,16 @@ def test_blocks_are_whole_panels_where_the_tile_rows_allow():
 
 
 def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
-    """The kernels.c a user downloads (`polyc compile`): the transforms pasted, not
-    linked (they are a prebuilt part otherwise), with -Werror."""
-    graph, _ = _conv((1, 32, 28, 28), 32, const=False)
-    compiled = compile(graph, options=Options(threads=1), build=False)
+    """The kernels.c a user downloads (`polyc compile`): both transforms pasted (one
+    kernel each), not linked (they are prebuilt parts otherwise), with -Werror."""
+    b = GraphBuilder("convs")
+    y = b.conv2d(b.input("x", (1, 32, 56, 56)), b.input("w", (32, 32, 3, 3)), pads=[1] * 4)
+    # 4 images of 12x12: 168 tiles of 2x2, 48 of 4x4, too few for weights given each call
+    z = b.conv2d(b.input("x2", (4, 32, 12, 12)), b.input("w2", (32, 32, 3, 3)), pads=[1] * 4)
+    compiled = compile(b.build([y, z]), options=Options(threads=1), build=False)
+    assert sorted(m.tile for m in _plans(compiled)) == [2, 4]
     assert "polyc_winograd_f2x3_input(" in compiled.c_source
+    assert "polyc_winograd_f4x3_input(" in compiled.c_source
     c_file = tmp_path / "kernels.c"
     c_file.write_text(compiled.c_source)
     command = _toolchain().command(c_file, tmp_path / "unit.so")
@@ -150,26 +174,22 @@ def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
 
 
 def _random_case(seed: int):
-    """A convolution Winograd takes, its sizes, pads and epilogue drawn from `seed`:
-    non-square images, odd and even sides, pads from none to past a tile (drawn again
-    until its tiles waste little enough of the output, `MIN_GAIN`)."""
+    """A convolution Winograd takes at the tile drawn, its sizes, pads, epilogue and team
+    drawn from `seed`: non-square images, odd and even sides, pads from none to past a
+    tile (all drawn again until the plan takes it)."""
     rng = np.random.default_rng(seed)
     while True:
-        h, w = (int(v) for v in rng.integers(8, 34, 2))
+        xs = (int(rng.integers(1, 4)), int(rng.integers(32, 49)), *map(int, rng.integers(8, 50, 2)))
         pads = tuple(int(v) for v in rng.integers(0, 4, 4))
-        oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
-        if 9 * oh * ow >= MIN_GAIN * 16 * -(-oh // 2) * (-(-ow // 2) + 1):
-            break
-    xs = (int(rng.integers(1, 4)), int(rng.integers(32, 49)), h, w)
-    return (xs, int(rng.integers(32, 51)), pads, bool(rng.integers(0, 2)),
-            str(rng.choice(["relu", "silu+residual", "both"])), int(rng.integers(1, 3)))
+        graph, inputs = _conv(xs, int(rng.integers(32, 51)), pads, bool(rng.integers(0, 2)),
+                              str(rng.choice(["relu", "silu+residual", "both"])), seed=seed)
+        options = Options(threads=int(rng.integers(1, 3)), winograd_tile=int(rng.choice([2, 4])))
+        if _plans(compile(graph, options=options, build=False)):
+            return graph, inputs, options
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_winograd_convolutions_match_the_reference(seed):
-    xs, o, pads, const, epilogue, threads = _random_case(seed)
-    graph, inputs = _conv(xs, o, pads, const, epilogue, seed=seed)
-    options = Options(threads=threads)
-    if not _plans(compile(graph, options=options, build=False)):  # too little for a team
-        options = Options(threads=1)
-    assert _plans(_check(graph, inputs, options))
+    graph, inputs, options = _random_case(seed)
+    [plan] = _plans(_check(graph, inputs, options))
+    assert plan.tile == options.winograd_tile

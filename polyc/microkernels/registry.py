@@ -94,6 +94,26 @@ def _gemm(name: str, file: str, features: tuple[str, ...], mr: int, nr: int, ali
         needs=("support.c", *needs), rank=rank)
 
 
+def _winograd(m: int) -> Microkernel:
+    """The transforms of Winograd's F(m x m, 3x3) (targets/cpu/winograd.py): the
+    products between them run on a gemm kernel, its A and B the transforms' output."""
+    name, e = f"winograd_f{m}x3", (m + 2) ** 2
+    return Microkernel(
+        name, "winograd", "float32", f"{name}.c", (),
+        layouts=(("w", "row-major O x C x 3 x 3"), ("x", "row-major N x C x H x W"),
+                 ("U", f"{e} gemm A operands, column panels of the gemm kernel's mr"),
+                 ("V", f"{e} gemm B operands, row panels of its nr")),
+        writes=f"U, V and {m} output rows a channel (see the file)",
+        needs=("winograd_strip.c",),
+        entry=f"void polyc_{name}_weights(const float *restrict w, long O, long C, long mr, "
+              "long es, float *restrict U); "
+              f"void polyc_{name}_input(const float *restrict x, long C, long H, long W, "
+              "long pt, long pl, long TY, long TX, long r0, long r1, long c0, long c1, "
+              "long nr, long cols, long es, float *restrict V, float *restrict strip); "
+              f"void polyc_{name}_output(const float *restrict m, long es, long cols, "
+              "float *restrict y)")
+
+
 def _row(kind: str, file: str, writes: str, entry: str = "") -> Microkernel:
     return Microkernel(kind + "_f32", kind, "float32", file, (), 1, 32, 1,
                        layouts=(("x", "one contiguous row, unit stride, any alignment"),),
@@ -136,21 +156,8 @@ REGISTRY: tuple[Microkernel, ...] = (
          "float polyc_row_max_f32(const float *restrict x, long n)"),
     _row("row_maxsumexp", "row_maxsumexp_f32.c",
          "writes max and sum(exp(x - max)) through two pointers"),
-    # a 3x3 convolution's Winograd transforms (targets/cpu/winograd.py): the products
-    # between them run on a gemm kernel, its A and B the transforms' output
-    Microkernel("winograd_f2x3", "winograd", "float32", "winograd_f2x3.c", (),
-                layouts=(("w", "row-major O x C x 3 x 3"), ("x", "row-major N x C x H x W"),
-                         ("U", "16 gemm A operands, column panels of the gemm kernel's mr"),
-                         ("V", "16 gemm B operands, row panels of its nr")),
-                writes="U, V and two output rows a channel (see the file)",
-                entry="void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, "
-                      "long mr, long es, float *restrict U); "
-                      "void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, "
-                      "long W, long pt, long pl, long TY, long TX, long r0, long r1, long c0, "
-                      "long c1, long nr, long cols, long es, float *restrict V, "
-                      "float *restrict strip); "
-                      "void polyc_winograd_f2x3_output(const float *restrict m, long es, "
-                      "long cols, float *restrict y)"),
+    _winograd(2),
+    _winograd(4),
     Microkernel("mc_sgemm_64x64x32", "gemm", "float32", "mc_sgemm_64x64x32.c", ("sw_cpe",),
                 64, 64, 64, (("A", "row-major 64 x 32 in LDM, lda floats a row, zero padded"),
                              ("B", "row-major 32 x 64 in LDM, ldb floats a row, zero padded"),

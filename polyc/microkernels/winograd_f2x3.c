@@ -23,9 +23,9 @@
  *   columns 2 tx - pl, zero outside the image) to V as the 16 products' B operands, row
  *   panels nr wide (a gemm kernel's packed B): tile j of the block at V[e * es + (j / nr)
  *   * C * nr + c * nr + j % nr], where j = (r - r0) (TX + 1) + tx: each tile row one tile
- *   more, its pad (the patches are read two floats a tile from rows padded to 2 TX + 2).
- *   `cols` (a multiple of nr, at least (r1 - r0) (TX + 1)) columns are written, zero past
- *   the tiles; es >= C * cols. `strip`: 4 (2 cols + 2) floats of scratch.
+ *   more, its pad (winograd_strip.c). `cols` (a multiple of nr, at least (r1 - r0)
+ *   (TX + 1)) columns are written, zero past the tiles; es >= C * cols. `strip`:
+ *   4 (2 cols + 2) floats of scratch.
  *
  *   polyc_winograd_f2x3_output(m, es, cols, y): the 2 x 2 outputs of tiles 0 .. cols - 1
  *   of one output channel from its row of the 16 products (m[e * es + j]): output row i
@@ -76,27 +76,9 @@ POLYC_PART_ENTRY void polyc_winograd_f2x3_input(const float *restrict x, long C,
                                             long c0, long c1, long nr, long cols, long es,
                                             float *restrict V, float *restrict strip)
 {
-  const long TS = TX + 1, width = 2 * TS, len = 2 * cols + 2;
+  const long len = 2 * cols + 2;
   for (long c = c0; c < c1; c++) {
-    /* strip a: input row 2 ty + a - pt of each tile row, zero-padded to 2 TS floats */
-    for (int a = 0; a < 4; a++) {
-      float *restrict s = strip + a * len;
-      for (long r = r0; r < r1; r++) {
-        float *restrict line = s + (r - r0) * width;
-        const long n = r / TY, y = 2 * (r % TY) - pt + a;
-        const long lead = pl < width ? pl : width;
-        const long in = y < 0 || y >= H ? 0 : W < width - lead ? W : width - lead;
-        const float *row = x + ((n * C + c) * H + y) * W;
-        for (long i = 0; i < lead; i++)
-          line[i] = 0.0f;
-        for (long i = 0; i < in; i++)
-          line[lead + i] = row[i];
-        for (long i = lead + in; i < width; i++)
-          line[i] = 0.0f;
-      }
-      for (long i = (r1 - r0) * width; i < len; i++)
-        s[i] = 0.0f;
-    }
+    polyc_winograd_strip(x, C, H, W, pt, pl, TY, TX, 2, r0, r1, c, len, strip);
     const float *restrict s0 = strip, *restrict s1 = strip + len;
     const float *restrict s2 = strip + 2 * len, *restrict s3 = strip + 3 * len;
     for (long q = 0; q < cols / nr; q++) {

@@ -16,8 +16,9 @@ positional ones first, then `name=value` ones:
     team_for S0                   the tile loop below is shared by the team
     b_rows S0                     B is read in place by rows (conv2d's window rows)
     tile LDM tile                 one tile runs below: its data is promoted to the LDM
-    winograd S0 sgemm_avx512_8x48 rows=24 par=blocks weights=const   a 3x3 convolution
-                                  by Winograd's F(2x2, 3x3), its products on that kernel
+    winograd S0 sgemm_avx512_8x48 tile=4 rows=24 par=blocks weights=const
+                                  a 3x3 convolution by Winograd's F(4x4, 3x3), its
+                                  products on that kernel
 
 `parse(text)` gives the typed mark, `str(mark)` its text: no pass splits mark text by
 hand. Every printed tree (`--print-after-all`, the service, the browser view) shows
@@ -231,14 +232,16 @@ class Gemm(Mark):
 
 @dataclass(frozen=True)
 class Winograd(Mark):
-    """A 3x3 convolution of stride 1 by Winograd's F(2x2, 3x3) (`targets/cpu/winograd.py`):
-    its tiles' transforms and 16 products on a gemm kernel, block by block of tile rows."""
+    """A 3x3 convolution of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3)
+    (`targets/cpu/winograd.py`): its tiles' transforms and 16 or 36 products on a gemm
+    kernel, block by block of tile rows."""
 
     word: ClassVar[str] = "winograd"
     positional: ClassVar[tuple[str, ...]] = ("stmt", "kernel")
     stmt: str = ""
-    kernel: str = ""  # the gemm kernel of the 16 products
-    rows: int = 0  # tile rows (two output rows each, over every image) a block
+    kernel: str = ""  # the gemm kernel of the (tile + 2)^2 products
+    tile: int = 2  # F(tile x tile, 3x3)
+    rows: int = 0  # tile rows (`tile` output rows each, over every image) a block
     # 'blocks' (each thread its own blocks) | 'team' (the team shares each block's
     # transforms and products) | 'none'
     par: str = "none"

@@ -109,8 +109,11 @@ _OPTION_FIELDS: dict[str, dict] = {
     "threads": {"ge": 0, "le": 1024,
                 "description": "the OpenMP team of every parallel loop (0: OMP_NUM_THREADS)"},
     "winograd": {"description": "3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) "
-                                "where it pays (cpu; the kernel's report says when); false: "
-                                "the direct convolution"},
+                                "or F(4x4, 3x3) where it pays (cpu; the kernel's report says "
+                                "when); false: the direct convolution"},
+    "winograd_tile": {"description": "0: of Winograd's tiles that pay, the one with the "
+                                     "fewest multiply-adds; 2 or 4: only F(2x2, 3x3) or "
+                                     "F(4x4, 3x3), whose rounding is about ten times 2's"},
 }
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ...microkernels import registry
 from ...options import MAX_TILE, Options
+from .winograd import TILES
 
 MAX_THREADS = 1024  # an OpenMP team; more is a typo, and would spawn them all
 ISAS = ("", *registry.ISAS)  # microkernel_isa: '' is the fastest measured on the host
@@ -31,9 +32,12 @@ class CpuOptions(Options):
     # columns would be a block that grows with it), and B read in place is copied image
     # by image (`BRows.slices`), not as a copy of all images, which would grow with it
     fold_batch: bool = True
-    # 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) where it pays
-    # (`winograd.py`); False: the direct convolution
+    # 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3) where it
+    # pays (`winograd.py`); False: the direct convolution
     winograd: bool = True
+    # 0: of the tiles that pay, the one with the fewest multiply-adds; 2 or 4: only
+    # F(2x2, 3x3) or F(4x4, 3x3) (4's rounding is about ten times 2's)
+    winograd_tile: int = 0
 
     def named_kernels(self) -> list[tuple[str, str]]:
         return super().named_kernels() + [(f"kernel_gemm.{k}", name)
@@ -54,6 +58,9 @@ class CpuOptions(Options):
              and len({p[0] for p in self.kernel_gemm}) == len(self.kernel_gemm),
              f"must be pairs of a kernel name, each once, and one of "
              f"{', '.join(map(repr, GEMM_KERNELS[1:]))}"),
+            ("winograd_tile", self.winograd_tile in (0, *TILES),
+             f"must be 0 (the plan chooses) or one of {', '.join(map(str, TILES))}, "
+             f"got {self.winograd_tile}"),
             ("microkernel_tiles", tiles_ok, "must be pairs of 'mc', 'nc' or 'kc' and a size "
              f"1 to {MAX_TILE}, got {[list(t) for t in self.microkernel_tiles]}"),
         ]

@@ -102,8 +102,9 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
         if report is not None:
             report.append(
                 f"{conv.view.stmt.name} ({conv.N}x{conv.C}x{conv.H}x{conv.W} to {conv.O}, 3x3, "
-                f"stride 1) by Winograd's F(2x2, 3x3): {conv.gain:.2f}x fewer multiply-adds "
-                f"than direct, as 16 products of {conv.O}x{conv.C} @ {conv.C}x(tiles) in blocks "
+                f"stride 1) by Winograd's F({conv.m}x{conv.m}, 3x3): {conv.gain:.2f}x fewer "
+                f"multiply-adds than direct, as {conv.operands} products of {conv.O}x{conv.C} @ "
+                f"{conv.C}x(tiles) in blocks "
                 f"of {plan.rows} tile rows on {plan.kernel} ({why}); weights transformed "
                 f"{'once' if plan.weights == 'const' else 'on every call'}; "
                 "options.winograd=False for the direct convolution")

@@ -1,34 +1,43 @@
-"""3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3): which, how blocked, the tree.
+"""3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3): which, which
+tile, how blocked, the tree.
 
-Each 2x2 block of outputs (a tile) comes from a 4x4 patch of the input through 16
-products summed over the channels, M[e] = U[e] V[e] (U from the weights, O x C; V from
-the patches, C x tiles), then a transform of the 16 back to the 2x2: 16 multiply-adds
-a tile and channel pair where the direct convolution has 36 (`microkernels/
-winograd_f2x3.c` holds the transforms, a gemm kernel the products). The tiles run in
-blocks of whole tile rows (two output rows of one image each), a block's transformed
-patches, products and outputs in scratch while it is in cache; each tile row's patches
-are laid out two floats a tile with one tile more (its right pad), so the transforms are
-long unit-stride loops over a block, at the cost of that tile's products.
+Each m x m block of outputs (a tile; m = 2 or 4) comes from an (m + 2) x (m + 2) patch of
+the input through (m + 2)^2 products summed over the channels, M[e] = U[e] V[e] (U from
+the weights, O x C; V from the patches, C x tiles), then a transform of them back to the
+m x m: 16 multiply-adds a tile and channel pair where the direct convolution has 36 (m =
+2), 36 where it has 144 (m = 4) (`microkernels/winograd_f2x3.c` and `winograd_f4x3.c`
+hold the transforms, a gemm kernel the products). The tiles run in blocks of whole tile
+rows (m output rows of one image each), a block's transformed patches, products and
+outputs in scratch while it is in cache; each tile row's patches are laid out m floats a
+tile with one tile more (its right pad), so the transforms are long unit-stride loops
+over a block, at the cost of that tile's products.
 
 Taken where it pays: 3x3 windows of stride 1 over float32, at least MIN_CHANNELS
 channels in and out, tiles that waste little of the output (a 7x7 output is 4x4 tiles
 of 2x2, 5 wide with the pad: 1.4x fewer multiply-adds than direct, before the
-transforms), for a team, work enough (MIN_TEAM_FLOPS), and for weights transformed on
-every call, tiles enough (MIN_CALL_TILES). Zen 5, polyc's direct
+transforms), products that, their panels rounded up, keep enough of that
+(MIN_PANEL_GAIN), for a team, work enough (MIN_TEAM_FLOPS), and for weights transformed
+on every call, tiles enough (MIN_CALL_TILES). Of the two tiles, 4 where its products
+take F4_MARGIN less time: its transforms cost more a tile. Zen 5, polyc's direct
 convolution's time over this one's, in pairs of calls (bias and relu, constant
-weights), 1 and 2 threads: 1x32x56x56 to 32 1.27x and 1.41x, 8x32x56x56 1.25x and
-1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and 1.33x, 8x64x14x14 1.17x
-and 1.04x, 1x128x14x14 1.16x and 1.15x, 1x256x10x10 1.53x and 1.44x; ResNet-50's 3x3s
-(`bench_cpu.py --suite resnet50`, best times) 1.33-1.69x; 8x512x7x7 (not taken) in a
-harness of this code 0.9x.
+weights), 1 and 2 threads, F(2x2, 3x3) alone: 1x32x56x56 to 32 1.27x and 1.41x,
+8x32x56x56 1.25x and 1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and
+1.33x, 8x64x14x14 1.17x and 1.04x, 1x128x14x14 1.16x and 1.15x, 1x256x10x10 1.53x and
+1.44x; with F(4x4, 3x3), ResNet-50's: 1x64x56x56 2.21x and 2.20x, 8x64x56x56 2.16x and
+1.95x, 1x128x28x28 2.05x and 2.05x, 8x128x28x28 2.11x and 1.81x, 8x512x7x7 1.00-1.12x
+and 1.14x (F(2x2, 3x3)'s time over F(4x4, 3x3)'s there 1.29-1.59x), 14x14 images keep
+F(2x2, 3x3) (1.27-1.35x).
 
-The rounding differs from the direct sum's: the transforms add and subtract up to nine
-inputs or products (a few ulps of the largest), about what a direct sum's order changes.
-`CpuOptions.winograd` False keeps the direct convolution.
+The rounding differs from the direct sum's: F(2x2, 3x3)'s transforms add and subtract
+up to nine inputs or products (a few ulps of the largest), about what a direct sum's
+order changes; F(4x4, 3x3)'s scale by up to 8 and 1/24, about ten times that (float32,
+8x128x28x28: 1.6e-5 off a float64 reference, F(2x2, 3x3)'s 7.2e-7).
+`CpuOptions.winograd` False keeps the direct convolution, `winograd_tile` 2 or 4 asks
+for one tile.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 
@@ -45,6 +54,20 @@ from .plan import (MIN_PARALLEL_FLOPS, allowed_gemm_kernels, asked_gemm_kernel,
                    constant_operand, measured)
 
 MIN_CHANNELS = 32
+TILES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
+# F(2x2, 3x3)'s products' time over F(4x4, 3x3)'s above which 4 wins: its transforms
+# cost more a tile, and its weights take 36 / 16 the memory (Zen 5, 1 thread, in pairs
+# of calls: products 1.11x fewer ran 0.93x the speed (8x256x14x14 to 256), 1.52x fewer
+# 1.31x (1x128x28x28), 1.75x 1.50x (8x64x56x56)). Its products' time counts this much
+# more against the direct convolution too (MIN_PANEL_GAIN)
+F4_MARGIN = 1.25
+# the direct convolution's multiply-adds at the fastest kernel's rate over the products'
+# as their kernel computes them (its panels rounded up, at its rate; F(4x4, 3x3)'s
+# times F4_MARGIN) under which Winograd loses (Zen 5, 1 thread, the direct
+# convolution's time over Winograd's): F(2x2, 3x3) on 1x128x14x14 1.43, 1.20x; F(4x4,
+# 3x3) on 8x512x7x7 1.63, 1.12x; on 4x512x7x7 1.10 (24 tiles, one 32-wide panel),
+# 0.67x; on 2x512x7x7 0.62 (one 16-wide panel of avx2's 6x16 at half the rate), 0.46x
+MIN_PANEL_GAIN = 1.2
 # the direct convolution's multiply-adds over the products' (a tile's pad counted): 2.1
 # on 28x28 outputs, 1.97 on 14x14, 1.38 on 7x7, which lost (above)
 MIN_GAIN = 1.8
@@ -81,14 +104,19 @@ class Conv:
     OW: int
     pad_top: int
     pad_left: int
+    m: int = 2  # F(m x m, 3x3): a tile's outputs a side; 2 or 4
 
     @property
-    def TY(self) -> int:  # tile rows of an image (two output rows each)
-        return -(-self.OH // 2)
+    def operands(self) -> int:  # the products a tile: its patch's points
+        return (self.m + 2) ** 2
 
     @property
-    def TX(self) -> int:  # tiles of a tile row (two output columns each)
-        return -(-self.OW // 2)
+    def TY(self) -> int:  # tile rows of an image (m output rows each)
+        return -(-self.OH // self.m)
+
+    @property
+    def TX(self) -> int:  # tiles of a tile row (m output columns each)
+        return -(-self.OW // self.m)
 
     @property
     def tile_rows(self) -> int:  # of every image
@@ -100,7 +128,7 @@ class Conv:
 
     @property
     def gain(self) -> float:
-        return 9 * self.OH * self.OW / (16 * self.TY * self.row_tiles)
+        return 9 * self.OH * self.OW / (self.operands * self.TY * self.row_tiles)
 
 
 def conv_of(kernel: Kernel) -> Conv | None:
@@ -163,7 +191,7 @@ def blocking(conv: Conv, mk: registry.Microkernel) -> tuple[int, int]:
     `mk`: the fewest columns (a block's tiles rounded up to whole panels of mk.nr), then
     the largest blocks, within MAX_BLOCK_FLOATS of patches and MAX_BLOCK_COLUMNS."""
     R, ts = conv.tile_rows, conv.row_tiles
-    cap = max(ts, min(MAX_BLOCK_COLUMNS, MAX_BLOCK_FLOATS // (16 * conv.C)))
+    cap = max(ts, min(MAX_BLOCK_COLUMNS, MAX_BLOCK_FLOATS // (conv.operands * conv.C)))
     best = None
     for rows in range(1, R + 1):
         if rows * ts > cap and rows > 1:
@@ -178,32 +206,62 @@ def blocking(conv: Conv, mk: registry.Microkernel) -> tuple[int, int]:
 def plan_winograd(kernel: Kernel, machine: Machine, options
                   ) -> tuple[Conv, marks.Winograd, str] | None:
     """The Winograd plan of a 3x3 convolution where it pays (see the module doc), the
-    convolution and why its kernel, or None."""
+    convolution and why its tile and kernel, or None. Of the tiles that pay (or the one
+    `options.winograd_tile` asks for), F(4x4, 3x3) where its products take F4_MARGIN
+    times less time than F(2x2, 3x3)'s."""
     if not options.winograd:
         return None
     conv = conv_of(kernel)
-    if conv is None or min(conv.C, conv.O) < MIN_CHANNELS or conv.gain < MIN_GAIN:
+    if conv is None or min(conv.C, conv.O) < MIN_CHANNELS:
+        return None
+    tiles = (options.winograd_tile,) if options.winograd_tile else TILES
+    plans = {m: p for m in tiles
+             if (p := _plan(replace(conv, m=m), kernel, machine, options)) is not None}
+    if not plans:
+        return None
+    if len(plans) == 1:
+        [(m, (conv, plan, why, _))] = plans.items()
+        return conv, plan, (f"options.winograd_tile={m}" if options.winograd_tile else
+                            "the only tile that pays") + f"; {why}"
+    ratio = plans[2][3] / plans[4][3] * F4_MARGIN
+    m = 4 if ratio >= F4_MARGIN else 2
+    conv, plan, why, _ = plans[m]
+    return conv, plan, (f"F(2x2, 3x3)'s products take {ratio:.2f}x F(4x4, 3x3)'s time, "
+                        f"{'at least' if m == 4 else 'under'} the {F4_MARGIN}x that pays for "
+                        f"4's dearer transforms; {why}")
+
+
+def _plan(conv: Conv, kernel: Kernel, machine: Machine, options
+          ) -> tuple[Conv, marks.Winograd, str, float] | None:
+    """`plan_winograd`'s plan for the tile `conv.m` and its products' time (in units of
+    the calibration's; F(4x4, 3x3)'s times F4_MARGIN), or None where it does not pay."""
+    if conv.gain < MIN_GAIN:
         return None
     asked = asked_gemm_kernel(kernel, machine, options)
-    if asked is not None:
-        mk, why = asked
-    else:
-        isa = options.microkernel_isa
-        rates = measured(machine)
-        fits = [m for m in allowed_gemm_kernels(machine, isa) if not m.window and m.name in rates]
-        if not fits:
-            return None
-        useful = conv.tile_rows * conv.row_tiles
-
-        def speed(m: registry.Microkernel) -> float:
-            return rates[m.name] * conv.O / up(conv.O, m.mr) * useful / blocking(conv, m)[1]
-        mk = max(fits, key=speed)
+    rates = measured(machine)
+    fits = [m for m in allowed_gemm_kernels(machine, options.microkernel_isa)
+            if not m.window and m.name in rates]
+    if asked is not None:  # the direct convolution's kernel too
+        (mk, why), fits = asked, [asked[0]]
+    elif fits:
+        def seconds(m: registry.Microkernel) -> float:
+            return up(conv.O, m.mr) * blocking(conv, m)[1] / rates[m.name]
+        mk = min(fits, key=seconds)
         why = (f"the fastest on its products by the calibration's rate ({rates[mk.name]:.1f} "
                f"GFLOP/s) times the share of them inside the tiles")
+    else:
+        return None
     rows, cols = blocking(conv, mk)
+    products = conv.operands * conv.C * up(conv.O, mk.mr) * cols
+    # what the panels' rounding and the kernel's rate leave of the gain
+    rate = rates.get(mk.name, 1.0)
+    best = max((rates.get(m.name, 1.0) for m in fits), default=rate)
+    time = products / rate * (F4_MARGIN if conv.m == 4 else 1.0)
+    if 9 * conv.C * conv.O * conv.N * conv.OH * conv.OW / best < MIN_PANEL_GAIN * time:
+        return None
     blocks = -(-conv.tile_rows // rows)
     team = tuning.team(options, machine)
-    flops = 2 * 16 * conv.O * conv.C * cols
+    flops = 2 * conv.operands * conv.O * conv.C * cols
     if team > 1 and flops < MIN_TEAM_FLOPS:
         return None
     par = "none"
@@ -212,8 +270,8 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
     weights = "const" if constant_operand(conv.view, kernel, "a") else "call"
     if weights == "call" and conv.tile_rows * conv.row_tiles < MIN_CALL_TILES:
         return None
-    return conv, marks.Winograd(conv.view.stmt.name, mk.name, rows, par, options.threads,
-                                weights), why
+    return (conv, marks.Winograd(conv.view.stmt.name, mk.name, conv.m, rows, par,
+                                 options.threads, weights), why, time)
 
 
 def winograd_schedule(model: PolyModel, conv: Conv, plan: marks.Winograd) -> isl.Schedule:

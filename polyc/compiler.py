@@ -137,8 +137,7 @@ class KernelResult:
     def microkernels(self) -> list[str]:
         """The hand-written kernels its marks call, e.g. ['sgemm_avx2_6x16'] (a Winograd
         convolution's: its transforms', then its products')."""
-        winograd = [name for m in self.marks(mk.Winograd)
-                    for name in (f"winograd_f{m.tile}x3", m.kernel)]
+        winograd = [name for m in self.marks(mk.Winograd) for name in (m.transforms, m.kernel)]
         return list(dict.fromkeys(winograd + [m.kernel for m in self.marks(mk.Microkernel)]))
 
     def provenance(self) -> list[dict]:

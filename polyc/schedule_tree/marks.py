@@ -250,6 +250,10 @@ class Winograd(Mark):
     # 'call': transformed on every call
     weights: str = "call"
 
+    @property
+    def transforms(self) -> str:  # the registry kernel of its tile's transforms
+        return f"winograd_f{self.tile}x3"
+
 
 @dataclass(frozen=True)
 class PackA(Mark):

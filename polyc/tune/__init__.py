@@ -3,8 +3,10 @@
 The driver of the cpu target's tuning (the targets `targets.tunable()` lists). For each
 contraction of a graph (its kernel timed alone, after the kernels before it
 have written its inputs), every gemm microkernel the host can run is measured with tile
-sizes around the memory model's choice for it; the fastest goes to the cpu target's
-tuning cache (`polyc/targets/cpu/tuning.py`), which later compiles read.
+sizes around the memory model's choice for it; a 3x3 convolution Winograd can compute
+is measured that way as the direct convolution and as each of Winograd's tiles, its
+products on each gemm kernel. The fastest goes to the cpu target's tuning cache
+(`polyc/targets/cpu/tuning.py`), which later compiles read.
 
 Where the candidates are measured is a `Measure`: here, one after the other
 (`measure_here`), or on the machines of a Ray cluster of this machine's CPU kind
@@ -28,7 +30,8 @@ from ..schedule_tree.marks import Gemm
 from ..targets import backend
 from ..targets.cpu import host_can_run
 from ..targets.cpu.tiles import model_tiles
-from ..targets.cpu.tuning import machine_id, store, team
+from ..targets.cpu.tuning import kernel_key, machine_id, store, team
+from ..targets.cpu.winograd import TILES, conv_of
 
 
 def candidates(plan_tiles: dict[str, int], m: int, n: int, k: int, mr: int, nr: int,
@@ -71,15 +74,26 @@ def kernel_candidates(plan, kernels, machine: Machine, budget: int, vary_nc: boo
 @dataclass(frozen=True)
 class Measurement:
     """One candidate: kernel `index` of the compiled graph timed alone with `microkernel`
-    and `tiles` (the choice applies to every contraction of the graph)."""
+    and `tiles` (the choice applies to every contraction of the graph); for a 3x3
+    convolution, `winograd` is the tile of Winograd's asked for (its products on
+    `microkernel`), or 0 for the direct convolution."""
 
     index: int
     microkernel: str
     tiles: tuple[tuple[str, int], ...]
+    winograd: int | None = None
 
     def options(self, options):
+        asked = {} if self.winograd is None else {"winograd": self.winograd > 0,
+                                                  "winograd_tile": self.winograd}
         return dataclasses.replace(options, gemm_kernel=self.microkernel,
-                                   microkernel_tiles=self.tiles)
+                                   microkernel_tiles=self.tiles, **asked)
+
+    @property
+    def text(self) -> str:
+        how = ("" if self.winograd is None else "direct " if not self.winograd else
+               f"winograd {self.winograd}x{self.winograd} ")
+        return f"{how}{self.microkernel} {_tiles_text(dict(self.tiles))}".rstrip()
 
 
 # measure(graph, target, options, measurements, repeat) -> (measurement, seconds) pairs, in
@@ -117,14 +131,22 @@ def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat:
                and (not options.gemm_kernel or m.name == options.gemm_kernel)]
     if not host_can_run(machine.arch):
         return [f"this host cannot run -march={machine.arch} code: nothing to measure"]
+    # a 3x3 convolution's direct plan, where the graph's kernels are the same without
+    # Winograd (they are: fusion does not ask)
+    direct = (compile(graph, target, options=dataclasses.replace(options, winograd=False),
+                      build=False)
+              if options.winograd and any(conv_of(k.kernel) for k in base.kernels) else None)
+    if direct is not None and _keys(direct, machine, threads) != _keys(base, machine, threads):
+        direct = None
     todo = []
     for index, kr in enumerate(base.kernels):
+        if direct is not None and conv_of(kr.kernel) is not None:
+            tiles = (options.winograd_tile,) if options.winograd_tile else TILES
+            todo.append((index, kr.kernel, _convolution(index, direct.kernels[index], tiles,
+                                                        kernels, machine, budget)))
+            continue
         for plan in kr.marks(Gemm):
-            usable = [m for m in kernels if plan.b != "rows" or m.b_rows_variant]
-            todo.append((index, kr.kernel, [
-                Measurement(index, name, tuple(sorted(tiles.items())))
-                for name, tiles in kernel_candidates(plan, usable, machine, budget,
-                                                     vary_nc=plan.b != "rows")]))
+            todo.append((index, kr.kernel, _contraction(index, plan, kernels, machine, budget)))
     if not todo:
         return ["no microkernel contraction in this graph: nothing to tune"]
     everything = [m for *_, cands in todo for m in cands]
@@ -137,19 +159,40 @@ def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat:
     for index, kernel, cands in todo:
         lines += [_line(base, m, seconds[m]) for m in cands]
         best = min(cands, key=seconds.__getitem__)
-        tiles = dict(best.tiles)
-        kept = store(kernel, machine, threads, best.microkernel, tiles, seconds[best])
+        kept = store(kernel, machine, threads, best.microkernel, dict(best.tiles),
+                     seconds[best], best.winograd)
         if stored is not None:
             stored.append(kept)
-        lines.append(f"{kernel.name}: best: {best.microkernel} {_tiles_text(tiles)} "
-                     f"({seconds[best] * 1e3:.3f} ms)")
+        lines.append(f"{kernel.name}: best: {best.text} ({seconds[best] * 1e3:.3f} ms)")
     lines.append(f"kept for {len(todo)} kernel(s) on {machine_id(machine)} with {threads} thread(s)")
     return lines
 
 
+def _contraction(index: int, plan: Gemm, kernels, machine: Machine, budget: int,
+                 winograd: int | None = None) -> list[Measurement]:
+    usable = [m for m in kernels if plan.b != "rows" or m.b_rows_variant]
+    return [Measurement(index, name, tuple(sorted(tiles.items())), winograd)
+            for name, tiles in kernel_candidates(plan, usable, machine, budget,
+                                                 vary_nc=plan.b != "rows")]
+
+
+def _convolution(index: int, direct, tiles: tuple[int, ...], kernels, machine: Machine,
+                 budget: int) -> list[Measurement]:
+    """A 3x3 convolution's candidates: each Winograd tile of `tiles` on each gemm kernel
+    for its products (up to half the budget), then its direct plan's (`direct`: its
+    kernel compiled without Winograd) up to the budget."""
+    winograd = [Measurement(index, m.name, (), tile) for m in kernels if not m.window
+                for tile in tiles][:max(1, budget // 2)]
+    return winograd + [m for plan in direct.marks(Gemm)[:1] for m in _contraction(
+        index, plan, kernels, machine, budget - len(winograd), winograd=0)]
+
+
+def _keys(compiled, machine: Machine, threads: int) -> list[str]:
+    return [kernel_key(k.kernel, machine, threads) for k in compiled.kernels]
+
+
 def _line(base, m: Measurement, seconds: float) -> str:
-    return (f"{base.kernels[m.index].kernel.name} {m.microkernel} "
-            f"{_tiles_text(dict(m.tiles))}: {seconds * 1e3:.3f} ms")
+    return f"{base.kernels[m.index].kernel.name} {m.text}: {seconds * 1e3:.3f} ms"
 
 
 def _tiles_text(tiles: dict[str, int]) -> str:

@@ -18,6 +18,7 @@ import json
 from ..errors import PolycError
 from ..microkernels.registry import by_name
 from ..targets.cpu import tuning
+from ..targets.cpu.winograd import TILES
 
 TABLE = "polyc:v1:tuning"  # beside the service's "polyc:v1:bundle:<key>" entries
 MAX_TILE = 1 << 13
@@ -70,10 +71,11 @@ def _record(value: bytes) -> dict | None:
     try:
         record = json.loads(value)
         by_name(record["microkernel"])
-        tiles = record["tiles"]
-        ok = (set(tiles) == {"kc", "mc", "nc"}
-              and all(type(v) is int and 0 < v <= MAX_TILE for v in tiles.values())
-              and isinstance(record["seconds"], (int, float)))
+        tiles, winograd = record["tiles"], record.get("winograd", 0)
+        ok = (isinstance(record["seconds"], (int, float)) and type(winograd) is int
+              and (tiles == {} and winograd in TILES  # a Winograd tile's products' kernel
+                   or winograd == 0 and set(tiles) == {"kc", "mc", "nc"}
+                   and all(type(v) is int and 0 < v <= MAX_TILE for v in tiles.values())))
     except (ValueError, TypeError, KeyError, AttributeError, StopIteration):
         return None
     return record if ok else None

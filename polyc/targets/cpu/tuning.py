@@ -72,12 +72,17 @@ def lookup(kernel: Kernel, machine: Machine, threads: int) -> dict | None:
 
 
 def store(kernel: Kernel, machine: Machine, threads: int, microkernel: str,
-          tiles: dict[str, int], seconds: float) -> tuple[str, dict]:
+          tiles: dict[str, int], seconds: float, winograd: int | None = None
+          ) -> tuple[str, dict]:
     """Record the fastest microkernel and tiles for `kernel` run by `threads` threads
-    (written atomically: tuners may race); returns the entry's key and record."""
+    (written atomically: tuners may race); returns the entry's key and record. For a 3x3
+    convolution, `winograd`: the tile of Winograd's that ran fastest, its products on
+    `microkernel`, or 0 for the direct convolution (`winograd.plan_winograd`)."""
     key = kernel_key(kernel, machine, threads)
     record = {"kernel": kernel.name, "microkernel": microkernel, "tiles": tiles,
               "seconds": seconds, "machine": machine_id(machine), "threads": threads}
+    if winograd is not None:
+        record["winograd"] = winograd
     data = read_cache_json(FILE)
     data[key] = record
     write_cache_json(FILE, data)

@@ -205,24 +205,35 @@ def blocking(conv: Conv, mk: registry.Microkernel) -> tuple[int, int]:
 
 def plan_winograd(kernel: Kernel, machine: Machine, options
                   ) -> tuple[Conv, marks.Winograd, str] | None:
-    """The Winograd plan of a 3x3 convolution where it pays (see the module doc), the
-    convolution and why its tile and kernel, or None. Of the tiles that pay (or the one
-    `options.winograd_tile` asks for), F(4x4, 3x3) where its products take F4_MARGIN
-    times less time than F(2x2, 3x3)'s."""
+    """The Winograd plan of a 3x3 convolution, the convolution and why its tile and
+    kernel, or None. The tile `options.winograd_tile` asks for, else the one `polyc tune`
+    measured fastest (or the direct convolution), wherever the convolution is one;
+    otherwise of the tiles that pay (see the module doc), F(4x4, 3x3) where its products
+    take F4_MARGIN times less time than F(2x2, 3x3)'s."""
     if not options.winograd:
         return None
     conv = conv_of(kernel)
-    if conv is None or min(conv.C, conv.O) < MIN_CHANNELS:
+    if conv is None:
         return None
-    tiles = (options.winograd_tile,) if options.winograd_tile else TILES
-    plans = {m: p for m in tiles
+    if options.winograd_tile:
+        return _asked(conv, options.winograd_tile, kernel, machine, options,
+                      f"asked for by options.winograd_tile={options.winograd_tile}")
+    tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
+    if "winograd" in tuned:
+        if not tuned["winograd"]:  # the direct convolution measured fastest
+            return None
+        return _asked(conv, tuned["winograd"], kernel, machine, options,
+                      f"measured fastest by polyc tune ({tuned['seconds'] * 1e3:.3f} ms)",
+                      tuned["microkernel"])
+    if min(conv.C, conv.O) < MIN_CHANNELS:
+        return None
+    plans = {m: p for m in TILES
              if (p := _plan(replace(conv, m=m), kernel, machine, options)) is not None}
     if not plans:
         return None
     if len(plans) == 1:
-        [(m, (conv, plan, why, _))] = plans.items()
-        return conv, plan, (f"options.winograd_tile={m}" if options.winograd_tile else
-                            "the only tile that pays") + f"; {why}"
+        [(conv, plan, why, _)] = plans.values()
+        return conv, plan, f"the only tile that pays; {why}"
     ratio = plans[2][3] / plans[4][3] * F4_MARGIN
     m = 4 if ratio >= F4_MARGIN else 2
     conv, plan, why, _ = plans[m]
@@ -231,18 +242,29 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
                         f"4's dearer transforms; {why}")
 
 
-def _plan(conv: Conv, kernel: Kernel, machine: Machine, options
-          ) -> tuple[Conv, marks.Winograd, str, float] | None:
+def _asked(conv: Conv, m: int, kernel: Kernel, machine: Machine, options, because: str,
+           products: str = "") -> tuple[Conv, marks.Winograd, str] | None:
+    """The plan of tile `m` whether or not it pays, its products on kernel `products`
+    where the target still offers it (and options ask for no other)."""
+    found = _plan(replace(conv, m=m), kernel, machine, options, asked=True, products=products)
+    return found and (found[0], found[1], f"{because}; {found[2]}")
+
+
+def _plan(conv: Conv, kernel: Kernel, machine: Machine, options, asked: bool = False,
+          products: str = "") -> tuple[Conv, marks.Winograd, str, float] | None:
     """`plan_winograd`'s plan for the tile `conv.m` and its products' time (in units of
-    the calibration's; F(4x4, 3x3)'s times F4_MARGIN), or None where it does not pay."""
-    if conv.gain < MIN_GAIN:
+    the calibration's; F(4x4, 3x3)'s times F4_MARGIN), or None where it does not pay
+    (unless `asked`). `products`: their gemm kernel, if allowed."""
+    if conv.gain < MIN_GAIN and not asked:
         return None
-    asked = asked_gemm_kernel(kernel, machine, options)
     rates = measured(machine)
     fits = [m for m in allowed_gemm_kernels(machine, options.microkernel_isa)
-            if not m.window and m.name in rates]
-    if asked is not None:  # the direct convolution's kernel too
-        (mk, why), fits = asked, [asked[0]]
+            if not m.window and (m.name in rates or m.name == products)]
+    chosen = asked_gemm_kernel(kernel, machine, options)
+    if chosen is None and any(m.name == products for m in fits):
+        chosen = registry.by_name(products), "the products' kernel it was measured with"
+    if chosen is not None:  # the direct convolution's kernel too
+        (mk, why), fits = chosen, [chosen[0]]
     elif fits:
         def seconds(m: registry.Microkernel) -> float:
             return up(conv.O, m.mr) * blocking(conv, m)[1] / rates[m.name]
@@ -252,23 +274,24 @@ def _plan(conv: Conv, kernel: Kernel, machine: Machine, options
     else:
         return None
     rows, cols = blocking(conv, mk)
-    products = conv.operands * conv.C * up(conv.O, mk.mr) * cols
+    work = conv.operands * conv.C * up(conv.O, mk.mr) * cols
     # what the panels' rounding and the kernel's rate leave of the gain
     rate = rates.get(mk.name, 1.0)
     best = max((rates.get(m.name, 1.0) for m in fits), default=rate)
-    time = products / rate * (F4_MARGIN if conv.m == 4 else 1.0)
-    if 9 * conv.C * conv.O * conv.N * conv.OH * conv.OW / best < MIN_PANEL_GAIN * time:
+    time = work / rate * (F4_MARGIN if conv.m == 4 else 1.0)
+    if 9 * conv.C * conv.O * conv.N * conv.OH * conv.OW / best < MIN_PANEL_GAIN * time \
+            and not asked:
         return None
     blocks = -(-conv.tile_rows // rows)
     team = tuning.team(options, machine)
     flops = 2 * conv.operands * conv.O * conv.C * cols
-    if team > 1 and flops < MIN_TEAM_FLOPS:
+    if team > 1 and flops < MIN_TEAM_FLOPS and not asked:
         return None
     par = "none"
     if team > 1 and flops >= MIN_PARALLEL_FLOPS:
         par = "blocks" if blocks >= 2 * team or blocks % team == 0 else "team"
     weights = "const" if constant_operand(conv.view, kernel, "a") else "call"
-    if weights == "call" and conv.tile_rows * conv.row_tiles < MIN_CALL_TILES:
+    if weights == "call" and conv.tile_rows * conv.row_tiles < MIN_CALL_TILES and not asked:
         return None
     return (conv, marks.Winograd(conv.view.stmt.name, mk.name, conv.m, rows, par,
                                  options.threads, weights), why, time)

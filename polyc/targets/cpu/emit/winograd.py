@@ -45,18 +45,17 @@ class WinogradMixin:
         if conv is None or conv.view.stmt.name != plan.stmt:
             return self.b.node(child, outer)  # not the kernel the plan was made for
         conv = replace(conv, m=plan.tile)
-        for m in (registry.by_name(f"winograd_f{conv.m}x3"), mk):
-            if m not in self.used:
-                self.used.append(m)
+        for kernel in (registry.by_name(plan.transforms), mk):
+            if kernel not in self.used:
+                self.used.append(kernel)
         self.winograd_results.add(conv.view.stmt.target)
         rows, c, o = plan.rows, conv.C, conv.O
         op, cols = up(o, mk.mr), up(rows * conv.row_tiles, mk.nr)
         eu, es, em = op * c + APART, c * cols + APART, op * cols + APART
-        team = plan.par == "team"
         body: list[cgen.Generable] = [cgen.Comment(
             f"Winograd F({conv.m}x{conv.m}, 3x3): {conv.view.stmt.name} as {conv.operands} "
-            f"products of {o}x{c} @ "
-            f"{c}x{cols} on {mk.name}, blocks of {rows} tile rows, par={plan.par}")]
+            f"products of {o}x{c} @ {c}x{cols} on {mk.name}, blocks of {rows} tile rows, "
+            f"par={plan.par}")]
         body += self._weights(plan, conv, mk, eu)
         e, m = conv.operands, conv.m
         buffers = [cgen.Statement(f"float *restrict mk_V = polyc_scratch(0, {c_size(4 * e * es)})"),
@@ -65,14 +64,14 @@ class WinogradMixin:
                               f"{c_size(4 * (m + 2) * (m * cols + 2))})"),
                cgen.Statement(f"float *restrict mk_Y = polyc_scratch(4, "
                               f"{c_size(4 * m * m * cols)})")]
-        block = self._block(conv, mk, rows, op, cols, (eu, es, em), team)
+        block = self._block(plan, conv, mk, op, cols, (eu, es, em))
         loop = cgen.For("long mk_r0 = 0", f"mk_r0 < {conv.tile_rows}", f"mk_r0 += {rows}",
                         cgen.Block(block))
         threads = _num_threads(plan)
         if plan.par == "blocks":
             body += [cgen.Pragma(f"omp parallel{threads}"), cgen.Block(
                 buffers + own + [cgen.Pragma("omp for schedule(dynamic, 1)"), loop])]
-        elif team:  # the block's buffers the team's, shared
+        elif plan.par == "team":  # the block's buffers the team's, shared
             body += buffers + [cgen.Pragma(f"omp parallel{threads}"), cgen.Block(own + [loop])]
         else:
             body += buffers + own + [loop]
@@ -86,7 +85,7 @@ class WinogradMixin:
         # a panel of rows at a time: on every call, the team's (Zen 5, 256 x 256
         # channels: 201 us on one thread)
         fill = [cgen.For("long mk_p = 0", f"mk_p < {-(-conv.O // mk.mr)}", "mk_p++", cgen.Statement(
-            f"polyc_winograd_f{conv.m}x3_weights({w.c_name} + mk_p * {mk.mr * conv.C * 9}, "
+            f"polyc_{plan.transforms}_weights({w.c_name} + mk_p * {mk.mr * conv.C * 9}, "
             f"min({mk.mr}, {conv.O} - mk_p * {mk.mr}), {conv.C}, {mk.mr}, {eu}, "
             f"mk_U + mk_p * {mk.mr * conv.C})"))]
         if plan.weights == "const":
@@ -98,16 +97,17 @@ class WinogradMixin:
         return [cgen.Statement(f"float *restrict mk_U = polyc_scratch(1, {c_size(size)})"),
                 *team, *fill]
 
-    def _block(self, conv, mk: registry.Microkernel, rows: int, op: int, cols: int,
-               apart: tuple[int, int, int], team: bool) -> list[cgen.Generable]:
+    def _block(self, plan: marks.Winograd, conv, mk: registry.Microkernel, op: int, cols: int,
+               apart: tuple[int, int, int]) -> list[cgen.Generable]:
         """One block of tile rows, from mk_r0: its transforms, products and outputs
         (`apart`: the floats from one of the operands to the next in mk_U, mk_V, mk_M)."""
         eu, es, em = apart
+        rows, team = plan.rows, plan.par == "team"
         x = self.b.arrays[conv.x].c_name
         shared = [cgen.Pragma("omp for schedule(static)")] if team else []
         channels = (f"mk_c, mk_c + 1" if team else f"0, {conv.C}")
         transform = cgen.Statement(
-            f"polyc_winograd_f{conv.m}x3_input({x}, {conv.C}, {conv.H}, {conv.W}, {conv.pad_top}, "
+            f"polyc_{plan.transforms}_input({x}, {conv.C}, {conv.H}, {conv.W}, {conv.pad_top}, "
             f"{conv.pad_left}, {conv.TY}, {conv.TX}, mk_r0, mk_r1, {channels}, "
             f"{mk.nr}, mk_cols, {es}, mk_V, mk_S)")
         if team:
@@ -120,7 +120,7 @@ class WinogradMixin:
                         f"mk_V + mk_e * {es} + mk_j * {conv.C}, "
                         f"mk_M + mk_e * {em} + mk_i * {cols} + mk_j, {cols}, 0)"))))
         outputs = cgen.For("long mk_o = 0", f"mk_o < {conv.O}", "mk_o++", cgen.Block([
-            cgen.Statement(f"polyc_winograd_f{conv.m}x3_output(mk_M + mk_o * {cols}, {em}, "
+            cgen.Statement(f"polyc_{plan.transforms}_output(mk_M + mk_o * {cols}, {em}, "
                            "mk_cols, mk_Y)"),
             self._rows(conv)]))
         return [cgen.Statement(f"const long mk_r1 = min(mk_r0 + {rows}, {conv.tile_rows})"),

@@ -20,6 +20,12 @@ from .errors import GraphError, PolycError
 def _options(args):
     from .targets import backend
     given = {"parallel": not args.no_parallel}
+    for item in args.option:
+        name, _, text = item.partition("=")
+        try:  # a JSON value (4, false, [["kc", 64]]), else the text itself
+            given[name] = json.loads(text)
+        except ValueError:
+            given[name] = text
     if args.threads:  # an option of the targets with an OpenMP team
         given["threads"] = args.threads
     return backend(args.target).options(given)
@@ -219,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     def threads(p):
         p.add_argument("--threads", type=int, default=0,
                        help="the OpenMP team of every parallel loop (default: OMP_NUM_THREADS)")
+        p.add_argument("-O", "--option", action="append", default=[], metavar="NAME=VALUE",
+                       help="a compile option, its value JSON or text (-O winograd_max_tile=4); "
+                            "repeatable")
 
     def common(p):
         p.add_argument("graph", help="subgraph JSON file, or an ONNX model (.onnx)")

@@ -89,6 +89,19 @@ def test_threads_fix_the_team_and_bad_counts_name_the_option(tmp_path, capsys):
     assert "field 'options.threads': must be 0" in capsys.readouterr().err
 
 
+def test_any_option_is_given_with_dash_o_and_a_bad_one_is_named(tmp_path, capsys):
+    conv = str(EXAMPLES / "conv2d.json")
+    assert main(["compile", conv, "-o", str(tmp_path), "-O", "winograd_tile=4",
+                 "-O", "winograd=true", "--threads", "1"]) == 0
+    assert "polyc_winograd_f4x3_input(" in (tmp_path / "kernels.c").read_text()
+    assert main(["compile", conv, "-o", str(tmp_path), "-O", "winograd=false"]) == 0
+    assert "polyc_winograd_f" not in (tmp_path / "kernels.c").read_text()
+    for bad, says in (("winograd_tile=3", "field 'options.winograd_tile': must be 0"),
+                      ("bogus=1", "field 'options.bogus': is not an option of target 'cpu'")):
+        assert main(["compile", conv, "-o", str(tmp_path), "-O", bad]) == 2
+        assert says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,flag", [(["run", "--repeat", "0"], "--repeat"),
                                        (["run", "--seed", "-1"], "--seed"),
                                        (["tune", "--budget", "0"], "--budget"),

@@ -181,10 +181,19 @@ def test_malformed_shared_tunings_are_ignored(table, tmp_path, monkeypatch):
         "huge-tiles": json.dumps({**good, "tiles": {"kc": 1 << 30, "mc": 48, "nc": 64}}),
         "float-tiles": json.dumps({**good, "tiles": {"kc": 64.5, "mc": 48, "nc": 64}}),
         "no-tiles": json.dumps({k: v for k, v in good.items() if k != "tiles"}),
+        # a 3x3 convolution's: a Winograd tile's products' kernel, or the direct one's
+        "winograd": json.dumps({**good, "tiles": {}, "winograd": 4}),
+        "direct": json.dumps({**good, "winograd": 0}),
+        "winograd-3x3": json.dumps({**good, "tiles": {}, "winograd": 3}),
+        "winograd-tiles": json.dumps({**good, "winograd": 4}),
+        "winograd-text": json.dumps({**good, "tiles": {}, "winograd": "4"}),
+        "direct-no-tiles": json.dumps({**good, "tiles": {}, "winograd": 0}),
     })
     client.close()
-    assert shared.pull(table) == 1
-    assert json.loads((tmp_path / "tuning.json").read_text()) == {"good": good}
+    assert shared.pull(table) == 3
+    assert json.loads((tmp_path / "tuning.json").read_text()) == {
+        "good": good, "winograd": {**good, "tiles": {}, "winograd": 4},
+        "direct": {**good, "winograd": 0}}
     assert shared.pull(table) == 0  # nothing new: the file is left alone
 
 

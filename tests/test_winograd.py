@@ -103,18 +103,22 @@ def test_the_plan_is_in_the_tree_and_the_report_says_why():
                    for line in compiled.kernels[0].fusion_report)
 
 
-@pytest.mark.parametrize("xs, o, tile, why", [
-    ((8, 64, 56, 56), 64, 4, "at least"),  # 4x4 tiles: about 1.7x fewer products
-    ((8, 256, 10, 10), 256, 2, "under"),  # a 10x10 image in 4x4 tiles: 1.1x, not enough
-], ids=["56x56", "10x10"])
-def test_of_the_tiles_that_pay_4x4_where_its_products_take_enough_less_time(xs, o, tile, why):
+@pytest.mark.parametrize("xs, o, max_tile, tile, why", [
+    ((8, 64, 56, 56), 64, 4, 4, "at least"),  # 4x4 tiles: about 1.7x fewer products
+    ((8, 256, 10, 10), 256, 4, 2, "under"),  # a 10x10 image in 4x4 tiles: 1.1x, not enough
+    ((8, 64, 56, 56), 64, 2, 2, "at least"),  # 4x4 would pay: the report says how to ask
+], ids=["56x56", "10x10", "56x56-max-2"])
+def test_of_the_tiles_allowed_4x4_where_its_products_take_enough_less_time(xs, o, max_tile,
+                                                                           tile, why):
     """The choice on the portable kernel (one kernel on every host: the same panels)."""
     graph, _ = _conv(xs, o)
-    compiled = compile(graph, options=replace(_isa("portable"), threads=1), build=False)
+    options = replace(_isa("portable"), threads=1, winograd_max_tile=max_tile)
+    compiled = compile(graph, options=options, build=False)
     [plan] = _plans(compiled)
     assert plan.tile == tile
     [line] = [line for line in compiled.kernels[0].fusion_report if "products take" in line]
     assert f"by Winograd's F({tile}x{tile}, 3x3)" in line and f"{why} the {F4_MARGIN}x" in line
+    assert ("options.winograd_max_tile=4 would take F(4x4, 3x3)" in line) == (max_tile == 2)
 
 
 @pytest.mark.parametrize("xs, o, strides, pads", [
@@ -162,7 +166,8 @@ def test_its_kernels_c_builds_alone_without_a_warning(tmp_path):
     y = b.conv2d(b.input("x", (1, 32, 56, 56)), b.input("w", (32, 32, 3, 3)), pads=[1] * 4)
     # 4 images of 12x12: 168 tiles of 2x2, 48 of 4x4, too few for weights given each call
     z = b.conv2d(b.input("x2", (4, 32, 12, 12)), b.input("w2", (32, 32, 3, 3)), pads=[1] * 4)
-    compiled = compile(b.build([y, z]), options=Options(threads=1), build=False)
+    compiled = compile(b.build([y, z]), options=Options(threads=1, winograd_max_tile=4),
+                       build=False)
     assert sorted(m.tile for m in _plans(compiled)) == [2, 4]
     assert "polyc_winograd_f2x3_input(" in compiled.c_source
     assert "polyc_winograd_f4x3_input(" in compiled.c_source
@@ -193,3 +198,51 @@ def test_random_winograd_convolutions_match_the_reference(seed):
     graph, inputs, options = _random_case(seed)
     [plan] = _plans(_check(graph, inputs, options))
     assert plan.tile == options.winograd_tile
+
+
+def test_tune_measures_the_direct_convolution_and_each_tile_and_the_plan_follows(
+        tmp_path, monkeypatch, seeded_cache, capsys):
+    import json
+
+    from polyc.cli import main
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))
+    graph, _ = _conv((1, 32, 28, 28), 32)
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(graph.to_json()))
+    assert main(["tune", str(path), "--budget", "6", "--repeat", "1", "--threads", "1",
+                 "-O", "winograd_max_tile=4"]) == 0
+    out = capsys.readouterr().out
+    measured = [line for line in out.splitlines() if line.endswith(" ms") and ": best: " not in line]
+    for how in ("direct ", "winograd 2x2 ", "winograd 4x4 "):
+        assert any(f" {how}" in line for line in measured), out
+    [best] = [line.split(": best: ")[1] for line in out.splitlines() if ": best: " in line]
+    compiled = compile(graph, options=Options(threads=1, winograd_max_tile=4), build=False)
+    plans = _plans(compiled)
+    if best.startswith("direct "):
+        assert not plans and compiled.kernels[0].marks(marks.Gemm)
+    else:
+        [plan] = plans
+        assert best.startswith(f"winograd {plan.tile}x{plan.tile} {plan.kernel} ")
+        assert any("measured fastest by polyc tune" in line
+                   for line in compiled.kernels[0].fusion_report)
+
+
+@pytest.mark.parametrize("stored, max_tile, tile", [(0, 2, None), (2, 2, 2), (4, 4, 4), (4, 2, 2)],
+                         ids=["direct", "2x2", "4x4", "4x4-not-allowed"])
+def test_a_tuned_choice_is_taken_over_the_plan_s_rules(tmp_path, monkeypatch, seeded_cache,
+                                                       stored, max_tile, tile):
+    """1x32x16x16: the rules take F(2x2, 3x3) (4x4 tiles keep too little of the gain
+    once rounded to panels); what polyc tune stored wins, even where the rules refuse,
+    within the tiles `winograd_max_tile` allows."""
+    from polyc.targets.cpu import cpu_machine, tuning
+    monkeypatch.setenv("POLYC_CACHE_DIR", seeded_cache(tmp_path))
+    graph, inputs = _conv((1, 32, 16, 16), 32)
+    options = replace(_isa("portable"), threads=1, winograd_max_tile=max_tile)
+    [kernel] = compile(graph, options=options, build=False).kernels
+    assert [p.tile for p in kernel.marks(marks.Winograd)] == [2]
+    tuning.store(kernel.kernel, cpu_machine(), 1, "sgemm_vec_6x16", {}, 1e-3, winograd=stored)
+    compiled = _check(graph, inputs, options)
+    assert [p.tile for p in _plans(compiled)] == ([tile] if tile else [])
+    # (stored 0: the direct convolution's contraction on the kernel stored)
+    assert any("measured fastest by polyc tune" in line
+               for line in compiled.kernels[0].fusion_report) == (stored <= max_tile)

@@ -111,9 +111,14 @@ _OPTION_FIELDS: dict[str, dict] = {
     "winograd": {"description": "3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) "
                                 "or F(4x4, 3x3) where it pays (cpu; the kernel's report says "
                                 "when); false: the direct convolution"},
-    "winograd_tile": {"description": "0: of Winograd's tiles that pay, the one with the "
-                                     "fewest multiply-adds; 2 or 4: only F(2x2, 3x3) or "
-                                     "F(4x4, 3x3), whose rounding is about ten times 2's"},
+    "winograd_max_tile": {"description": "the largest Winograd tile the plan may choose "
+                                         "where it pays: 2, F(2x2, 3x3), rounding about "
+                                         "as a reordered sum; 4, F(4x4, 3x3) too, faster "
+                                         "on 28x28 images and larger, about ten times the "
+                                         "rounding"},
+    "winograd_tile": {"description": "2 or 4: F(2x2, 3x3) or F(4x4, 3x3) wherever a "
+                                     "convolution is one, paying or not; 0: the plan "
+                                     "chooses"},
 }
 
 

@@ -4,8 +4,9 @@ The driver of the cpu target's tuning (the targets `targets.tunable()` lists). F
 contraction of a graph (its kernel timed alone, after the kernels before it
 have written its inputs), every gemm microkernel the host can run is measured with tile
 sizes around the memory model's choice for it; a 3x3 convolution Winograd can compute
-is measured that way as the direct convolution and as each of Winograd's tiles, its
-products on each gemm kernel. The fastest goes to the cpu target's tuning cache
+is measured that way as the direct convolution and as each of Winograd's tiles up to
+`options.winograd_max_tile` (the rounding the user accepts), its products on each gemm
+kernel. The fastest goes to the cpu target's tuning cache
 (`polyc/targets/cpu/tuning.py`), which later compiles read.
 
 Where the candidates are measured is a `Measure`: here, one after the other
@@ -141,7 +142,8 @@ def tune_graph(graph, *, target: str = "cpu", options, budget: int = 24, repeat:
     todo = []
     for index, kr in enumerate(base.kernels):
         if direct is not None and conv_of(kr.kernel) is not None:
-            tiles = (options.winograd_tile,) if options.winograd_tile else TILES
+            tiles = ((options.winograd_tile,) if options.winograd_tile else
+                     tuple(t for t in TILES if t <= options.winograd_max_tile))
             todo.append((index, kr.kernel, _convolution(index, direct.kernels[index], tiles,
                                                         kernels, machine, budget)))
             continue

@@ -35,8 +35,11 @@ class CpuOptions(Options):
     # 3x3 convolutions of stride 1 by Winograd's F(2x2, 3x3) or F(4x4, 3x3) where it
     # pays (`winograd.py`); False: the direct convolution
     winograd: bool = True
-    # 0: of the tiles that pay, the one with the fewest multiply-adds; 2 or 4: only
-    # F(2x2, 3x3) or F(4x4, 3x3) (4's rounding is about ten times 2's)
+    # the largest tile the plan may choose where it pays: 2, F(2x2, 3x3), whose rounding
+    # is about a reordered sum's; 4, F(4x4, 3x3) too, faster on 28x28 images and larger,
+    # its rounding about ten times 2's
+    winograd_max_tile: int = 2
+    # 2 or 4: that tile wherever the convolution is one, paying or not; 0: the plan's
     winograd_tile: int = 0
 
     def named_kernels(self) -> list[tuple[str, str]]:
@@ -58,6 +61,8 @@ class CpuOptions(Options):
              and len({p[0] for p in self.kernel_gemm}) == len(self.kernel_gemm),
              f"must be pairs of a kernel name, each once, and one of "
              f"{', '.join(map(repr, GEMM_KERNELS[1:]))}"),
+            ("winograd_max_tile", self.winograd_max_tile in TILES,
+             f"must be one of {', '.join(map(str, TILES))}, got {self.winograd_max_tile}"),
             ("winograd_tile", self.winograd_tile in (0, *TILES),
              f"must be 0 (the plan chooses) or one of {', '.join(map(str, TILES))}, "
              f"got {self.winograd_tile}"),

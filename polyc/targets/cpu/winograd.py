@@ -208,8 +208,9 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
     """The Winograd plan of a 3x3 convolution, the convolution and why its tile and
     kernel, or None. The tile `options.winograd_tile` asks for, else the one `polyc tune`
     measured fastest (or the direct convolution), wherever the convolution is one;
-    otherwise of the tiles that pay (see the module doc), F(4x4, 3x3) where its products
-    take F4_MARGIN times less time than F(2x2, 3x3)'s."""
+    otherwise of the tiles up to `options.winograd_max_tile` that pay (see the module
+    doc), F(4x4, 3x3) where its products take F4_MARGIN times less time than F(2x2,
+    3x3)'s."""
     if not options.winograd:
         return None
     conv = conv_of(kernel)
@@ -219,7 +220,7 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
         return _asked(conv, options.winograd_tile, kernel, machine, options,
                       f"asked for by options.winograd_tile={options.winograd_tile}")
     tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
-    if "winograd" in tuned:
+    if tuned.get("winograd", options.winograd_max_tile + 1) <= options.winograd_max_tile:
         if not tuned["winograd"]:  # the direct convolution measured fastest
             return None
         return _asked(conv, tuned["winograd"], kernel, machine, options,
@@ -229,17 +230,21 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
         return None
     plans = {m: p for m in TILES
              if (p := _plan(replace(conv, m=m), kernel, machine, options)) is not None}
-    if not plans:
+    if not any(m <= options.winograd_max_tile for m in plans):
         return None
     if len(plans) == 1:
         [(conv, plan, why, _)] = plans.values()
         return conv, plan, f"the only tile that pays; {why}"
     ratio = plans[2][3] / plans[4][3] * F4_MARGIN
-    m = 4 if ratio >= F4_MARGIN else 2
+    m = 4 if ratio >= F4_MARGIN and options.winograd_max_tile >= 4 else 2
     conv, plan, why, _ = plans[m]
-    return conv, plan, (f"F(2x2, 3x3)'s products take {ratio:.2f}x F(4x4, 3x3)'s time, "
-                        f"{'at least' if m == 4 else 'under'} the {F4_MARGIN}x that pays for "
-                        f"4's dearer transforms; {why}")
+    because = (f"F(2x2, 3x3)'s products take {ratio:.2f}x F(4x4, 3x3)'s time, "
+               f"{'at least' if ratio >= F4_MARGIN else 'under'} the {F4_MARGIN}x that pays "
+               "for 4's dearer transforms")
+    if m != 4 and ratio >= F4_MARGIN:
+        because += ("; options.winograd_max_tile=4 would take F(4x4, 3x3), at about ten "
+                    "times the rounding")
+    return conv, plan, f"{because}; {why}"
 
 
 def _asked(conv: Conv, m: int, kernel: Kernel, machine: Machine, options, because: str,

@@ -14,11 +14,11 @@ of the machine's FMA peak or read bandwidth, both measured first by two small C 
 built here with gcc (the peak on the widest vectors the host has). For contractions,
 polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`), in
 the same turns: the chosen one should be the fastest. A convolution polyc computes by
-Winograd's F(2x2, 3x3) or F(4x4, 3x3) is timed as the direct convolution too
-(`winograd=False`: the alternative "direct", in both suites), and one on F(4x4, 3x3) on
-F(2x2, 3x3) where that pays (the alternative "winograd 2x2"); its GFLOP/s, as every
-column's, count the direct convolution's multiply-adds, which is why they can pass the
-FMA peak. Each thread count runs in its own
+Winograd's F(2x2, 3x3) is timed as the direct convolution too (`winograd=False`: the
+alternative "direct", in both suites) and, where the plan would take it if allowed, as
+F(4x4, 3x3) ("winograd 4x4": `winograd_max_tile=4`, whose rounding is about ten times
+F(2x2, 3x3)'s); its GFLOP/s, as every column's, count the direct convolution's
+multiply-adds, which is why they can pass the FMA peak. Each thread count runs in its own
 process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before anything
 starts a thread pool).
 PyTorch columns show "-" when torch is not importable; torch.compile needs a C++
@@ -364,16 +364,19 @@ def worker(threads: int, rounds: int, use_compile: bool, only: str = "",
         # the gemm kernels polyc did not choose, each pinned, timed beside the choice (the
         # main suite only: the ResNet set is about the peers)
         others = {}
-        # the algorithms a Winograd convolution was chosen over
-        over = {"direct": {"winograd": False}} if any(m.startswith("winograd") for m in used) \
-            else {}
-        if "winograd_f4x3" in used:
-            over["winograd 2x2"] = {"winograd_tile": 2}
-        for alt, asked in over.items():
+        # a Winograd convolution's alternatives: the direct one, and the other tile where
+        # the plan takes it when allowed (F(4x4, 3x3): options.winograd_max_tile=4)
+        over = {}
+        if "winograd_f2x3" in used:
+            over = {"direct": ({"winograd": False}, ""),
+                    "winograd 4x4": ({"winograd_max_tile": 4}, "winograd_f4x3")}
+        elif "winograd_f4x3" in used:
+            over = {"direct": ({"winograd": False}, ""),
+                    "winograd 2x2": ({"winograd_tile": 2}, "winograd_f2x3")}
+        for alt, (asked, runs_on) in over.items():
             other = compile(graph, options=Options(threads=threads, **asked))
-            if alt != "direct" and all("winograd_f2x3" not in k.microkernels
-                                       for k in other.kernels):
-                continue  # F(2x2, 3x3) does not pay there
+            if runs_on and all(runs_on not in k.microkernels for k in other.kernels):
+                continue  # the plan does not take that tile here
             _check_result(f"{name} {alt}", other.program(inputs, out)[graph.outputs[0]], want)
             others[alt] = lambda other=other, inputs=inputs, out=out: other.program(inputs, out)
         if suite == "main":

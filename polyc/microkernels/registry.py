@@ -104,7 +104,7 @@ def _winograd(m: int) -> Microkernel:
                  ("U", f"{e} gemm A operands, column panels of the gemm kernel's mr"),
                  ("V", f"{e} gemm B operands, row panels of its nr")),
         writes=f"U, V and {m} output rows a channel (see the file)",
-        needs=("winograd_strip.c",),
+        needs=("winograd_common.c",),
         entry=f"void polyc_{name}_weights(const float *restrict w, long O, long C, long mr, "
               "long es, float *restrict U); "
               f"void polyc_{name}_input(const float *restrict x, long C, long H, long W, "

@@ -23,7 +23,7 @@
  *   columns 2 tx - pl, zero outside the image) to V as the 16 products' B operands, row
  *   panels nr wide (a gemm kernel's packed B): tile j of the block at V[e * es + (j / nr)
  *   * C * nr + c * nr + j % nr], where j = (r - r0) (TX + 1) + tx: each tile row one tile
- *   more, its pad (winograd_strip.c). `cols` (a multiple of nr, at least (r1 - r0)
+ *   more, its pad (winograd_common.c). `cols` (a multiple of nr, at least (r1 - r0)
  *   (TX + 1)) columns are written, zero past the tiles; es >= C * cols. `strip`:
  *   4 (2 cols + 2) floats of scratch.
  *
@@ -43,32 +43,21 @@
 POLYC_PART_ENTRY void polyc_winograd_f2x3_weights(const float *restrict w, long O, long C, long mr,
                                               long es, float *restrict U)
 {
-  for (long o0 = 0; o0 < O; o0 += mr)
-    for (long c = 0; c < C; c++) {
-      float *restrict u = U + (o0 / mr * C + c) * mr;
-      const long rows = O - o0 < mr ? O - o0 : mr;
-#pragma omp simd
-      for (long r = 0; r < rows; r++) {
-        const float *g = w + ((o0 + r) * C + c) * 9;
-        /* G g: its rows, then (G g) Gt: each row's columns */
-        float t[4][3];
-        for (int k = 0; k < 3; k++) {
-          t[0][k] = g[k];
-          t[1][k] = 0.5f * (g[k] + g[3 + k] + g[6 + k]);
-          t[2][k] = 0.5f * (g[k] - g[3 + k] + g[6 + k]);
-          t[3][k] = g[6 + k];
-        }
-        for (int i = 0; i < 4; i++) {
-          u[(4 * i + 0) * es + r] = t[i][0];
-          u[(4 * i + 1) * es + r] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-          u[(4 * i + 2) * es + r] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-          u[(4 * i + 3) * es + r] = t[i][2];
-        }
-      }
-      for (long r = rows; r < mr; r++)
-        for (int e = 0; e < 16; e++)
-          u[e * es + r] = 0.0f;
+  /* G g: its rows, then (G g) Gt: each row's columns */
+  POLYC_WINOGRAD_WEIGHTS(16,
+    float t[4][3];
+    for (int k = 0; k < 3; k++) {
+      t[0][k] = g[k];
+      t[1][k] = 0.5f * (g[k] + g[3 + k] + g[6 + k]);
+      t[2][k] = 0.5f * (g[k] - g[3 + k] + g[6 + k]);
+      t[3][k] = g[6 + k];
     }
+    for (int i = 0; i < 4; i++) {
+      u[(4 * i + 0) * es + r] = t[i][0];
+      u[(4 * i + 1) * es + r] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+      u[(4 * i + 2) * es + r] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+      u[(4 * i + 3) * es + r] = t[i][2];
+    })
 }
 
 POLYC_PART_ENTRY void polyc_winograd_f2x3_input(const float *restrict x, long C, long H, long W,

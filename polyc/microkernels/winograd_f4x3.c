@@ -53,34 +53,23 @@
 POLYC_PART_ENTRY void polyc_winograd_f4x3_weights(const float *restrict w, long O, long C,
                                                   long mr, long es, float *restrict U)
 {
-  for (long o0 = 0; o0 < O; o0 += mr)
-    for (long c = 0; c < C; c++) {
-      float *restrict u = U + (o0 / mr * C + c) * mr;
-      const long rows = O - o0 < mr ? O - o0 : mr;
-#pragma omp simd
-      for (long r = 0; r < rows; r++) {
-        const float *g = w + ((o0 + r) * C + c) * 9;
-        /* G g: each column of the window; then (G g) Gt: each row of that */
-        POLYC_WINO4_G(k0, g[0], g[3], g[6]);
-        POLYC_WINO4_G(k1, g[1], g[4], g[7]);
-        POLYC_WINO4_G(k2, g[2], g[5], g[8]);
-        POLYC_WINO4_G(u0, k00, k10, k20);
-        POLYC_WINO4_G(u1, k01, k11, k21);
-        POLYC_WINO4_G(u2, k02, k12, k22);
-        POLYC_WINO4_G(u3, k03, k13, k23);
-        POLYC_WINO4_G(u4, k04, k14, k24);
-        POLYC_WINO4_G(u5, k05, k15, k25);
-        POLYC_WINO4_PUT6(u + r, es, u0);
-        POLYC_WINO4_PUT6(u + 6 * es + r, es, u1);
-        POLYC_WINO4_PUT6(u + 12 * es + r, es, u2);
-        POLYC_WINO4_PUT6(u + 18 * es + r, es, u3);
-        POLYC_WINO4_PUT6(u + 24 * es + r, es, u4);
-        POLYC_WINO4_PUT6(u + 30 * es + r, es, u5);
-      }
-      for (long r = rows; r < mr; r++)
-        for (int e = 0; e < 36; e++)
-          u[e * es + r] = 0.0f;
-    }
+  /* G g: each column of the window; then (G g) Gt: each row of that */
+  POLYC_WINOGRAD_WEIGHTS(36,
+    POLYC_WINO4_G(k0, g[0], g[3], g[6]);
+    POLYC_WINO4_G(k1, g[1], g[4], g[7]);
+    POLYC_WINO4_G(k2, g[2], g[5], g[8]);
+    POLYC_WINO4_G(u0, k00, k10, k20);
+    POLYC_WINO4_G(u1, k01, k11, k21);
+    POLYC_WINO4_G(u2, k02, k12, k22);
+    POLYC_WINO4_G(u3, k03, k13, k23);
+    POLYC_WINO4_G(u4, k04, k14, k24);
+    POLYC_WINO4_G(u5, k05, k15, k25);
+    POLYC_WINO4_PUT6(u + r, es, u0);
+    POLYC_WINO4_PUT6(u + 6 * es + r, es, u1);
+    POLYC_WINO4_PUT6(u + 12 * es + r, es, u2);
+    POLYC_WINO4_PUT6(u + 18 * es + r, es, u3);
+    POLYC_WINO4_PUT6(u + 24 * es + r, es, u4);
+    POLYC_WINO4_PUT6(u + 30 * es + r, es, u5);)
 }
 
 /* Tiles 0 .. n - 1 (n <= POLYC_WINO4_LANES) of strip rows s, s + len, ... to their 36

@@ -16,7 +16,7 @@ polyc also runs on each gemm kernel it did not choose (pinned with `gemm_kernel`
 the same turns: the chosen one should be the fastest. A convolution polyc computes by
 Winograd's F(2x2, 3x3) is timed as the direct convolution too (`winograd=False`: the
 alternative "direct", in both suites) and, where the plan would take it if allowed, as
-F(4x4, 3x3) ("winograd 4x4": `winograd_max_tile=4`, whose rounding is about ten times
+F(4x4, 3x3) ("winograd 4x4": `winograd_max_tile=4`, whose rounding is about seven times
 F(2x2, 3x3)'s); its GFLOP/s, as every column's, count the direct convolution's
 multiply-adds, which is why they can pass the FMA peak. Each thread count runs in its own
 process (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and torch's threads set before anything

@@ -246,3 +246,17 @@ def test_a_tuned_choice_is_taken_over_the_plan_s_rules(tmp_path, monkeypatch, se
     # (stored 0: the direct convolution's contraction on the kernel stored)
     assert any("measured fastest by polyc tune" in line
                for line in compiled.kernels[0].fusion_report) == (stored <= max_tile)
+
+
+def test_4x4_tiles_interpolate_where_their_rounding_stays_small():
+    """F(4x4, 3x3) on the points 0, 1, -1, 1/2, -2: 2.4e-6 and 2.9e-6 of the largest
+    output off the float64 reference here; on the usual 0, 1, -1, 2, -2, 7.9e-6 and
+    6.1e-6. F(2x2, 3x3) rounds less still."""
+    for xs in ((1, 256, 16, 16), (2, 128, 20, 20)):
+        graph, inputs = _conv(xs, 64, epilogue="both")
+        want = run_reference(graph, inputs)[graph.outputs[0]]
+        error = {}
+        for tile in (2, 4):
+            got = compile(graph, options=Options(threads=1, winograd_tile=tile))(**inputs)
+            error[tile] = np.abs(got[graph.outputs[0]] - want).max() / np.abs(want).max()
+        assert error[2] < error[4] < 4.5e-6, error

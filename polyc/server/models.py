@@ -114,7 +114,7 @@ _OPTION_FIELDS: dict[str, dict] = {
     "winograd_max_tile": {"description": "the largest Winograd tile the plan may choose "
                                          "where it pays: 2, F(2x2, 3x3), rounding about "
                                          "as a reordered sum; 4, F(4x4, 3x3) too, faster "
-                                         "on 28x28 images and larger, about ten times the "
+                                         "on 28x28 images and larger, about seven times the "
                                          "rounding"},
     "winograd_tile": {"description": "2 or 4: F(2x2, 3x3) or F(4x4, 3x3) wherever a "
                                      "convolution is one, paying or not; 0: the plan "

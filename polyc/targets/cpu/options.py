@@ -37,7 +37,7 @@ class CpuOptions(Options):
     winograd: bool = True
     # the largest tile the plan may choose where it pays: 2, F(2x2, 3x3), whose rounding
     # is about a reordered sum's; 4, F(4x4, 3x3) too, faster on 28x28 images and larger,
-    # its rounding about ten times 2's
+    # its rounding about seven times 2's
     winograd_max_tile: int = 2
     # 2 or 4: that tile wherever the convolution is one, paying or not; 0: the plan's
     winograd_tile: int = 0

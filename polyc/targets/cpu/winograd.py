@@ -24,7 +24,7 @@ convolution's time over this one's, in pairs of calls (bias and relu, constant
 weights), 1 and 2 threads, F(2x2, 3x3) alone: 1x32x56x56 to 32 1.27x and 1.41x,
 8x32x56x56 1.25x and 1.27x, 1x48x28x28 1.31x and 1.29x, 1x32x28x28 to 64 1.38x and
 1.33x, 8x64x14x14 1.17x and 1.04x, 1x128x14x14 1.16x and 1.15x, 1x256x10x10 1.53x and
-1.44x; with F(4x4, 3x3), ResNet-50's: 1x64x56x56 2.21x and 2.20x, 8x64x56x56 2.16x and
+1.44x; with F(4x4, 3x3) (on the usual points), ResNet-50's: 1x64x56x56 2.21x and 2.20x, 8x64x56x56 2.16x and
 1.95x, 1x128x28x28 2.05x and 2.05x, 8x128x28x28 2.11x and 1.81x, 8x512x7x7 1.00-1.12x
 and 1.14x (F(2x2, 3x3)'s time over F(4x4, 3x3)'s there 1.29-1.59x), 14x14 images keep
 F(2x2, 3x3) (1.27-1.35x).

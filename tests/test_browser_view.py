@@ -234,6 +234,45 @@ def test_stage_times_composites_and_microkernel_choice(server, page):
     assert page.errors == []
 
 
+# a 3x3 convolution of stride 1 the plan gives Winograd's F(2x2, 3x3) (32 channels, 156
+# tiles to serve its weights, given on every call)
+CONV = {"name": "conv3x3", "inputs": [{"name": "x", "shape": [1, 32, 24, 24]},
+                                      {"name": "w", "shape": [32, 32, 3, 3]}],
+        "nodes": [{"op": "conv2d", "inputs": ["x", "w"], "outputs": ["y"],
+                   "attrs": {"pads": [1, 1, 1, 1]}}],
+        "outputs": ["y"]}
+
+
+def test_a_convolution_s_algorithm_is_chosen_in_the_page(server, page):
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready='1']")
+    compile_in_page(page, CONV, options='{"threads": 1}')
+    kernel = page.locator("details.kernel").first
+    assert "winograd_f2x3" in kernel.locator("> summary").text_content()
+    assert kernel.locator("select.winograd").input_value() == ""
+    for choice, summary, edits in (("4", "winograd_f4x3", '"winograd_tile":4'),
+                                   ("direct", None, '"winograd":false'),
+                                   ("", "winograd_f2x3", None)):
+        key = page.url.rsplit("/", 1)[1]
+        kernel.locator("select.winograd").select_option(choice)
+        kernel.locator(".winograd-apply").click()
+        page.wait_for_url(lambda url: "/k/" in url and not url.endswith(key))
+        if edits:  # the page renders the new compile after its URL changes
+            page.locator("#summary", has_text=edits).wait_for()
+        else:
+            page.locator("#summary", has_text="edits:").wait_for(state="detached")
+        text = page.locator("details.kernel > summary").first.text_content()
+        if summary:
+            assert summary in text, text
+        else:
+            assert "winograd_" not in text, text
+        # the choice stays shown, and can be taken back
+        assert page.locator("details.kernel select.winograd").first.input_value() == choice
+        sent = "polyc_winograd_f4x3_input(" in page.locator("#csource").text_content()
+        assert sent == (choice == "4")
+    assert page.errors == []
+
+
 # a matmul with a softmax after it: the chips promote the operands into their on-chip
 # levels and move them with DMA (manycore) or copies between levels (npu)
 MM_SOFTMAX = {"name": "mm_softmax", "inputs": [{"name": "x", "shape": [128, 256]},

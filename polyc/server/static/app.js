@@ -106,6 +106,10 @@ function edits(options) {
   for (const k of ["kernel_tile_sizes", "fuse_force", "fuse_forbid"]) if (options[k] && options[k].length) out[k] = options[k];
   // the microkernel choice, and the ISA that narrows it, stay with the next compile
   for (const k of ["microkernel_isa", "gemm_kernel"]) if (options[k]) out[k] = options[k];
+  // so does the convolution's algorithm, where it is not the default
+  if (options.winograd === false) out.winograd = false;
+  if (options.winograd_tile) out.winograd_tile = options.winograd_tile;
+  if (options.winograd_max_tile > 2) out.winograd_max_tile = options.winograd_max_tile;
   return out;
 }
 
@@ -217,6 +221,7 @@ function kernelView(k, index) {
   } });
   const editRow = el("div", { class: "edit" }, tile, sizes);
   const microkernel = microkernelEdit(k);
+  const winograd = winogradEdit(k);
 
   const arrays = new Map(k.arrays.map((a) => [a.tensor, a.c_name]));
   const stmts = el("div", { class: "mono" }, (k.provenance || []).map((p, i) => el("span", {
@@ -230,7 +235,7 @@ function kernelView(k, index) {
     el("h3", { text: "Statements (click: mark in the C and the tree)" }), stmts,
     el("h3", { text: "Schedule tree" }), buttons, promotedTable(k), treeBox,
     el("div", { class: "edit" }, "diff ", from, " → ", to, el("button", { type: "button", class: "diff-button", text: "Diff", onclick: diff })), diffBox,
-    el("h3", { text: "Edit and re-check" }), editRow, microkernel,
+    el("h3", { text: "Edit and re-check" }), editRow, microkernel, winograd,
     other.length ? el("ul", {}, other.map((l) => el("li", { text: l }))) : null,
     k.timings ? el("details", { class: "kernel-timing" }, el("summary", { text: `compile time: ${ms(sum(k.timings))}` }), timingTable(k.timings, "stage-times"))
       : el("p", { class: "hint", text: "compile time per kernel: not recorded (an older polyc stored this result)" }),
@@ -258,6 +263,31 @@ function microkernelEdit(k) {
   return el("div", { class: "edit" }, "gemm microkernel (every contraction):", select,
     el("button", { type: "button", class: "gemm-apply", text: "Use this microkernel", onclick: () => edit((o) => { o.gemm_kernel = select.value; }) }),
     el("span", { class: "hint", text: `now: ${k.microkernels.join(", ")}` }));
+}
+
+// The algorithm of the graph's 3x3 convolutions of stride 1 (cpu): the plan's choice, the
+// direct convolution, or one of Winograd's tiles. Shown on a kernel the plan gave
+// Winograd, or on every contraction once the options carry a choice (to take it back).
+const WINOGRAD = [["", "the plan's choice (default)", (o) => {}],
+  ["direct", "direct (winograd: false)", (o) => { o.winograd = false; }],
+  ["2", "Winograd F(2x2, 3x3) (winograd_tile: 2)", (o) => { o.winograd_tile = 2; }],
+  ["4", "Winograd F(4x4, 3x3) (winograd_tile: 4)", (o) => { o.winograd_tile = 4; }],
+  ["max4", "F(4x4, 3x3) allowed where it pays (winograd_max_tile: 4)", (o) => { o.winograd_max_tile = 4; }]];
+function winogradEdit(k) {
+  const o = record.options;
+  if (!("winograd" in o)) return null;
+  const now = o.winograd === false ? "direct" : o.winograd_tile ? String(o.winograd_tile) : o.winograd_max_tile > 2 ? "max4" : "";
+  const planned = k.microkernels.filter((m) => m.startsWith("winograd_"));
+  if (!planned.length && !(now && k.microkernels.length)) return null;
+  const select = el("select", { class: "winograd" }, WINOGRAD.map(([value, text]) => el("option", { value, text })));
+  select.value = now;
+  const apply = () => edit((opts) => {
+    delete opts.winograd; delete opts.winograd_tile; delete opts.winograd_max_tile;
+    WINOGRAD.find(([value]) => value === select.value)[2](opts);
+  });
+  return el("div", { class: "edit" }, "3x3 convolutions (every one):", select,
+    el("button", { type: "button", class: "winograd-apply", text: "Use this algorithm", onclick: apply }),
+    el("span", { class: "hint", text: `now: ${planned.join(", ") || "direct"}` }));
 }
 
 // Chip targets: each buffer in a faster level, with its size and where its copies run

@@ -57,6 +57,66 @@ class Program:
         binds = functools.lru_cache(maxsize=64)(lambda shapes: bind_symbols(graph, dict(shapes)))
         self._bind = lambda g, shapes: binds(tuple(shapes.items()))
         self._shapes = functools.lru_cache(maxsize=64)(self._bound_shapes)
+        self._direct = None if graph.symbols else self._direct_plan()
+
+    def _direct_plan(self) -> tuple[list, list, list] | None:
+        """A static graph's calls laid out once: each kernel's argument list with the
+        addresses of constants and intermediates in place, and where the inputs' and
+        outputs' go. A call that passes dense arrays of the right types then costs a
+        check and an address per array (a 2-kernel MLP's call: 7 us of `bind` for 33 us
+        of kernels, where onnxruntime's whole call took 43). None where an output is an
+        input or a constant (copied, not computed)."""
+        given = {t.name for t in self.graph.inputs}
+        if any(name in given or name in self._constants for name in self.graph.outputs):
+            return None
+        typed = lambda names: [(n, self.graph.types[n].shape, np.dtype(self.graph.types[n].dtype))
+                               for n in names]
+        inputs, outputs = typed(sorted(given)), typed(self.graph.outputs)
+        passed = given | set(self.graph.outputs)
+        kernels = []
+        for params, fn in zip(self._params, self._fns):
+            args, places = [], []
+            for a in params:
+                if a.tensor in passed:
+                    places.append((len(args), a.tensor))
+                    args.append(0)
+                    continue
+                if a.tensor not in self._addresses:  # an intermediate, kept across calls
+                    self._scratch[a.tensor] = np.empty(a.type.shape, a.type.dtype)
+                    self._addresses[a.tensor] = self._scratch[a.tensor].ctypes.data
+                args.append(self._addresses[a.tensor])
+            kernels.append((fn, args, places))
+        return inputs, outputs, kernels
+
+    def _call_direct(self, inputs: Mapping[str, np.ndarray],
+                     out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+        """`__call__` by the direct plan, or None where an array is not as the kernels
+        take it (`bind` converts it, or names the problem)."""
+        typed, outputs, kernels = self._direct
+        if len(inputs) != len(typed):
+            return None
+        at = {}
+        for name, shape, dtype in typed:
+            a = inputs.get(name)
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype \
+                    or not a.flags.c_contiguous:
+                return None
+            at[name] = a.ctypes.data
+        results = {}
+        for name, shape, dtype in outputs:
+            a = None if out is None else out.get(name)
+            if a is None:
+                a = np.empty(shape, dtype)
+            elif type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype \
+                    or not a.flags.c_contiguous or not a.flags.writeable:
+                return None
+            results[name] = a
+            at[name] = a.ctypes.data
+        for fn, args, places in kernels:
+            for i, name in places:
+                args[i] = at[name]
+            fn(*args)
+        return results
 
     def _bound_shapes(self, binding: tuple[tuple[str, int], ...]) -> dict[str, tuple[int, ...]]:
         """The shape of every output and kernel array once the symbols take `binding`."""
@@ -83,6 +143,10 @@ class Program:
 
     def __call__(self, inputs: Mapping[str, np.ndarray],
                  out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        if self._direct is not None:
+            results = self._call_direct(inputs, out)
+            if results is not None:
+                return results
         results, calls = self.bind(inputs, out)
         for call in calls:
             call()

@@ -57,17 +57,18 @@ class Program:
         binds = functools.lru_cache(maxsize=64)(lambda shapes: bind_symbols(graph, dict(shapes)))
         self._bind = lambda g, shapes: binds(tuple(shapes.items()))
         self._shapes = functools.lru_cache(maxsize=64)(self._bound_shapes)
-        self._direct = None if graph.symbols else self._direct_plan()
 
-    def _direct_plan(self) -> tuple[list, list, list] | None:
-        """A static graph's calls laid out once: each kernel's argument list with the
-        addresses of constants and intermediates in place, and where the inputs' and
-        outputs' go. A call that passes dense arrays of the right types then costs a
+    @functools.cached_property
+    def _direct(self) -> tuple[list, list, list] | None:
+        """A static graph's calls laid out at its first call: each kernel's argument list
+        with the addresses of constants and intermediates in place, and where the inputs'
+        and outputs' go. A call that passes dense arrays of the right types then costs a
         check and an address per array (a 2-kernel MLP's call: 7 us of `bind` for 33 us
-        of kernels, where onnxruntime's whole call took 43). None where an output is an
-        input or a constant (copied, not computed)."""
+        of kernels, where onnxruntime's whole call took 43). None for a symbolic graph, or
+        where an output is an input or a constant (copied, not computed)."""
         given = {t.name for t in self.graph.inputs}
-        if any(name in given or name in self._constants for name in self.graph.outputs):
+        if self.graph.symbols or any(name in given or name in self._constants
+                                     for name in self.graph.outputs):
             return None
         typed = lambda names: [(n, self.graph.types[n].shape, np.dtype(self.graph.types[n].dtype))
                                for n in names]

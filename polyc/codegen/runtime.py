@@ -82,12 +82,19 @@ class Program:
                     places.append((len(args), a.tensor))
                     args.append(0)
                     continue
-                if a.tensor not in self._addresses:  # an intermediate, kept across calls
-                    self._scratch[a.tensor] = np.empty(a.type.shape, a.type.dtype)
-                    self._addresses[a.tensor] = self._scratch[a.tensor].ctypes.data
-                args.append(self._addresses[a.tensor])
+                args.append(self._addresses[a.tensor] if a.tensor in self._constants
+                            else self._intermediate(a.tensor, a.type.shape, a.type.dtype))
             kernels.append((fn, args, places))
         return inputs, outputs, kernels
+
+    def _intermediate(self, tensor: str, shape: tuple[int, ...], dtype) -> int:
+        """The address of `tensor`'s buffer, kept across calls (made anew where a symbolic
+        graph's binding changed its shape)."""
+        kept = self._scratch.get(tensor)
+        if kept is None or kept.shape != shape:
+            self._scratch[tensor] = kept = np.empty(shape, dtype)
+            self._addresses[tensor] = kept.ctypes.data
+        return self._addresses[tensor]
 
     def _call_direct(self, inputs: Mapping[str, np.ndarray],
                      out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
@@ -183,12 +190,9 @@ class Program:
             args = []
             for a in params:
                 if a.tensor not in env:
-                    shape = shapes[a.tensor]
-                    if a.tensor not in self._scratch or self._scratch[a.tensor].shape != shape:
-                        self._scratch[a.tensor] = np.empty(shape, a.type.dtype)
-                        self._addresses[a.tensor] = self._scratch[a.tensor].ctypes.data
+                    addresses[a.tensor] = self._intermediate(a.tensor, shapes[a.tensor],
+                                                             a.type.dtype)
                     env[a.tensor] = self._scratch[a.tensor]
-                    addresses[a.tensor] = self._addresses[a.tensor]
                 args.append(addresses[a.tensor])
             args += [c_values[name] for name in kernel.symbols]
             call = functools.partial(fn, *args)

@@ -157,8 +157,8 @@ def buffer_report(builder: CpuBuilder) -> tuple[str, ...]:
     for a in builder.kernel.arrays:
         if a in builder.unstored and a.tensor in builder.microkernels.winograd_results:
             lines.append(f"{a.tensor} ({a.type}) is not materialised in memory: Winograd's "
-                         "transforms compute it block by block, two output rows a channel "
-                         "in scratch, where its consumers read it")
+                         "transforms compute it block by block, a block's output rows a "
+                         "channel at a time in scratch, where its consumers read it")
         elif a in builder.unstored:
             where = ("with the partial sums of its K blocks in scratch"
                      if a.tensor in builder.microkernels.partial_sums

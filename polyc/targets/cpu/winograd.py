@@ -223,10 +223,11 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
         return _asked(conv, options.winograd_tile, kernel, machine, options,
                       f"asked for by options.winograd_tile={options.winograd_tile}")
     tuned = tuning.lookup(kernel, machine, tuning.team(options, machine)) or {}
-    if tuned.get("winograd", options.winograd_max_tile + 1) <= options.winograd_max_tile:
-        if not tuned["winograd"]:  # the direct convolution measured fastest
+    measured_tile = tuned.get("winograd")  # 0: the direct convolution measured fastest
+    if measured_tile is not None and measured_tile <= options.winograd_max_tile:
+        if not measured_tile:
             return None
-        return _asked(conv, tuned["winograd"], kernel, machine, options,
+        return _asked(conv, measured_tile, kernel, machine, options,
                       f"measured fastest by polyc tune ({tuned['seconds'] * 1e3:.3f} ms)",
                       tuned["microkernel"])
     if min(conv.C, conv.O) < MIN_CHANNELS:

@@ -273,6 +273,28 @@ def test_a_convolution_s_algorithm_is_chosen_in_the_page(server, page):
     assert page.errors == []
 
 
+# one the plan leaves direct: 16 channels, too few for Winograd's transforms to pay
+CONV16 = {**CONV, "inputs": [{"name": "x", "shape": [1, 16, 24, 24]},
+                             {"name": "w", "shape": [16, 16, 3, 3]}]}
+
+
+def test_a_convolution_left_direct_says_why_and_can_be_given_winograd(server, page):
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-ready='1']")
+    compile_in_page(page, CONV16, options='{"threads": 1}')
+    kernel = page.locator("details.kernel").first
+    assert "winograd_" not in kernel.locator("> summary").text_content()
+    assert "direct, not by Winograd: 16 channels in, 16 out" in kernel.text_content()
+    assert kernel.locator("select.winograd").input_value() == ""
+    kernel.locator("select.winograd").select_option("2")
+    kernel.locator(".winograd-apply").click()
+    page.locator("#summary", has_text='"winograd_tile":2').wait_for()
+    kernel = page.locator("details.kernel").first
+    assert "winograd_f2x3" in kernel.locator("> summary").text_content()
+    assert "asked for by options.winograd_tile=2" in kernel.text_content()
+    assert page.errors == []
+
+
 # a matmul with a softmax after it: the chips promote the operands into their on-chip
 # levels and move them with DMA (manycore) or copies between levels (npu)
 MM_SOFTMAX = {"name": "mm_softmax", "inputs": [{"name": "x", "shape": [128, 256]},

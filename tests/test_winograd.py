@@ -121,15 +121,43 @@ def test_of_the_tiles_allowed_4x4_where_its_products_take_enough_less_time(xs, o
     assert ("options.winograd_max_tile=4 would take F(4x4, 3x3)" in line) == (max_tile == 2)
 
 
-@pytest.mark.parametrize("xs, o, strides, pads", [
-    ((1, 32, 16, 16), 32, (2, 2), (1, 1, 1, 1)),  # strided
-    ((1, 32, 7, 7), 32, (1, 1), (1, 1, 1, 1)),  # 7x7: its tiles' pads waste what it saves
-    ((1, 16, 16, 16), 32, (1, 1), (1, 1, 1, 1)),  # too few channels for the transforms
-    ((1, 64, 14, 14), 64, (1, 1), (1, 1, 1, 1)),  # too little work for a team
+@pytest.mark.parametrize("xs, o, strides, pads, why", [
+    ((1, 32, 16, 16), 32, (2, 2), (1, 1, 1, 1), None),  # strided: no such convolution
+    ((1, 32, 7, 7), 32, (1, 1), (1, 1, 1, 1),  # 7x7: its tiles' pads waste what it saves
+     ["F(2x2, 3x3) does not pay (1.38x fewer multiply-adds than direct, its tiles' pads "
+      "counted, under 1.8)"]),
+    ((1, 16, 16, 16), 32, (1, 1), (1, 1, 1, 1),  # too few channels for the transforms
+     ["16 channels in, 32 out: Winograd's transforms pay from 32 each"]),
+    ((1, 64, 14, 14), 64, (1, 1), (1, 1, 1, 1),  # too little work for a team (its count
+     ["F(2x2, 3x3) does not pay (", "too few for a team of 2"]),  # the kernel's panels')
 ], ids=["strided", "7x7", "16-channels", "small"])
-def test_convolutions_it_does_not_pay_on_stay_direct(xs, o, strides, pads):
+def test_convolutions_it_does_not_pay_on_stay_direct_and_the_report_says_why(xs, o, strides,
+                                                                            pads, why):
     graph, inputs = _conv(xs, o, pads, strides=strides)
-    assert not _plans(_check(graph, inputs, Options(threads=2)))
+    compiled = _check(graph, inputs, Options(threads=2))
+    assert not _plans(compiled)
+    lines = [line for line in compiled.kernels[0].fusion_report if "not by Winograd" in line]
+    if why is None:
+        assert not lines
+    else:
+        [line] = lines
+        assert f"3x3, stride 1) direct, not by Winograd: {why[0]}" in line, line
+        assert all(part in line for part in why), line
+        assert line.endswith("options.winograd_tile=2 or 4 forces a tile")
+
+
+def test_the_report_says_what_keeps_a_convolution_direct_when_asked_or_tuned_for():
+    graph, _ = _conv((1, 32, 16, 16), 32)
+    [line] = [line for line in compile(graph, options=Options(winograd=False), build=False
+                                       ).kernels[0].fusion_report if "Winograd" in line]
+    assert line.endswith("direct, not by Winograd: options.winograd=False asks for it")
+    # 4x4 would pay where it is not allowed, 2x2 does not: the report says how to ask
+    graph, _ = _conv((8, 256, 7, 7), 256)  # 2x2 tiles waste a 7x7 output, 4x4 less
+    options = replace(_isa("portable"), threads=1, winograd_max_tile=2)
+    [kernel] = compile(graph, options=options, build=False).kernels
+    [line] = [line for line in kernel.fusion_report if "Winograd" in line]
+    assert "F(2x2, 3x3) does not pay (" in line, line
+    assert "F(4x4, 3x3) would: options.winograd_max_tile=4 allows it" in line
 
 
 def test_weights_given_on_every_call_need_tiles_enough_to_serve():
@@ -137,7 +165,11 @@ def test_weights_given_on_every_call_need_tiles_enough_to_serve():
     image costs what its products do: direct there; constant, they are Winograd's."""
     for const in (False, True):
         graph, inputs = _conv((1, 64, 14, 14), 64, const=const)
-        assert bool(_plans(_check(graph, inputs, Options(threads=1)))) == const
+        compiled = _check(graph, inputs, Options(threads=1))
+        assert bool(_plans(compiled)) == const
+        assert any("weights given on every call, transformed on every call: 56 tiles, "
+                   "under the 128" in line for line in compiled.kernels[0].fusion_report
+                   ) == (not const)
 
 
 def test_a_dilated_or_non_3x3_window_is_no_winograd_convolution():

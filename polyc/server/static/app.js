@@ -266,8 +266,10 @@ function microkernelEdit(k) {
 }
 
 // The algorithm of the graph's 3x3 convolutions of stride 1 (cpu): the plan's choice, the
-// direct convolution, or one of Winograd's tiles. Shown on a kernel the plan gave
-// Winograd, or on every contraction once the options carry a choice (to take it back).
+// direct convolution, or one of Winograd's tiles. Shown on a kernel with such a
+// convolution (its report line says which algorithm and why), or on every contraction
+// once the options carry a choice (to take it back).
+const CONV3X3 = /, 3x3, stride 1\) (by Winograd's|direct, not by Winograd)/;
 const WINOGRAD = [["", "the plan's choice (default)", (o) => {}],
   ["direct", "direct (winograd: false)", (o) => { o.winograd = false; }],
   ["2", "Winograd F(2x2, 3x3) (winograd_tile: 2)", (o) => { o.winograd_tile = 2; }],
@@ -278,7 +280,7 @@ function winogradEdit(k) {
   if (!("winograd" in o)) return null;
   const now = o.winograd === false ? "direct" : o.winograd_tile ? String(o.winograd_tile) : o.winograd_max_tile > 2 ? "max4" : "";
   const planned = k.microkernels.filter((m) => m.startsWith("winograd_"));
-  if (!planned.length && !(now && k.microkernels.length)) return null;
+  if (!k.fusion_report.some((l) => CONV3X3.test(l)) && !(now && k.microkernels.length)) return null;
   const select = el("select", { class: "winograd" }, WINOGRAD.map(([value, text]) => el("option", { value, text })));
   select.value = now;
   const apply = () => edit((opts) => {

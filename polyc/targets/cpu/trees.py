@@ -97,18 +97,24 @@ def map_microkernels(model: PolyModel, kernel: Kernel, *, options, machine: Mach
     if not options.uses_microkernels(kernel.name):
         return model
     winograd = plan_winograd(kernel, machine, options)
-    if winograd is not None:
-        conv, plan, why = winograd
-        if report is not None:
+    if winograd is not None and report is not None:
+        conv, plan = winograd.conv, winograd.plan
+        what = (f"{conv.view.stmt.name} ({conv.N}x{conv.C}x{conv.H}x{conv.W} to {conv.O}, "
+                "3x3, stride 1)")
+        if plan is None:
+            report.append(f"{what} direct, not by Winograd: {winograd.why}"
+                          + ("; options.winograd_tile=2 or 4 forces a tile" if options.winograd
+                             else ""))
+        else:
             report.append(
-                f"{conv.view.stmt.name} ({conv.N}x{conv.C}x{conv.H}x{conv.W} to {conv.O}, 3x3, "
-                f"stride 1) by Winograd's F({conv.m}x{conv.m}, 3x3): {conv.gain:.2f}x fewer "
+                f"{what} by Winograd's F({conv.m}x{conv.m}, 3x3): {conv.gain:.2f}x fewer "
                 f"multiply-adds than direct, as {conv.operands} products of {conv.O}x{conv.C} @ "
-                f"{conv.C}x(tiles) in blocks "
-                f"of {plan.rows} tile rows on {plan.kernel} ({why}); weights transformed "
+                f"{conv.C}x(tiles) in blocks of {plan.rows} tile rows on {plan.kernel} "
+                f"({winograd.why}); weights transformed "
                 f"{'once' if plan.weights == 'const' else 'on every call'}; "
                 "options.winograd=False for the direct convolution")
-        return model.with_schedule(winograd_schedule(model, conv, plan))
+    if winograd is not None and winograd.plan is not None:
+        return model.with_schedule(winograd_schedule(model, winograd.conv, winograd.plan))
     window = window_kernel(kernel, machine, options)
     view = cpu_gemm_view(kernel, options.fold_batch, options.tail_contraction, window)
     streaming = view is not None and streams_b(view, kernel, machine)

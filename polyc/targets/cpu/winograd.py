@@ -206,19 +206,27 @@ def blocking(conv: Conv, mk: registry.Microkernel) -> tuple[int, int]:
     return best
 
 
-def plan_winograd(kernel: Kernel, machine: Machine, options
-                  ) -> tuple[Conv, marks.Winograd, str] | None:
-    """The Winograd plan of a 3x3 convolution, the convolution and why its tile and
-    kernel, or None. The tile `options.winograd_tile` asks for, else the one `polyc tune`
-    measured fastest (or the direct convolution), wherever the convolution is one;
-    otherwise of the tiles up to `options.winograd_max_tile` that pay (see the module
-    doc), F(4x4, 3x3) where its products take F4_MARGIN times less time than F(2x2,
-    3x3)'s."""
-    if not options.winograd:
-        return None
+@dataclass(frozen=True)
+class Choice:
+    """A 3x3 convolution's algorithm: its Winograd plan, or None for the direct
+    convolution, and why (the kernel's report says it either way)."""
+
+    conv: Conv
+    plan: marks.Winograd | None
+    why: str
+
+
+def plan_winograd(kernel: Kernel, machine: Machine, options) -> Choice | None:
+    """The algorithm of a 3x3 convolution of stride 1, or None for any other kernel. The
+    tile `options.winograd_tile` asks for, else the one `polyc tune` measured fastest (or
+    the direct convolution), wherever the convolution is one; otherwise of the tiles up
+    to `options.winograd_max_tile` that pay (see the module doc), F(4x4, 3x3) where its
+    products take F4_MARGIN times less time than F(2x2, 3x3)'s."""
     conv = conv_of(kernel)
     if conv is None:
         return None
+    if not options.winograd:
+        return Choice(conv, None, "options.winograd=False asks for it")
     if options.winograd_tile:
         return _asked(conv, options.winograd_tile, kernel, machine, options,
                       f"asked for by options.winograd_tile={options.winograd_tile}")
@@ -226,19 +234,26 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
     measured_tile = tuned.get("winograd")  # 0: the direct convolution measured fastest
     if measured_tile is not None and measured_tile <= options.winograd_max_tile:
         if not measured_tile:
-            return None
+            return Choice(conv, None, f"polyc tune measured it fastest "
+                                      f"({tuned['seconds'] * 1e3:.3f} ms)")
         return _asked(conv, measured_tile, kernel, machine, options,
                       f"measured fastest by polyc tune ({tuned['seconds'] * 1e3:.3f} ms)",
                       tuned["microkernel"])
     if min(conv.C, conv.O) < MIN_CHANNELS:
-        return None
-    plans = {m: p for m in TILES
-             if (p := _plan(replace(conv, m=m), kernel, machine, options)) is not None}
+        return Choice(conv, None, f"{conv.C} channels in, {conv.O} out: Winograd's "
+                                  f"transforms pay from {MIN_CHANNELS} each")
+    found = {m: _plan(replace(conv, m=m), kernel, machine, options) for m in TILES}
+    plans = {m: p for m, p in found.items() if not isinstance(p, str)}
     if not any(m <= options.winograd_max_tile for m in plans):
-        return None
+        if plans:
+            return Choice(conv, None, f"F(2x2, 3x3) does not pay ({found[2]}); F(4x4, "
+                                      "3x3) would: options.winograd_max_tile=4 allows it")
+        return Choice(conv, None, "; ".join(f"F({m}x{m}, 3x3) does not pay ({why})"
+                                            for m, why in found.items()
+                                            if m <= options.winograd_max_tile))
     if len(plans) == 1:
         [(conv, plan, why, _)] = plans.values()
-        return conv, plan, f"the only tile that pays; {why}"
+        return Choice(conv, plan, f"the only tile that pays; {why}")
     ratio = plans[2][3] / plans[4][3] * F4_MARGIN
     m = 4 if ratio >= F4_MARGIN and options.winograd_max_tile >= 4 else 2
     conv, plan, why, _ = plans[m]
@@ -248,24 +263,27 @@ def plan_winograd(kernel: Kernel, machine: Machine, options
     if m != 4 and ratio >= F4_MARGIN:
         because += ("; options.winograd_max_tile=4 would take F(4x4, 3x3), at about seven "
                     "times the rounding")
-    return conv, plan, f"{because}; {why}"
+    return Choice(conv, plan, f"{because}; {why}")
 
 
 def _asked(conv: Conv, m: int, kernel: Kernel, machine: Machine, options, because: str,
-           products: str = "") -> tuple[Conv, marks.Winograd, str] | None:
+           products: str = "") -> Choice:
     """The plan of tile `m` whether or not it pays, its products on kernel `products`
     where the target still offers it (and options ask for no other)."""
     found = _plan(replace(conv, m=m), kernel, machine, options, asked=True, products=products)
-    return found and (found[0], found[1], f"{because}; {found[2]}")
+    if isinstance(found, str):
+        return Choice(conv, None, f"F({m}x{m}, 3x3) was {because}, but {found}")
+    return Choice(found[0], found[1], f"{because}; {found[2]}")
 
 
 def _plan(conv: Conv, kernel: Kernel, machine: Machine, options, asked: bool = False,
-          products: str = "") -> tuple[Conv, marks.Winograd, str, float] | None:
+          products: str = "") -> tuple[Conv, marks.Winograd, str, float] | str:
     """`plan_winograd`'s plan for the tile `conv.m` and its products' time (in units of
-    the calibration's; F(4x4, 3x3)'s times F4_MARGIN), or None where it does not pay
+    the calibration's; F(4x4, 3x3)'s times F4_MARGIN), or why not where it does not pay
     (unless `asked`). `products`: their gemm kernel, if allowed."""
     if conv.gain < MIN_GAIN and not asked:
-        return None
+        return (f"{conv.gain:.2f}x fewer multiply-adds than direct, its tiles' pads "
+                f"counted, under {MIN_GAIN}")
     rates = measured(machine)
     fits = [m for m in allowed_gemm_kernels(machine, options.microkernel_isa)
             if not m.window and (m.name in rates or m.name == products)]
@@ -281,27 +299,31 @@ def _plan(conv: Conv, kernel: Kernel, machine: Machine, options, asked: bool = F
         why = (f"the fastest on its products by the calibration's rate ({rates[mk.name]:.1f} "
                f"GFLOP/s) times the share of them inside the tiles")
     else:
-        return None
+        return "no gemm kernel this target offers has a calibrated rate for its products"
     rows, cols = blocking(conv, mk)
     work = conv.operands * conv.C * up(conv.O, mk.mr) * cols
     # what the panels' rounding and the kernel's rate leave of the gain
     rate = rates.get(mk.name, 1.0)
     best = max((rates.get(m.name, 1.0) for m in fits), default=rate)
     time = work / rate * (F4_MARGIN if conv.m == 4 else 1.0)
-    if 9 * conv.C * conv.O * conv.N * conv.OH * conv.OW / best < MIN_PANEL_GAIN * time \
-            and not asked:
-        return None
+    direct = 9 * conv.C * conv.O * conv.N * conv.OH * conv.OW / best
+    if direct < MIN_PANEL_GAIN * time and not asked:
+        return (f"its products, in whole panels on {mk.name}, take {time / direct:.2f}x "
+                f"the direct convolution's time, over the 1 / {MIN_PANEL_GAIN} that pays")
     blocks = -(-conv.tile_rows // rows)
     team = tuning.team(options, machine)
     flops = 2 * conv.operands * conv.O * conv.C * cols
     if team > 1 and flops < MIN_TEAM_FLOPS and not asked:
-        return None
+        return (f"{flops / 1e6:.1f} M floating-point operations of products, too few for a "
+                f"team of {team} (from {MIN_TEAM_FLOPS / 1e6:.1f} M)")
     par = "none"
     if team > 1 and flops >= MIN_PARALLEL_FLOPS:
         par = "blocks" if blocks >= 2 * team or blocks % team == 0 else "team"
     weights = "const" if constant_operand(conv.view, kernel, "a") else "call"
     if weights == "call" and conv.tile_rows * conv.row_tiles < MIN_CALL_TILES and not asked:
-        return None
+        tiles = conv.tile_rows * conv.row_tiles
+        return (f"weights given on every call, transformed on every call: {tiles} tiles, "
+                f"under the {MIN_CALL_TILES} that pay for it")
     return (conv, marks.Winograd(conv.view.stmt.name, mk.name, conv.m, rows, par,
                                  options.threads, weights), why, time)
 

@@ -88,3 +88,15 @@ def test_an_input_returned_as_an_output_is_copied_not_aliased():
     got = compiled.program({"x": value})
     assert got["x"] is not value and np.array_equal(got["x"], value)
     np.testing.assert_array_equal(got[compiled.graph.outputs[1]], np.maximum(value, 0))
+    assert not compiled.program.run_at({})  # no plan: nothing run, the caller uses a call
+
+
+def test_run_at_takes_the_callers_addresses(compiled):
+    """PyTorch's route (`torch_compile._run`): the data addresses of dense memory the
+    caller vouches for, no arrays made or checked."""
+    inputs = _inputs(5)
+    out = {name: np.full(compiled.graph.types[name].shape, np.nan, np.float32)
+           for name in compiled.graph.outputs}
+    at = {name: a.ctypes.data for name, a in (inputs | out).items()}
+    assert compiled.program.run_at(at)
+    _check(compiled, out, inputs)

@@ -120,11 +120,22 @@ class Program:
                 return None
             results[name] = a
             at[name] = a.ctypes.data
-        for fn, args, places in kernels:
-            for i, name in places:
-                args[i] = at[name]
-            fn(*args)
+        self.run_at(at)
         return results
+
+    def run_at(self, addresses: Mapping[str, int]) -> bool:
+        """Runs the kernels on memory the caller vouches for: the data address of every
+        input and output, by name, each a dense row-major array of the graph's shape and
+        dtype (a contiguous tensor's `data_ptr()`: PyTorch's calls skip numpy's views,
+        microseconds a call). Nothing is checked. False, and nothing run, where the
+        program has no such call (see `_direct`): `__call__` then."""
+        if self._direct is None:
+            return False
+        for fn, args, places in self._direct[2]:
+            for i, name in places:
+                args[i] = addresses[name]
+            fn(*args)
+        return True
 
     def _bound_shapes(self, binding: tuple[tuple[str, int], ...]) -> dict[str, tuple[int, ...]]:
         """The shape of every output and kernel array once the symbols take `binding`."""

@@ -32,6 +32,7 @@ class SimulatedProgram(Program):
     """Runs a compiled graph's kernels in the simulator; the same call contract as
     `Program` (inputs by name -> outputs by name), plus `profile()`."""
     simulated = True
+    _direct = None  # each kernel takes the run first: every call makes one (`_run`)
     prefix: str  # of the run's entry points, e.g. "polyc_mc_run"
     n_stats: int  # numbers in the run's record
 

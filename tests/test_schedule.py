@@ -20,6 +20,7 @@ from polyc import GraphBuilder
 from polyc.compiler import KernelResult, Options, compile
 from polyc.graph.reference import run_reference
 from polyc.schedule_tree.dependences import respects_dependences
+from polyc.schedule_tree.model import count
 from polyc.schedule_tree.tree import (
     schedule_from_text,
     schedule_to_json,
@@ -432,3 +433,18 @@ def test_int32_full_reductions_wrap_and_split_between_threads():
     ks = np.random.default_rng(2).integers(-2**31, 2**31, (300, 1000)).astype(np.int32)
     got, want = compiled(k=ks), run_reference(graph, {"k": ks})
     assert got["s"] == want["s"] and got["lo"] == want["lo"] == ks.min()
+
+
+@pytest.mark.parametrize("points, n", [
+    # a box: counted by its extents (isl's count visits every point: 1e13 never ends)
+    ("{ A[i, j, k] : 0 <= i < 100000 and 0 <= j < 100000 and 5 <= k < 1005 }", 10**13),
+    ("{ A[i, j] : 0 <= i < 4 and 0 <= j < 3 or 4 <= i < 6 and 0 <= j < 3 }", 18),  # coalesced
+    ("{ A[] }", 1),
+    ("{ A[i, j] : 0 <= i < 5 and i <= j < 9 }", 35),  # not boxes: isl's count
+    ("{ A[i] : 0 <= i < 10 and i mod 2 = 0 }", 5),
+    ("{ A[i, j] : 0 <= i < 4 and 0 <= j < 3 or 6 <= i < 8 and 0 <= j < 3 }", 18),
+    ("{ A[i] : 1 = 0 }", 0),
+])
+def test_footprints_are_counted_exactly(points, n):
+    assert count(isl.Set(points)) == n
+

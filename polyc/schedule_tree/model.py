@@ -14,6 +14,7 @@ Array names in isl are the kernels' C identifiers, so isl never sees a user's st
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -48,7 +49,7 @@ class PolyModel:
         # budget running out, `budget.py`) would only be printed by islpy, not raised
         arrays: list[isl.Set] = []
         touched.foreach_set(arrays.append)
-        return sum(elements.count_val().to_python() * element_bytes[elements.get_tuple_name()]
+        return sum(count(elements) * element_bytes[elements.get_tuple_name()]
                    for elements in arrays)
 
     def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
@@ -62,6 +63,19 @@ class PolyModel:
         if self.schedule is not None:
             text += "\nschedule:\n" + schedule_to_text(self.schedule)
         return text
+
+
+def count(points: isl.Set) -> int:
+    """How many points `points` has: a box (a tile's block of an array, the usual
+    footprint) by its extents, anything else by isl's count, which visits every point (a
+    tile of 45 M elements took 40 ms a count, a tile search 2.5 s)."""
+    box = points.coalesce()
+    if box.is_box() and not box.is_empty():
+        bounds = [(box.dim_min_val(d), box.dim_max_val(d))
+                  for d in range(box.dim(isl.dim_type.set))]
+        if all(lo.is_int() and hi.is_int() for lo, hi in bounds):
+            return math.prod(hi.to_python() - lo.to_python() + 1 for lo, hi in bounds)
+    return points.count_val().to_python()
 
 
 def _domain(s: Statement) -> str:

@@ -27,9 +27,28 @@ def compare_outputs(graph: Graph, got: Mapping[str, np.ndarray], ref: Mapping[st
     return rows
 
 
+# how long calls run untimed before any is timed: a team's cores that slept (while gcc or
+# the reference ran) wake and clock up over the first calls (Zen 5 VM, 2 threads,
+# 8x2048x7x7 to 512 1x1: the best of 5 single calls 3.48 ms, in steady calls 1.73)
+WARM_S = 0.05
+
+
+def warm_up(calls: list[Callable[[], None]], seconds: float = WARM_S) -> float:
+    """Run `calls` in order, again and again, for at least `seconds`; the seconds one
+    round took on average."""
+    rounds, start = 0, time.perf_counter()
+    while not rounds or time.perf_counter() - start < seconds:
+        for call in calls:
+            call()
+        rounds += 1
+    return (time.perf_counter() - start) / rounds
+
+
 def kernel_times(calls: list[Callable[[], None]], repeat: int) -> list[float]:
     """The median seconds of each bound kernel call (`Program.bind`), each timed alone in
-    order, so its inputs are those the kernels before it wrote."""
+    order, so its inputs are those the kernels before it wrote, once they run at speed
+    (`warm_up`)."""
+    warm_up(calls)
     per_kernel: list[list[float]] = [[] for _ in calls]
     for _ in range(repeat):
         for call, times in zip(calls, per_kernel):

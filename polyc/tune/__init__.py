@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ..compiler import compile
+from ..graph.check import warm_up
 from ..graph.reference import random_inputs
 from ..machine import Machine
 from ..microkernels.registry import ISAS, REGISTRY
@@ -201,17 +202,26 @@ def _tiles_text(tiles: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in tiles.items())
 
 
+# the least a timed run of calls lasts
+MIN_RUN_S = 0.01
+
+
 def _time_kernel(compiled, index: int, inputs, repeat: int) -> float:
-    """Seconds of the fastest of `repeat` calls of kernel `index` alone, its inputs
+    """Seconds a call of kernel `index` alone takes: the fastest of `repeat` runs of
+    calls in a row, each at least MIN_RUN_S long, once its calls run at speed
+    (`warm_up`: the team's cores slept while the candidate's gcc ran); its inputs are
     written by one run of the whole graph first."""
     out = {o: np.empty(compiled.graph.types[o].shape, compiled.graph.types[o].dtype)
            for o in compiled.graph.outputs}
     _, calls = compiled.program.bind(inputs, out)
     for call in calls:
         call()
+    kernel = calls[index]
+    number = max(1, int(MIN_RUN_S / warm_up([kernel])))
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        calls[index]()
-        times.append(time.perf_counter() - start)
+        for _ in range(number):
+            kernel()
+        times.append((time.perf_counter() - start) / number)
     return min(times)

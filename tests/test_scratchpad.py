@@ -49,6 +49,25 @@ def test_a_tile_that_fits_once_but_not_twice_is_allocated_once(target):
     assert "in 1 buffer" in _report(_check(graph, target, rtol=1e-5))
 
 
+@pytest.mark.parametrize("target", [*MACHINES, "cpu"])
+def test_a_convolution_whose_windows_all_fall_in_the_pad_reads_nothing(target):
+    """A 1-wide image padded on the left only, strided past its one column: every read of
+    x is a pad's zero, so x is read nowhere (no copy of it in a scratchpad, whose load
+    in the never-taken branch was C that did not compile)."""
+    b = GraphBuilder("all_pad")
+    y = b.conv2d(b.input("x", (2, 8, 24, 1)), b.input("w", (4, 8, 1, 1)), b.input("c", (4,)),
+                 pads=[2, 1, 0, 0], strides=[2, 2])
+    graph = b.build([b.silu(y)])
+    if target == "cpu":
+        compiled = polyc.compile(graph, target)
+        inputs = {t.name: np.ones(t.type.shape, np.float32) for t in graph.inputs}
+        np.testing.assert_allclose(compiled(**inputs)[graph.outputs[0]],
+                                   run_reference(graph, inputs)[graph.outputs[0]], rtol=1e-6)
+    else:
+        compiled = _check(graph, target)
+    assert all("x" not in {a.tensor for a in k.kernel.arrays} for k in compiled.kernels)
+
+
 @pytest.mark.parametrize("target", MACHINES)
 def test_a_long_sum_keeps_a_partial_result_per_lane(target):
     # one running sum of 16M floats rounded each addend to the sum's ulp: 4% off (AKG's

@@ -251,7 +251,8 @@ class _Lowering:
 
     def stmt(self, extents, index, expr, reduce=None, suffix="") -> Statement:
         return Statement(self.name + suffix, tuple(extents), self.node.output, tuple(index),
-                         expr, self.out.dtype, reduce, self.node.provenance)
+                         settle_guards(expr, tuple(extents)), self.out.dtype, reduce,
+                         self.node.provenance)
 
     def elementwise(self, expr: Expr) -> list[Statement]:
         return [self.stmt(self.out.shape, identity(self.out.ndim), expr)]
@@ -413,6 +414,28 @@ class _Lowering:
 def _always_within(b: Bound, extents: tuple[int, ...]) -> bool:
     lo, hi = _range(b.aff, extents)
     return lo >= b.lo and hi < b.hi
+
+
+def _never_within(b: Bound, extents: tuple) -> bool:
+    if not all(type(extents[q]) is int for q, _ in b.aff.terms):
+        return False  # a symbolic size: the guard stays
+    lo, hi = _range(b.aff, extents)
+    return hi < b.lo or lo >= b.hi
+
+
+def settle_guards(e: Expr, extents: tuple) -> Expr:
+    """`e` with each guard that fails over the whole iteration box (`extents`) replaced
+    by its `otherwise`: its loads happen nowhere (a conv2d whose every window falls in
+    the pad: a 1-wide image, padded on one side, strided past it), and a target that
+    copies what a tile reads has no copy of them to read."""
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(settle_guards(a, extents) for a in e.args), e.dtype)
+    if not isinstance(e, Guarded):
+        return e
+    if any(_never_within(b, extents) for b in e.bounds):
+        return settle_guards(e.otherwise, extents)
+    return Guarded(e.bounds, settle_guards(e.then, extents), settle_guards(e.otherwise, extents),
+                   e.dtype)
 
 
 def _exact(e: Index, extents: tuple) -> Index:

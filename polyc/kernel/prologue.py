@@ -32,7 +32,8 @@ from typing import Callable, Iterable
 
 from ..graph.storage import STORAGE
 from .comprehension import (Aff, Bound, Call, Const, Expr, FloorDiv, Guarded, Index, Load,
-                            Mod, Outside, Statement, first_sum, identity, loads)
+                            Mod, Outside, Statement, first_sum, identity, loads,
+                            settle_guards)
 
 # which statements a producer (its position) folds into; none when it does not fold
 Readers = Callable[[list[Statement], int], list[int]]
@@ -188,8 +189,8 @@ def _substitute_into(s: Statement, prod: Statement) -> Statement:
         if isinstance(e, Guarded):
             return Guarded(e.bounds, visit(e.then), visit(e.otherwise), e.dtype)
         return e
-    return Statement(s.name, s.extents, s.target, s.index, visit(s.expr), s.dtype, s.reduce,
-                     s.origin)
+    return Statement(s.name, s.extents, s.target, s.index,
+                     settle_guards(visit(s.expr), s.extents), s.dtype, s.reduce, s.origin)
 
 
 def _rename(e: Expr, to: dict[int, Index]) -> Expr:

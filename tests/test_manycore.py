@@ -96,7 +96,10 @@ def test_single_buffered_when_asked():
 
 
 @pytest.mark.parametrize("m,k,n,epilogue", [(130, 100, 200, False), (64, 32, 64, True),
-                                           (200, 300, 250, True)])
+                                           (200, 300, 250, True),
+                                           # K under one step: its panels' last columns
+                                           # zeroed, though the box of 28 is full
+                                           (64, 28, 128, False), (33, 28, 190, True)])
 def test_contractions_run_on_the_fixed_shape_kernel(m, k, n, epilogue):
     b = GraphBuilder("mm")
     y = b.matmul(b.input("a", (m, k)), b.input("w", (k, n)))

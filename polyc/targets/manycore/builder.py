@@ -96,7 +96,9 @@ class ManycoreBuilder(ScratchpadBuilder):
             fn = fn.replace("_get", "_iget").replace("_put", "_iput")
         code = self.transfer(p, kind, slot, fn, f", &{reply}" if reply else "")
         if kind == "get" and p.pad:  # a kernel's tiles read the padding: zero at an edge
-            partial = " || ".join(f"{p.buffer}_n{d} < {e}" for d, e in enumerate(p.box))
+            # against the buffer's padded extents, not the box: a K of 28 is one box of
+            # 28 columns, full, but the kernel reads 32 (garbage there made every output NaN)
+            partial = " || ".join(f"{p.buffer}_n{d} < {e}" for d, e in enumerate(p.extents))
             code = cgen.Block([if_(partial, cgen.Block([
                 cgen.Statement(f"memset({p.buffer}[{slot}], 0, {p.bytes})"),
                 cgen.Statement(f"polyc_mc_vector(core, {p.elements}, 1)")])), code])

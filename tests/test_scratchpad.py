@@ -50,13 +50,17 @@ def test_a_tile_that_fits_once_but_not_twice_is_allocated_once(target):
 
 
 @pytest.mark.parametrize("target", [*MACHINES, "cpu"])
-def test_a_convolution_whose_windows_all_fall_in_the_pad_reads_nothing(target):
-    """A 1-wide image padded on the left only, strided past its one column: every read of
-    x is a pad's zero, so x is read nowhere (no copy of it in a scratchpad, whose load
-    in the never-taken branch was C that did not compile)."""
+@pytest.mark.parametrize("xs, pads", [
+    ((2, 8, 24, 1), [2, 1, 0, 0]),  # the one column left of every window read
+    ((2, 8, 1, 14), [1, 0, 2, 1]),  # windows at rows -1 and 1: the one row between them
+])
+def test_a_convolution_whose_windows_all_fall_in_the_pad_reads_nothing(target, xs, pads):
+    """A 1-wide image padded on one side, strided past its one column (or row): every
+    read of x is a pad's zero, so x is read nowhere (no copy of it in a scratchpad, whose
+    load in the never-taken branch was C that did not compile)."""
     b = GraphBuilder("all_pad")
-    y = b.conv2d(b.input("x", (2, 8, 24, 1)), b.input("w", (4, 8, 1, 1)), b.input("c", (4,)),
-                 pads=[2, 1, 0, 0], strides=[2, 2])
+    y = b.conv2d(b.input("x", xs), b.input("w", (4, 8, 1, 1)), b.input("c", (4,)),
+                 pads=pads, strides=[2, 2])
     graph = b.build([b.silu(y)])
     if target == "cpu":
         compiled = polyc.compile(graph, target)

@@ -416,11 +416,25 @@ def _always_within(b: Bound, extents: tuple[int, ...]) -> bool:
     return lo >= b.lo and hi < b.hi
 
 
+# values of an index `_never_within` lists, at most, to find none inside a bound: a
+# strided window's rows (2*i + k - 1 over i < 2, k < 1: -1 and 1, none in [0, 1))
+MAX_LISTED = 1 << 16
+
+
 def _never_within(b: Bound, extents: tuple) -> bool:
     if not all(type(extents[q]) is int for q, _ in b.aff.terms):
         return False  # a symbolic size: the guard stays
     lo, hi = _range(b.aff, extents)
-    return hi < b.lo or lo >= b.hi
+    if hi < b.lo or lo >= b.hi:
+        return True
+    if all(abs(c) == 1 for _, c in b.aff.terms):
+        return False  # every value between lo and hi is taken
+    values = {b.aff.const}
+    for q, c in b.aff.terms:
+        if len(values) * extents[q] > MAX_LISTED:
+            return False  # too many to list: the guard stays
+        values = {v + c * k for v in values for k in range(extents[q])}
+    return not any(b.lo <= v < b.hi for v in values)
 
 
 def settle_guards(e: Expr, extents: tuple) -> Expr:

@@ -336,11 +336,8 @@ class _Lowering:
         h_in = Aff.it(2, sh) + Aff.it(5, dh) + (-pt)
         w_in = Aff.it(3, sw) + Aff.it(6, dw) + (-pl)
         x = self.load(0, (Aff.it(0), Aff.it(4), h_in, w_in))
-        bounds = tuple(b for b in (Bound(h_in, 0, xs[2]), Bound(w_in, 0, xs[3]))
-                       if not _always_within(b, (xs[0], ws[0], oh, ow, ws[1], ws[2], ws[3])))
         zero = Const(0, self.out.dtype)
-        if bounds:
-            x = Guarded(bounds, x, zero, self.out.dtype)
+        x = Guarded((Bound(h_in, 0, xs[2]), Bound(w_in, 0, xs[3])), x, zero, self.out.dtype)
         w = self.load(1, (Aff.it(1), Aff.it(4), Aff.it(5), Aff.it(6)))
         init_value = self.load(2, (Aff.it(1),)) if len(self.node.inputs) == 3 else zero
         init = self.stmt(self.out.shape, identity(4), init_value, suffix="_init")
@@ -411,7 +408,9 @@ class _Lowering:
         return self.elementwise(Guarded(bounds, expr, value, self.out.dtype) if bounds else expr)
 
 
-def _always_within(b: Bound, extents: tuple[int, ...]) -> bool:
+def _always_within(b: Bound, extents: tuple) -> bool:
+    if not all(type(extents[q]) is int for q, _ in b.aff.terms):
+        return False  # a symbolic size: the bound stays
     lo, hi = _range(b.aff, extents)
     return lo >= b.lo and hi < b.hi
 
@@ -438,17 +437,22 @@ def _never_within(b: Bound, extents: tuple) -> bool:
 
 
 def settle_guards(e: Expr, extents: tuple) -> Expr:
-    """`e` with each guard that fails over the whole iteration box (`extents`) replaced
-    by its `otherwise`: its loads happen nowhere (a conv2d whose every window falls in
-    the pad: a 1-wide image, padded on one side, strided past it), and a target that
-    copies what a tile reads has no copy of them to read."""
+    """`e` with what its guards decide over the whole iteration box (`extents`) decided:
+    a guard that fails everywhere is its `otherwise` (its loads happen nowhere: a conv2d
+    whose every window falls in the pad, a 1-wide image padded on one side and strided
+    past it, whose input a target that copies what a tile reads has no copy of), a bound
+    that holds everywhere is dropped (a conv2d's rows where its pads are never reached),
+    and a guard left with none is its `then`."""
     if isinstance(e, Call):
         return Call(e.fn, tuple(settle_guards(a, extents) for a in e.args), e.dtype)
     if not isinstance(e, Guarded):
         return e
     if any(_never_within(b, extents) for b in e.bounds):
         return settle_guards(e.otherwise, extents)
-    return Guarded(e.bounds, settle_guards(e.then, extents), settle_guards(e.otherwise, extents),
+    bounds = tuple(b for b in e.bounds if not _always_within(b, extents))
+    if not bounds:
+        return settle_guards(e.then, extents)
+    return Guarded(bounds, settle_guards(e.then, extents), settle_guards(e.otherwise, extents),
                    e.dtype)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import islpy as isl
 import numpy as np
 import pytest
 
@@ -78,6 +79,36 @@ def _column_norm(shape, axis):
     eps = b.constant("eps", [1], [1e-5])
     return b.build([b.op("div", b.op("sub", x, mean), b.op("sqrt", b.op("add", var, eps)),
                          out="y")])
+
+
+def _channel_scale(shape):
+    b = GraphBuilder("channel_scale")
+    x, gamma, beta = b.input("x", shape), b.input("gamma", shape[1:2]), b.input("beta", shape[1:2])
+    per_channel = [shape[1], 1, 1]
+    return b.build([b.add(b.mul(x, b.reshape(gamma, shape=per_channel)),
+                          b.reshape(beta, shape=per_channel), out="y")])
+
+
+@pytest.mark.parametrize("graph", [
+    _single("softmax", [12, 10, 40], axis=0),
+    _single("variance", [12, 10, 40], axes=[0, 2]),
+    _channel_scale([2, 10, 5, 7]),
+], ids=["softmax-axis-0", "variance-axes-0-2", "channel-scale"])
+def test_a_kernel_shares_the_axes_every_dependence_keeps(graph):
+    """An axis every dependence keeps (the middle one of a softmax over the first, the
+    channels of a batch norm's scale and shift) is a loop all of a fused kernel's
+    statements share, outermost, so one iteration touches one value of it; a variance
+    over axes 0 and 2 was three kernels, its sums over all of x each."""
+    compiled = compile(graph)
+    assert len(compiled.kernels) == 1, [k.kernel.nodes for k in compiled.kernels]
+    (k,) = compiled.kernels
+    outer = k.schedule.get_root().child(0)
+    while outer.get_type() != isl.schedule_node_type.band:
+        outer = outer.child(0)
+    first = str(outer.band_get_partial_schedule().get_union_pw_aff(0))
+    assert "-> [(i1)]" in first, first  # the kept axis, in every statement's own level
+    assert outer.band_member_get_coincident(0)
+    _check(graph, compiled)
 
 
 @pytest.mark.parametrize("op,shape,axis", [

@@ -118,13 +118,27 @@ def test_on_a_chip_with_scratchpads_parts_are_kernels_of_their_own(target):
 
 @pytest.mark.parametrize("target", ["manycore", "npu"])
 def test_on_a_chip_with_scratchpads_a_small_side_does_not_run_in_sequence(target):
-    # the cpu runs a bias's reshape before the image-wide add in one kernel (no loop is
+    # the cpu runs a small sum before the image-wide add in one kernel (no loop is
     # shared); on a chip that kernel had no band to tile: refused, 1.8 MiB for the UB
-    b = GraphBuilder("bias_add")
+    b = GraphBuilder("offset")
     x, bias = b.input("x", [16, 96, 17, 17]), b.input("bias", [96])
-    graph = b.build([b.add(x, b.reshape(bias, shape=[96, 1, 1]), out="y")])
+    graph = b.build([b.add(x, b.reduce_sum(bias, axes=[0]), out="y")])
     assert len(compile(graph).kernels) == 1
     compiled = compile(graph, target)
     assert len(compiled.kernels) == 2
     assert any("no loop is shared, but the cores" in line for line in compiled.fusion.report)
+    _check(graph, compiled)
+
+
+@pytest.mark.parametrize("target", ["manycore", "npu"])
+def test_on_a_chip_with_scratchpads_a_bias_shares_the_channel_loop(target):
+    # a bias reshaped to [C, 1, 1] and the image it is added to: every dependence keeps
+    # the channel, so one kernel's band over the channels is what the cores tile (the
+    # bias once ran before the add, sharing no loop, so the chips took two kernels)
+    b = GraphBuilder("bias_add")
+    x, bias = b.input("x", [16, 96, 17, 17]), b.input("bias", [96])
+    graph = b.build([b.add(x, b.reshape(bias, shape=[96, 1, 1]), out="y")])
+    compiled = compile(graph, target)
+    assert len(compiled.kernels) == 1
+    assert any("legal at depth 1" in line for line in compiled.fusion.report)
     _check(graph, compiled)

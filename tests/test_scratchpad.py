@@ -4,6 +4,7 @@ Each graph runs on both, against the numpy reference, every level within its cap
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -72,6 +73,28 @@ def test_a_convolution_whose_windows_all_fall_in_the_pad_reads_nothing(target, x
     assert all("x" not in {a.tensor for a in k.kernel.arrays} for k in compiled.kernels)
 
 
+def _softmax_over_the_leading_axis(b):
+    return [b.softmax(b.input("x", [93, 88, 61]), axis=0)]
+
+
+def _max_and_sum_over_axes_0_and_2(b):
+    x = b.input("x", [37, 64, 17])
+    return [b.reduce_sum(x, axes=[0, 2]), b.sub(x, b.reduce_max(x, axes=[0, 2], keepdims=True))]
+
+
+@pytest.mark.parametrize("make", [_softmax_over_the_leading_axis, _max_and_sum_over_axes_0_and_2])
+@pytest.mark.parametrize("target", MACHINES)
+def test_a_reduction_is_tiled_along_the_axes_it_keeps(target, make):
+    """The kernel's band over the axes every dependence keeps (the middle axis, and the
+    last in column blocks) is what the cores tile: the smallest tile once held every row
+    of the middle axis too (a [93, 88, 16] slab of x, 511 KiB), or the kernel had no
+    shared loop at all, and both were refused for a 256 KiB scratchpad."""
+    b = GraphBuilder("kept")
+    compiled = _check(b.build(make(b)), target)
+    assert len(compiled.kernels) == 1
+    assert re.search(r"tiles of [\dx]+ for the cores", _report(compiled))
+
+
 @pytest.mark.parametrize("target", MACHINES)
 def test_a_long_sum_keeps_a_partial_result_per_lane(target):
     # one running sum of 16M floats rounded each addend to the sum's ulp: 4% off (AKG's
@@ -84,12 +107,13 @@ def test_a_long_sum_keeps_a_partial_result_per_lane(target):
 
 @pytest.mark.parametrize("target", MACHINES)
 def test_a_batch_of_one_is_tiled_by_the_loops_inside_it(target):
-    # MindSpore's [1, C, H, W]: the outermost band is the batch of one, whose single
-    # iteration was the smallest tile (2 MiB) and was refused; its channels are tiled now
+    # MindSpore's [1, C, H, W]: the outermost band was the batch of one, whose single
+    # iteration was the smallest tile (2 MiB) and was refused; then its channels were
+    # tiled inside it; now the band over all four loops is, the batch a tile's 1
     b = GraphBuilder("unit_batch")
     x, y, z = (b.input(n, [1, 256, 32, 32]) for n in "xyz")
     compiled = _check(b.build([b.add(b.mul(x, y), b.sub(z, y), out="o")]), target)
-    assert "inside the outer 1 band(s)" in _report(compiled)
+    assert re.search(r"tiles of 1x\d+x\d+x\d+ for the cores", _report(compiled))
 
 
 @pytest.mark.parametrize("keepdims", [True, False], ids=["kept-dims", "scalar"])

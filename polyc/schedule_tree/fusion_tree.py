@@ -32,6 +32,16 @@ rows outer and the block's columns innermost (contiguous, vectorisable):
 block's data is read again by the passes after the first, so it should stay in the
 last cache level (a core's share of it); one block per core at least.
 
+Kept axes. Any other axis every dependence keeps equal (the rows of a softmax over the
+leading axis of a 3-d tensor, the kept axis of a reduction over axes 0 and 2) joins that
+band, outside the block, so one iteration holds one of its values, not all of them:
+
+    softmax over axis 0 of [A, B, C]: band(j, floor(k/B)) -> sequence[ band(i, j, k) ... ]
+
+A chip's cores tile that band: without the kept axis in it, the smallest tile held
+every row of the axis (a whole [A, B, 16] slab); a reduction over axes 0 and 2 had no
+shared loop at all.
+
 Independent parts. Statements that neither depend on each other nor read a common
 tensor (beyond a single element each, a scalar) are parts of the kernel that have
 nothing to share (AKG's "parallel fusion" of independent subgraphs into one kernel):
@@ -59,7 +69,8 @@ class _Band:
     coincident: list[bool]
     permutable: bool
     child: "_Node"
-    block: int = 0  # > 0: one member, floor(last iterator / block) (a column block)
+    block: int = 0  # > 0: a last member, floor(last iterator / block) (a column block)
+    kept: list[dict[str, int]] = field(default_factory=list)  # first members: kept axes
 
 
 @dataclass
@@ -73,6 +84,7 @@ class _Leaf:
 
 
 _Node = _Band | _Sequence | _Leaf
+_last: tuple[PolyModel, "_Deps"] | None = None  # `_Deps.of`'s last model, read once
 
 
 @dataclass
@@ -82,15 +94,25 @@ class _Deps:
     by_pair: dict[tuple[str, str], isl.Map] = field(default_factory=dict)
     # by id of a map asked about, with the map (so its id stays its own)
     distances: dict[int, tuple[isl.Map, isl.Set]] = field(default_factory=dict)
+    # `kept_axes` by the statements asked about
+    kept: dict[tuple[str, ...], list[dict[str, int]]] = field(default_factory=dict)
 
     @staticmethod
     def of(model: PolyModel, relation: isl.UnionMap | None = None) -> "_Deps":
-        """The model's dependences, or `relation` (e.g. its read-after-read pairs)."""
+        """The model's dependences, or `relation` (e.g. its read-after-read pairs). The
+        last model's are kept: the column block's size, the tree and the shared loops
+        are asked of one model in turn, and each would compute the same distances."""
+        global _last
+        last = _last
+        if relation is None and last is not None and last[0] is model:
+            return last[1]
         deps = _Deps()
         maps = (model.dependences if relation is None else relation).get_map_list()
         for m in (maps.get_at(i) for i in range(maps.n_map())):
             key = (m.get_tuple_name(isl.dim_type.in_), m.get_tuple_name(isl.dim_type.out))
             deps.by_pair[key] = deps.by_pair[key].union(m) if key in deps.by_pair else m
+        if relation is None:
+            _last = (model, deps)
         return deps
 
     def between(self, group: list[Statement] | set[str], other: list[Statement] | set[str]):
@@ -252,14 +274,15 @@ def _text(node: _Node) -> str:
             body = _text(child)
             parts.append(f'{{ filter: "{_filter(run)}"' + (f", child: {body}" if body else "") + " }")
         return "{ sequence: [ " + ", ".join(parts) + " ] }"
-    members = []
-    if node.block:
-        members.append("{ " + "; ".join(
-            f"{s.name}[{_iters(s)}] -> [(floor(({s.iter_name(_rank(s) - 1)})/{node.block}))]"
-            for s in node.statements) + " }")
+    members = ["{ " + "; ".join(f"{s.name}[{_iters(s)}] -> [({s.iter_name(axis[s.name])})]"
+                                for s in node.statements) + " }" for axis in node.kept]
     for lv in node.levels:  # a scalar joined to the loop: its first iteration
         members.append("{ " + "; ".join(
             f"{s.name}[{_iters(s)}] -> [({s.iter_name(lv) if lv < _rank(s) else 0})]"
+            for s in node.statements) + " }")
+    if node.block:  # after the kept axes: consecutive blocks of one row
+        members.append("{ " + "; ".join(
+            f"{s.name}[{_iters(s)}] -> [(floor(({s.iter_name(_rank(s) - 1)})/{node.block}))]"
             for s in node.statements) + " }")
     coincident = ", ".join(str(int(c)) for c in node.coincident)
     body = _text(node.child)
@@ -271,33 +294,109 @@ def _text(node: _Node) -> str:
     return f'{{ mark: "{mark}", child: {text} }}' if node.block else text
 
 
-def _keeps_last(statements: list[Statement], deps: _Deps) -> bool:
-    """Does every dependence keep its source's and sink's last iterators equal?"""
-    last = {s.name: _rank(s) - 1 for s in statements}
-    if min(last.values(), default=-1) < 0:
+def _keeps(statements: list[Statement], deps: _Deps, level,
+           skip: set[str] = frozenset()) -> bool:
+    """Does every dependence (but those within `skip`, known to) keep its source's and
+    sink's iterators at `level` (a function of the statement: its last level, say)
+    equal?"""
+    at = {s.name: level(s) for s in statements}
+    if min(at.values(), default=-1) < 0:
         return False
     for (src, dst), m in deps.by_pair.items():
-        equal = m.equate(isl.dim_type.in_, last[src], isl.dim_type.out, last[dst])
-        if not m.is_subset(equal):
+        if src in skip and dst in skip:
+            continue
+        if not m.is_subset(m.equate(isl.dim_type.in_, at[src], isl.dim_type.out, at[dst])):
             return False
     return True
 
 
+def kept_axes(statements: list[Statement], deps: _Deps) -> list[dict[str, int]]:
+    """The axes but the last that every dependence keeps equal and that some statement
+    loops over (see "Kept axes"), each as every statement's level for it: the level
+    itself in the statements of the highest rank, the level a dependence keeps equal to
+    it in the others (a sum's init over the kept axes alone)."""
+    key = tuple(s.name for s in statements)
+    if key not in deps.kept:
+        deps.kept[key] = _kept_axes(statements, deps)
+    return deps.kept[key]
+
+
+def _kept_axes(statements: list[Statement], deps: _Deps) -> list[dict[str, int]]:
+    rank = max(map(_rank, statements), default=0)
+    top = {s.name for s in statements if _rank(s) == rank}
+    axes = []
+    for lv in range(rank - 1):
+        extent = max(s.extents[lv] for s in statements if s.name in top)
+        # (the statements of the highest rank first, on the distances `has` keeps)
+        if extent == 1 or any(deps.has(m, lv, "!=", outer=0) for (src, dst), m
+                              in deps.by_pair.items() if src in top and dst in top):
+            continue
+        at = dict.fromkeys(top, lv)
+        while len(at) < len(statements):
+            found = {}
+            for s in statements:
+                if s.name not in at:
+                    levels = _kept_with(s, at, deps, extent)
+                    if levels:
+                        found[s.name] = levels[0]
+            if not found:
+                break
+            at.update(found)
+        if (len(at) == len(statements) and not any(map(_innermost, statements, at.values()))
+                and _keeps(statements, deps, lambda s, at=at: at[s.name], skip=top)):
+            axes.append(at)
+    return axes
+
+
+def _innermost(s: Statement, level: int) -> bool:
+    """Is `level` the last of `s`, which loops at another (its contiguous axis: one
+    value of it per iteration would leave the statement's loops strided, unvectorised;
+    a column block takes such an axis)?"""
+    return level == _rank(s) - 1 and any(_loops(s, lv) for lv in range(level))
+
+
+def _kept_with(s: Statement, at: dict[str, int], deps: _Deps, extent: int) -> list[int]:
+    """The levels of `s` (of `extent` iterations, the axis's) that every dependence
+    between `s` and a statement placed in `at` keeps equal to that statement's level
+    (none when no dependence joins them)."""
+    levels = [k for k in range(_rank(s)) if s.extents[k] == extent]
+    joined = False
+    for (src, dst), m in deps.by_pair.items():
+        if src == s.name and dst in at:
+            pairs = [(k, at[dst]) for k in levels]
+        elif dst == s.name and src in at:
+            pairs = [(at[src], k) for k in levels]
+        else:
+            continue
+        joined = True
+        levels = [k for k, (a, b) in zip(levels, pairs)
+                  if m.is_subset(m.equate(isl.dim_type.in_, a, isl.dim_type.out, b))]
+    return levels if joined else []
+
+
 def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) -> _Node:
-    """`tree` with a band over blocks of `block` columns (see the module docstring)
-    below its outer bands shared by every statement, when they do not already share
-    every loop and the columns are independent (one block may be all of them)."""
-    if block <= 0 or not _keeps_last(statements, deps):
+    """`tree` with a band over blocks of `block` columns and the kept axes (see the
+    module docstring) below its outer bands shared by every statement, when they do not
+    already share every loop and the columns (or kept axes) are independent (one block
+    may be all of them)."""
+    if block <= 0:
         return tree
-    everyone = [s.name for s in statements]
+    everyone = {s.name for s in statements}
     chain: list[_Band] = []
     node = tree
-    while isinstance(node, _Band) and [s.name for s in node.statements] == everyone:
+    while isinstance(node, _Band) and {s.name for s in node.statements} == everyone:
         chain.append(node)
         node = node.child
-    if sum(len(b.levels) for b in chain) >= max(map(_rank, statements)):
+    shared = [lv for b in chain for lv in b.levels]
+    if len(shared) >= max(map(_rank, statements)):
         return tree  # every loop is shared already
-    blocked = _Band([], list(statements), [True], True, node, block)
+    kept = [axis for axis in kept_axes(statements, deps)
+            if not all(lv in shared for lv in axis.values())]
+    columns = block if _keeps(statements, deps, lambda s: _rank(s) - 1) else 0
+    if not kept and not columns:
+        return tree
+    blocked = _Band([], list(statements), [True] * (len(kept) + bool(columns)), True,
+                    node, columns, kept)
     if not chain:
         return blocked
     chain[-1].child = blocked
@@ -311,7 +410,8 @@ def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int,
     trees = []
     for part in parts:
         names = {s.name for s in part}
-        own = _Deps({k: m for k, m in deps.by_pair.items() if k[0] in names})
+        own = deps if len(parts) == 1 else _Deps(
+            {k: m for k, m in deps.by_pair.items() if k[0] in names}, deps.distances)
         tree = _build(part, 0, own, points_inside)
         trees.append((part, _blocked(_merge(tree, own), part, own, block)))
     return trees[0][1] if len(trees) == 1 else _Sequence(trees)
@@ -359,17 +459,23 @@ def column_block(model: PolyModel, statements: tuple[Statement, ...],
     first pass reads each row's run of the block from memory, strided (a column
     log_softmax of 1024 x 4096 on two threads: 2.3 ms with blocks of 128 columns, 1.9
     with 256, 1.5 with 512, 1.3 with 2048); a power of two divides the usual widths, so
-    isl's loops have no partial block."""
-    parts = []
-    for s in statements:
-        if not s.extents:
-            return 0
-        parts.append(f"{s.name}[{_iters(s)}] : {s.iter_name(_rank(s) - 1)} = 0")
+    isl's loops have no partial block. A column is counted at one value of the kept
+    axes, which the band iterates too, and there are blocks for the cores at each."""
+    if not all(s.extents for s in statements):
+        return 0
+    kept = kept_axes(list(statements), _Deps.of(model))
+    parts = [f"{s.name}[{_iters(s)}] : " + " and ".join(
+        f"{s.iter_name(lv)} = 0" for lv in [axis[s.name] for axis in kept] + [_rank(s) - 1])
+        for s in statements]
     one = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
     per_column = max(1, model.bytes_touched(one, element_bytes))
     columns = max(s.extents[-1] for s in statements)
+    outer = 1
+    for axis in kept:
+        outer *= max(s.extents[axis[s.name]] for s in statements)
     block = vector
-    while block * 2 * per_column <= capacity and block * 2 * cores <= columns:
+    while (block < columns and block * 2 * per_column <= capacity
+           and block * 2 * cores <= columns * outer):
         block *= 2
     return block
 
@@ -386,17 +492,32 @@ def fusion_schedule(model: PolyModel, statements: tuple[Statement, ...],
     return isl.Schedule.read_from_str(model.domain.get_ctx(), text)
 
 
+# a shared loop's level: one for every statement, or each statement's (a kept axis)
+Level = int | dict[str, int]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The loops two groups of statements share in a fused kernel: how many, whether
+    the outermost band holding them is permutable, whether the groups are siblings (no
+    dependence between them), the column block's size when one of the loops is a
+    column block (else 0), and the levels the other shared loops run over."""
+
+    depth: int
+    permutable: bool
+    siblings: bool
+    block: int
+    levels: tuple[Level, ...]
+
+
 def shared_depth(model: PolyModel, statements: tuple[Statement, ...], a: set[str],
-                 b: set[str], block: int = 0) -> tuple[int, bool, bool, int]:
-    """How many outer loops the groups of statements `a` and `b` share in the fused
-    kernel, whether the outermost band holding them is permutable, whether they are
-    siblings (no dependence between them), and the column block size when one of the
-    shared loops is a column block (else 0).
+                 b: set[str], block: int = 0) -> Shared:
+    """The loops the groups of statements `a` and `b` share in the fused kernel.
 
     Only statements that meet count: for every dependence between the groups, the loops
-    its source and sink share; the minimum over them. Siblings meet where they read the
+    its source and sink share; the fewest over them. Siblings meet where they read the
     same element, and a loop along which they read it at different indices is shared
-    but reuses nothing, so it ends their shared depth.
+    but reuses nothing, so it ends their shared loops.
     """
     deps = _Deps.of(model)
     tree = _tree(model, statements, block)
@@ -407,39 +528,39 @@ def shared_depth(model: PolyModel, statements: tuple[Statement, ...], a: set[str
         reuse = _Deps.of(model, model.input)
         pairs = [p for p in reuse.by_pair if (p[0] in a and p[1] in b) or (p[0] in b and p[1] in a)]
     if not pairs:
-        return 0, False, siblings, 0
-    depth = min(_common_depth(tree, src, dst) for src, dst in pairs)
+        return Shared(0, False, siblings, 0, ())
+    loops = min((_shared_loops(tree, src, dst) for src, dst in pairs), key=len)
     if siblings:
-        for level in range(depth):
-            if any(reuse.has(reuse.by_pair[p], level, "!=") for p in pairs):
-                depth = level
+        for k, axis in enumerate(loops):
+            if any(reuse.has(reuse.by_pair[p], _level(axis, p[0], k), "!=") for p in pairs):
+                loops = loops[:k]
                 break
     permutable = tree.permutable if isinstance(tree, _Band) else True
-    return depth, permutable, siblings, _shared_block(tree, depth)
+    return Shared(len(loops), permutable, siblings, block if None in loops else 0,
+                  tuple(axis for axis in loops if axis is not None))
 
 
-def _shared_block(node: _Node, depth: int) -> int:
-    """The block size of a column block among the outer `depth` loops, else 0."""
-    while depth > 0 and isinstance(node, _Band):
-        if node.block:
-            return node.block
-        depth -= len(node.levels)
-        node = node.child
-    return 0
+def _level(loop: Level | None, statement: str, position: int) -> int:
+    """The level of `statement` a shared loop runs over (a column block's: its position,
+    as the levels once were)."""
+    if loop is None:
+        return position
+    return loop if isinstance(loop, int) else loop.get(statement, position)
 
 
-def _common_depth(node: _Node, x: str, y: str) -> int:
-    """The number of loops statements `x` and `y` share in a built tree."""
-    depth = 0
+def _shared_loops(node: _Node, x: str, y: str) -> list[Level | None]:
+    """The loops statements `x` and `y` share in a built tree, outermost first: the
+    level each runs over, None for a column block's."""
+    loops: list[Level | None] = []
     while True:
         if isinstance(node, _Band):
-            depth += len(node.levels) + (1 if node.block else 0)
+            loops += node.kept + node.levels + ([None] if node.block else [])
             node = node.child
         elif isinstance(node, _Sequence):
             runs = [child for run, child in node.runs
                     if {x, y} <= {s.name for s in run}]
             if not runs:
-                return depth
+                return loops
             node = runs[0]
         else:
-            return depth
+            return loops

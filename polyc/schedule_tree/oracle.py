@@ -41,7 +41,7 @@ from ..graph.storage import STORAGE
 from ..kernel import Kernel
 from ..kernel.comprehension import first_sum, loads
 from ..machine import Machine
-from .fusion_tree import column_block, independent_parts, shared_depth
+from .fusion_tree import Level, column_block, independent_parts, shared_depth
 from .group_models import GroupModels
 from .model import PolyModel
 from .passes import element_bytes
@@ -110,18 +110,19 @@ def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
     return {s.name for s in kernel.statements if s.name.split("_")[0] in prefixes}
 
 
-def footprint(model: PolyModel, kernel: Kernel, depth: int, block: int = 0,
+def footprint(model: PolyModel, kernel: Kernel, levels: tuple[Level, ...], block: int = 0,
               skip: frozenset[str] = frozenset()) -> int:
-    """Bytes of distinct elements touched by the first iteration of the outer `depth`
-    loops (on box domains every iteration is alike) by the statements not in `skip`;
-    with `block`, the last of those loops is a column block: the first `block` columns."""
+    """Bytes of distinct elements touched by the first iteration of the shared loops
+    over `levels` (on box domains every iteration is alike) by the statements not in
+    `skip`; with `block`, one of them is a column block: the first `block` columns."""
     parts = []
     for s in kernel.statements:
         if s.name in skip:
             continue
         n = len(s.extents)
         iters = ", ".join(s.iter_name(d) for d in range(n))
-        fixed = [f"{s.iter_name(d)} = 0" for d in range(min(depth - (1 if block else 0), n))]
+        at = [lv if isinstance(lv, int) else lv.get(s.name, n) for lv in levels]
+        fixed = [f"{s.iter_name(d)} = 0" for d in at if d < n]
         if block and n:
             fixed.append(f"{s.iter_name(n - 1)} < {block}")
         parts.append(f"{s.name}[{iters}]" + (f" : {' and '.join(fixed)}" if fixed else ""))
@@ -296,8 +297,9 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
     capacity = machine.fusion_level.capacity
     block = column_block(model, kernel.statements, element_bytes(kernel),
                          machine.block_bytes, machine.cores)
-    depth, permutable, siblings, block = shared_depth(model, kernel.statements, kept_a, kept_b,
-                                                      block)
+    shared = shared_depth(model, kernel.statements, kept_a, kept_b, block)
+    depth, permutable, siblings, block = (shared.depth, shared.permutable, shared.siblings,
+                                          shared.block)
     if depth == 0 and siblings:
         return FusionAnswer(False, 0, False, 0, capacity, 0,
                             "no shared loop reads their common input at the same index: "
@@ -312,7 +314,7 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             "iteration of the consumer's outer loop needs the producer's "
                             "for several values (a reduction across it, or a transposed read)"
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
-    foot = footprint(model, kernel, depth, block, blocked)
+    foot = footprint(model, kernel, shared.levels, block, blocked)
     answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other

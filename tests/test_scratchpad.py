@@ -96,6 +96,24 @@ def test_a_reduction_is_tiled_along_the_axes_it_keeps(target, make):
 
 
 @pytest.mark.parametrize("target", MACHINES)
+def test_no_tile_reads_an_intermediate_another_tile_computed(target):
+    """A transpose read through a reshape (AKG's FRACTAL_NZ to ND, [4, 8, 8, 16, 16] to
+    [4, 128, 128]) shares the tile band's third loop with its reader, which runs over
+    the rows while the transpose runs over their blocks of 16: a tile of rows 8-11 read
+    what the tile of rows 0-3 had computed into its own scratchpad, from main memory,
+    where nothing had put it (every output past the first tiles' garbage). Such tiles
+    are not made: here the loops inside the outer band are tiled instead."""
+    b = GraphBuilder("nz_to_nd")
+    x = b.input("x", [1, 4, 8, 8, 16, 16], dtype="float16")
+    graph = b.build([b.reshape(b.op("transpose", x, perm=[0, 1, 3, 4, 2, 5]),
+                               shape=[1, 4, 128, 128])])
+    compiled = _check(graph, target)
+    (k,) = compiled.kernels
+    local = {a.c_name for a in k.kernel.arrays if a.role == "local"}
+    assert not [p for p in k.promotions if p.array in local and p.direction != "local"]
+
+
+@pytest.mark.parametrize("target", MACHINES)
 def test_a_long_sum_keeps_a_partial_result_per_lane(target):
     # one running sum of 16M floats rounded each addend to the sum's ulp: 4% off (AKG's
     # ReduceSum of a 21128x768 embedding); the vector lanes' partials are folded pairwise

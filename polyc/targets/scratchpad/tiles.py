@@ -213,6 +213,8 @@ def _fit(state: KernelState, depth: int, level: MemoryLevel, options
             kernel = contract_arrays(state.kernel, state.model, schedule)
             promotions = promotions_at(node, kernel, state.model, level.name,
                                        str(marks.Tile(level.name)))
+            if _across_tiles(promotions, kernel):
+                return None, (kernel, promotions, 0)
             need = scratch_bytes(promotions, kernel, double, level.alignment)
             # enough tiles for every core, as long as a tile moves enough data that a
             # transfer's latency does not dominate it
@@ -238,6 +240,15 @@ def _fit(state: KernelState, depth: int, level: MemoryLevel, options
     return None, (kernel, promotions, need)
 
 
+def _across_tiles(promotions: tuple[Promotion, ...], kernel: Kernel) -> str:
+    """The intermediate a tile would get from memory though the kernel computes it (a
+    transpose read through a reshape: a tile reads rows another tile computed, and no
+    tile puts an intermediate), else ''. No size of these tiles is right."""
+    local = {a.c_name: a.tensor for a in kernel.arrays if a.role == "local"}
+    return next((local[p.array] for p in promotions
+                 if p.array in local and p.direction in ("in", "inout")), "")
+
+
 def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     if state.promotions:  # a contraction planned its own tiles and copies
         return state
@@ -259,6 +270,11 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     again = recompute_stored(replace(state, kernel=kernel), quasi=True)
     if again.restart:
         return again
+    if crossing := _across_tiles(promotions, kernel):
+        raise GraphError(Problem(
+            f"intermediate {crossing!r} is read by tiles other than those that compute it, "
+            f"and cannot be computed again where it is read: no tiles of the kernel for the "
+            f"{level.name}", field=f"kernel {kernel.name}"))
     biggest = max(promotions, key=lambda p: p.bytes)
     tensor = next(a.tensor for a in kernel.arrays if a.c_name == biggest.array)
     raise GraphError(Problem(

@@ -96,6 +96,21 @@ def test_a_reduction_is_tiled_along_the_axes_it_keeps(target, make):
 
 
 @pytest.mark.parametrize("target", MACHINES)
+def test_a_kept_axis_over_rows_read_through_a_reshape_is_not_the_tile(target):
+    """AKG's BERT residual adds: [1024, 1024] inputs read as [8, 128, 1024], a
+    [1, 128, 1024] bias broadcast over the 8. The 128 is kept by every dependence, but a
+    tile of one of its values reads rows i, i + 128, ... of the inputs: a box of 897
+    rows. The oracle weighs a chip's footprints by the boxes its copies move, and the
+    tiles fall back to the column blocks where no tile over the kept axes fits."""
+    b = GraphBuilder("residual")
+    x, y = b.input("x", [1024, 1024]), b.input("y", [1024, 1024])
+    bias = b.input("bias", [128, 1024])
+    s = b.add(b.reshape(x, shape=[8, 128, 1024]), b.reshape(y, shape=[8, 128, 1024]))
+    compiled = _check(b.build([b.add(s, b.reshape(bias, shape=[1, 128, 1024]))]), target)
+    assert all(max(p.bytes for p in k.promotions) < (1 << 17) for k in compiled.kernels)
+
+
+@pytest.mark.parametrize("target", MACHINES)
 def test_no_tile_reads_an_intermediate_another_tile_computed(target):
     """A transpose read through a reshape (AKG's FRACTAL_NZ to ND, [4, 8, 8, 16, 16] to
     [4, 128, 128]) shares the tile band's third loop with its reader, which runs over

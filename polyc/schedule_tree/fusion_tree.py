@@ -374,11 +374,12 @@ def _kept_with(s: Statement, at: dict[str, int], deps: _Deps, extent: int) -> li
     return levels if joined else []
 
 
-def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) -> _Node:
-    """`tree` with a band over blocks of `block` columns and the kept axes (see the
-    module docstring) below its outer bands shared by every statement, when they do not
-    already share every loop and the columns (or kept axes) are independent (one block
-    may be all of them)."""
+def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int,
+             kept: bool = True) -> _Node:
+    """`tree` with a band over blocks of `block` columns and (with `kept`) the kept axes
+    (see the module docstring) below its outer bands shared by every statement, when
+    they do not already share every loop and the columns (or kept axes) are independent
+    (one block may be all of them)."""
     if block <= 0:
         return tree
     everyone = {s.name for s in statements}
@@ -390,13 +391,13 @@ def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) 
     shared = [lv for b in chain for lv in b.levels]
     if len(shared) >= max(map(_rank, statements)):
         return tree  # every loop is shared already
-    kept = [axis for axis in kept_axes(statements, deps)
+    axes = [axis for axis in (kept_axes(statements, deps) if kept else [])
             if not all(lv in shared for lv in axis.values())]
     columns = block if _keeps(statements, deps, lambda s: _rank(s) - 1) else 0
-    if not kept and not columns:
+    if not axes and not columns:
         return tree
-    blocked = _Band([], list(statements), [True] * (len(kept) + bool(columns)), True,
-                    node, columns, kept)
+    blocked = _Band([], list(statements), [True] * (len(axes) + bool(columns)), True,
+                    node, columns, axes)
     if not chain:
         return blocked
     chain[-1].child = blocked
@@ -404,7 +405,7 @@ def _blocked(tree: _Node, statements: list[Statement], deps: _Deps, block: int) 
 
 
 def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int,
-          points_inside: bool = False) -> _Node:
+          points_inside: bool = False, kept: bool = True) -> _Node:
     deps = _Deps.of(model)
     parts = independent_parts(model, statements)
     trees = []
@@ -413,7 +414,7 @@ def _tree(model: PolyModel, statements: tuple[Statement, ...], block: int,
         own = deps if len(parts) == 1 else _Deps(
             {k: m for k, m in deps.by_pair.items() if k[0] in names}, deps.distances)
         tree = _build(part, 0, own, points_inside)
-        trees.append((part, _blocked(_merge(tree, own), part, own, block)))
+        trees.append((part, _blocked(_merge(tree, own), part, own, block, kept)))
     return trees[0][1] if len(trees) == 1 else _Sequence(trees)
 
 
@@ -452,7 +453,7 @@ def independent_parts(model: PolyModel, statements: tuple[Statement, ...]
 
 def column_block(model: PolyModel, statements: tuple[Statement, ...],
                  element_bytes: dict[str, int], capacity: int, cores: int = 1,
-                 vector: int = 16) -> int:
+                 vector: int = 16, kept: bool = True) -> int:
     """Columns per block for `_blocked`: the largest power of two (at least `vector`
     elements) whose columns' bytes (one column's counted with isl) fit `capacity`,
     leaving a block for each of `cores`. Long blocks matter more than small ones: the
@@ -460,18 +461,19 @@ def column_block(model: PolyModel, statements: tuple[Statement, ...],
     log_softmax of 1024 x 4096 on two threads: 2.3 ms with blocks of 128 columns, 1.9
     with 256, 1.5 with 512, 1.3 with 2048); a power of two divides the usual widths, so
     isl's loops have no partial block. A column is counted at one value of the kept
-    axes, which the band iterates too, and there are blocks for the cores at each."""
+    axes (`kept`), which the band iterates too, and there are blocks for the cores at
+    each."""
     if not all(s.extents for s in statements):
         return 0
-    kept = kept_axes(list(statements), _Deps.of(model))
+    axes = kept_axes(list(statements), _Deps.of(model)) if kept else []
     parts = [f"{s.name}[{_iters(s)}] : " + " and ".join(
-        f"{s.iter_name(lv)} = 0" for lv in [axis[s.name] for axis in kept] + [_rank(s) - 1])
+        f"{s.iter_name(lv)} = 0" for lv in [axis[s.name] for axis in axes] + [_rank(s) - 1])
         for s in statements]
     one = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
     per_column = max(1, model.bytes_touched(one, element_bytes))
     columns = max(s.extents[-1] for s in statements)
     outer = 1
-    for axis in kept:
+    for axis in axes:
         outer *= max(s.extents[axis[s.name]] for s in statements)
     block = vector
     while (block < columns and block * 2 * per_column <= capacity
@@ -481,12 +483,14 @@ def column_block(model: PolyModel, statements: tuple[Statement, ...],
 
 
 def fusion_schedule(model: PolyModel, statements: tuple[Statement, ...],
-                    block: int = 0, points_inside: bool = False) -> isl.Schedule:
+                    block: int = 0, points_inside: bool = False,
+                    kept: bool = True) -> isl.Schedule:
     """The schedule tree of a fused kernel (see the module docstring); `block` > 0
-    allows column blocks of that many columns; `points_inside` puts a statement of one
-    instance (a whole sum's init) in the outermost loop after it, at its first iteration,
-    not before it: a chip's cores tile one band, which a sequence at the root has not."""
-    tree = _tree(model, statements, block, points_inside)
+    allows column blocks of that many columns, and with `kept` the kept axes in their
+    band; `points_inside` puts a statement of one instance (a whole sum's init) in the
+    outermost loop after it, at its first iteration, not before it: a chip's cores tile
+    one band, which a sequence at the root has not."""
+    tree = _tree(model, statements, block, points_inside, kept)
     body = _text(tree)
     text = f'{{ domain: "{model.domain}"' + (f", child: {body}" if body else "") + " }"
     return isl.Schedule.read_from_str(model.domain.get_ctx(), text)

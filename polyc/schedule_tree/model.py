@@ -41,15 +41,19 @@ class PolyModel:
         """Every dependence a schedule must respect."""
         return self.flow.union(self.anti).union(self.output)
 
-    def bytes_touched(self, instances: isl.UnionSet, element_bytes: Mapping[str, int]) -> int:
+    def bytes_touched(self, instances: isl.UnionSet, element_bytes: Mapping[str, int],
+                      boxes: bool = False) -> int:
         """Bytes of the distinct array elements that `instances` read or write, counted
-        exactly by isl; `element_bytes` maps array names to their element size."""
+        exactly by isl, or with `boxes` of each array's bounding box (what a copy into a
+        scratchpad moves: rows 0, 128, 256 of an array take the 257 rows between);
+        `element_bytes` maps array names to their element size."""
         touched = self.reads.union(self.writes).intersect_domain(instances).range()
         # counted after the walk, not in its callback: an error there (an operation
         # budget running out, `budget.py`) would only be printed by islpy, not raised
         arrays: list[isl.Set] = []
         touched.foreach_set(arrays.append)
-        return sum(count(elements) * element_bytes[elements.get_tuple_name()]
+        size = _box_size if boxes else count
+        return sum(size(elements) * element_bytes[elements.get_tuple_name()]
                    for elements in arrays)
 
     def with_schedule(self, schedule: isl.Schedule) -> "PolyModel":
@@ -76,6 +80,12 @@ def count(points: isl.Set) -> int:
         if all(lo.is_int() and hi.is_int() for lo, hi in bounds):
             return math.prod(hi.to_python() - lo.to_python() + 1 for lo, hi in bounds)
     return points.count_val().to_python()
+
+
+def _box_size(points: isl.Set) -> int:
+    """How many points the bounding box of `points` (a bounded set) has."""
+    return math.prod((points.dim_max_val(d) - points.dim_min_val(d)).to_python() + 1
+                     for d in range(points.dim(isl.dim_type.set)))
 
 
 def _domain(s: Statement) -> str:

@@ -111,10 +111,11 @@ def _statements_of(kernel: Kernel, nodes: tuple[str, ...]) -> set[str]:
 
 
 def footprint(model: PolyModel, kernel: Kernel, levels: tuple[Level, ...], block: int = 0,
-              skip: frozenset[str] = frozenset()) -> int:
-    """Bytes of distinct elements touched by the first iteration of the shared loops
-    over `levels` (on box domains every iteration is alike) by the statements not in
-    `skip`; with `block`, one of them is a column block: the first `block` columns."""
+              skip: frozenset[str] = frozenset(), boxes: bool = False) -> int:
+    """Bytes of distinct elements (with `boxes`, of each array's bounding box: a chip's
+    copies) touched by the first iteration of the shared loops over `levels` (on box
+    domains every iteration is alike) by the statements not in `skip`; with `block`, one
+    of them is a column block: the first `block` columns."""
     parts = []
     for s in kernel.statements:
         if s.name in skip:
@@ -127,7 +128,7 @@ def footprint(model: PolyModel, kernel: Kernel, levels: tuple[Level, ...], block
             fixed.append(f"{s.iter_name(n - 1)} < {block}")
         parts.append(f"{s.name}[{iters}]" + (f" : {' and '.join(fixed)}" if fixed else ""))
     first = isl.UnionSet.read_from_str(model.domain.get_ctx(), "{ " + "; ".join(parts) + " }")
-    return model.bytes_touched(first, element_bytes(kernel))
+    return model.bytes_touched(first, element_bytes(kernel), boxes)
 
 
 def ask_fusion(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
@@ -314,7 +315,8 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             "iteration of the consumer's outer loop needs the producer's "
                             "for several values (a reduction across it, or a transposed read)"
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
-    foot = footprint(model, kernel, shared.levels, block, blocked)
+    foot = footprint(model, kernel, shared.levels, block, blocked,
+                     boxes=machine.tile_level.managed)
     answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other

@@ -23,7 +23,7 @@ from ..kernel.prologue import recomputable
 from .contract import contract_arrays
 from .dependences import compute_dependences
 from .fusion_tree import column_block
-from .model import build_model
+from .model import PolyModel, build_model
 from .schedule import original_order, schedule_kernel
 from .state import KernelState, Pass
 
@@ -47,15 +47,21 @@ def dependences_pass(state: KernelState, machine, options) -> KernelState:
         state.model, siblings_only=len(state.kernel.nodes) > 1))
 
 
+def fused_schedule(state: KernelState, machine, kept: bool = True) -> PolyModel:
+    """A fused kernel's model with fusion_tree's structure (linear in the dependences,
+    no budget needed): column blocks sized for the machine's block role, and with `kept`
+    the kept axes."""
+    kernel = state.kernel
+    block = column_block(state.model, kernel.statements, element_bytes(kernel),
+                         machine.block_bytes, machine.cores, kept=kept)
+    return schedule_kernel(state.model, kernel.statements, fused=True, block=block,
+                           points_inside=machine.tile_level.managed, kept=kept)
+
+
 def schedule_pass(state: KernelState, machine, options) -> KernelState:
     kernel = state.kernel
-    fused = len(kernel.nodes) > 1
-    block = (column_block(state.model, kernel.statements, element_bytes(kernel),
-                          machine.block_bytes, machine.cores) if fused else 0)
-    if fused:  # fusion_tree's structure: linear in the dependences, no budget needed
-        return replace(state, model=schedule_kernel(
-            state.model, kernel.statements, fused=True, block=block,
-            points_inside=machine.tile_level.managed))
+    if len(kernel.nodes) > 1:
+        return replace(state, model=fused_schedule(state, machine))
     ledger = state.ledger or Ledger.of(options)
     why = ledger.out_of_time("schedule") if ledger.exhausted("schedule") else ""
     if not why:

@@ -14,15 +14,17 @@ from .model import PolyModel
 
 def schedule_kernel(model: PolyModel, statements: tuple[Statement, ...], *, fused: bool,
                     max_operations: int = DEFAULT_MAX_OPERATIONS, block: int = 0,
-                    points_inside: bool = False) -> PolyModel:
+                    points_inside: bool = False, kept: bool = True) -> PolyModel:
     """The kernel's schedule tree: a fused kernel's loop structure from its fusion
-    decisions (`fusion_tree`, with column blocks of `block` where they apply, statements
+    decisions (`fusion_tree`, with column blocks of `block` and, with `kept`, the kept
+    axes where they apply, statements
     of one instance inside the loops after them with `points_inside`), a single
     node's from isl's scheduler, its bands' contiguous members moved innermost
     (`interchange`). Raises `budget.OutOfOperations` when isl's scheduler runs past
     `max_operations`."""
     if fused:
-        return model.with_schedule(fusion_schedule(model, statements, block, points_inside))
+        return model.with_schedule(fusion_schedule(model, statements, block, points_inside,
+                                                   kept))
     return interchange_for_locality(isl_schedule(model, max_operations=max_operations))
 
 

@@ -33,7 +33,7 @@ from ...machine import Machine, MemoryLevel
 from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.model import PolyModel, statement_names
-from ...schedule_tree.passes import recompute_stored
+from ...schedule_tree.passes import fused_schedule, recompute_stored
 from ...schedule_tree.promotion import Promotion, box, footprint, promote
 from ...schedule_tree.state import KernelState
 
@@ -249,6 +249,17 @@ def _across_tiles(promotions: tuple[Promotion, ...], kernel: Kernel) -> str:
                  if p.array in local and p.direction in ("in", "inout")), "")
 
 
+def _fit_a_band(state: KernelState, level: MemoryLevel, options
+               ) -> tuple[KernelState | None, tuple[Kernel, tuple[Promotion, ...], int]]:
+    """`_fit` on the outermost band; where one iteration of it is too much (a batch of
+    one: the whole image), on the band below it, in each of its iterations, and so on."""
+    depth = 0
+    while (found := _fit(state, depth, level, options))[0] is None and \
+            _band(state.schedule, depth + 1) is not None:
+        depth += 1
+    return found
+
+
 def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     if state.promotions:  # a contraction planned its own tiles and copies
         return state
@@ -256,15 +267,20 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     # then pins it, and contraction drops that dimension from a tile's buffers
     state.ctx.set_tile_shift_point_loops(0)
     level = machine.tile_level
-    depth = 0
-    # the outermost band's tiles; where one iteration of it is too much (a batch of one:
-    # the whole image), the tiles of the band below it, in each of its iterations
-    while (found := _fit(state, depth, level, options))[0] is None and \
-            _band(state.schedule, depth + 1) is not None:
-        depth += 1
-    fitted, (kernel, promotions, need) = found
+    fitted, tried = _fit_a_band(state, level, options)
     if fitted is not None:
         return fitted
+    if len(state.kernel.nodes) > 1:
+        # the kept axes outermost can make a tile's box of an input read through a
+        # reshape span the rows between (rows i, i + 128, ... of [8 x 128, C]): the
+        # column blocks alone, the statements' own loops inside them, may fit
+        plain = replace(state, model=fused_schedule(state, machine, kept=False))
+        if not plain.schedule.plain_is_equal(state.schedule):
+            fitted, tried = _fit_a_band(plain, level, options)
+            if fitted is not None:
+                return fitted.note("the axes every dependence keeps left in the statements' "
+                                   f"own loops: no tile over them fits the {level.name}")
+    kernel, promotions, need = tried
     # an intermediate no tile holds (a transpose read through a reshape, whose rows
     # the shared loop visits out of step) computed again where it is read, if it can be
     again = recompute_stored(replace(state, kernel=kernel), quasi=True)

@@ -22,8 +22,9 @@ pairs, `machine.paired_ratio`: a slow spell of the host moves both calls of a pa
 two separate best times). The table goes to `--out` as bench_fusion.json with its plot.
 
 A second table puts each column form (softmax and log_softmax over axis 0 of 1024x4096,
-and over the middle axis of 16x1024x256) beside the same op over the last axis of the
-transposed input, in turns: the ratio of their times, and how many kernels each is.
+over the middle axis of 16x1024x256, and over the first of three, whose middle axis the
+kernel's outer band keeps) beside the same op over the last axis of the transposed
+input, in turns: the ratio of their times, and how many kernels each is.
 """
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def inductor(fn):
 
 COLUMN_CASES = [  # (op, shape, axis): the row form reduces the last axis of the transpose
     ("softmax", (1024, 4096), 0), ("log_softmax", (1024, 4096), 0),
-    ("softmax", (16, 1024, 256), 1), ("log_softmax", (16, 1024, 256), 1)]
+    ("softmax", (16, 1024, 256), 1), ("log_softmax", (16, 1024, 256), 1),
+    ("softmax", (64, 256, 256), 0), ("log_softmax", (128, 64, 512), 0)]
 
 
 def _one_op(op: str, shape, axis: int):

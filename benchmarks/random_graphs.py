@@ -13,14 +13,17 @@ or 2 threads. Values keep the outputs well conditioned (weights scaled by their 
 a layer_norm over 16 values or more), so an output off the reference beyond float32's
 rounding of its sums is a bug. Each graph that fails (a wrong output, a crash, a C that
 does not build) is written to DIR as JSON with its options and target; a graph a target
-refuses with a GraphError (a chip's scratchpad too small for a tile) is counted apart.
+refuses with a GraphError (a chip's scratchpad too small for a tile) is counted apart,
+and the refusals are printed at the end by target, kind and reason (numbers masked).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     d = Draw(np.random.default_rng(args.seed))
     deadline = time.monotonic() + args.seconds
     counts = {"ok": 0, "refused": 0, "failed": 0}
+    refusals: Counter = Counter()
     while time.monotonic() < deadline and sum(counts.values()) != args.graphs:
         kind, target = d.pick(KINDS), d.pick(targets)
         b = polyc.GraphBuilder(kind.__name__)
@@ -175,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         options = ({**options, "threads": d.pick([1, 2])} if target == "cpu" else {})
         try:
             why = check(graph, target, options, d.int(0, 2**31))
-        except GraphError:
+        except GraphError as e:
             counts["refused"] += 1
+            refusals[target, kind.__name__, re.sub(r"\d+", "N", str(e))[:160]] += 1
             continue
         except Exception as e:  # noqa: BLE001 (any other failure is a finding)
             why = f"{type(e).__name__}: {str(e)[:300]}"
@@ -191,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{target} {kind.__name__} {options}: {why} ({path})", flush=True)
     print(f"{sum(counts.values())} graphs: {counts['ok']} match, {counts['refused']} refused "
           f"by a GraphError, {counts['failed']} failed")
+    for (target, kind, why), n in refusals.most_common():
+        print(f"  refused {n:4} {target} {kind}: {why}")
     return 1 if counts["failed"] else 0
 
 

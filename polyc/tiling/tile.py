@@ -19,6 +19,7 @@ band is legal, only its fit is unknown.
 """
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from typing import Sequence
 
@@ -65,6 +66,19 @@ def tile_footprint(model: PolyModel, band: isl.ScheduleNode, sizes: Sequence[int
     tile = isl.Set.read_from_str(model.domain.get_ctx(),
                                  f"{{ [{', '.join(f't{m}' for m in range(n))}] : {box} }}")
     return model.bytes_touched(sched.intersect_range(isl.UnionSet.from_set(tile)).domain(), element)
+
+
+def _passes_apart(model: PolyModel, band: isl.ScheduleNode, extents: list[int],
+                  element: dict[str, int]) -> bool:
+    """Does `band` run a sequence of passes per iteration (a fused row kernel over the
+    rows of a 3-d tensor) whose iterations share no element? Its tiles would gain no
+    reuse, and their point loops would leave a row's scalars (a max, a sum) no buffer
+    to be contracted into: a log_softmax over rows of 128 of 64x512x128 was 5x slower
+    tiled than as 32768x128 (its scalars computed again for every element)."""
+    if band.n_children() != 1 or band.child(0).get_type() != isl.schedule_node_type.sequence:
+        return False
+    one = tile_footprint(model, band, [1] * len(extents), element)
+    return tile_footprint(model, band, extents, element) >= one * math.prod(extents)
 
 
 def choose_tile_sizes(model: PolyModel, band: isl.ScheduleNode, extents: list[int],
@@ -129,7 +143,7 @@ def tile_bands(model: PolyModel, schedule: isl.Schedule, kernel: Kernel, machine
         if (node.get_type() == _BAND and node.band_n_member() >= 2
                 and node.band_get_permutable()):
             extents = _members(node, by_name)
-            if extents:
+            if extents and (sizes or not _passes_apart(model, node, extents, element)):
                 # unbalanced, a size past the extent is kept: cut to it, it would differ
                 # with the extent (the tile loop then has one iteration)
                 chosen = [max(1, min(s, e) if balance else s)

@@ -122,6 +122,8 @@ def test_a_kernel_shares_the_axes_every_dependence_keeps(graph):
     first = str(outer.band_get_partial_schedule().get_union_pw_aff(0))
     assert "-> [(i1)]" in first, first  # the kept axis, in every statement's own level
     assert outer.band_member_get_coincident(0)
+    assert any("its outer loop over an axis every dependence keeps" in line
+               for line in k.fusion_report), k.fusion_report
     _check(graph, compiled)
 
 

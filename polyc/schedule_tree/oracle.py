@@ -317,7 +317,8 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, shared.levels, block, blocked,
                      boxes=machine.tile_level.managed)
-    answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block)
+    kept = sum(isinstance(level, dict) for level in shared.levels)
+    answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block, kept)
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other
         # side under it; in sequence the other keeps its own loops and tiles
@@ -352,11 +353,16 @@ def _sequence_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
 
 
 def _loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...], machine: Machine,
-                 depth: int, permutable: bool, foot: int, block: int) -> FusionAnswer:
-    """A legal merge sharing `depth` loops, weighed by its footprint."""
+                 depth: int, permutable: bool, foot: int, block: int,
+                 kept: int = 0) -> FusionAnswer:
+    """A legal merge sharing `depth` loops (`kept` of them over axes every dependence
+    keeps, moved outermost: `fusion_tree.kept_axes`), weighed by its footprint."""
     capacity = machine.fusion_level.capacity
     saved = _saved_bytes(graph, a, b)
     head = f"legal at depth {depth}, {'permutable' if permutable else 'not permutable'}"
+    if kept:
+        head += (", its outer loop over an axis" if kept == 1 else
+                 f", its outer {kept} loops over axes") + " every dependence keeps"
     level = machine.fusion_level.name
     if block:
         # a block is read by several passes: it should stay where the block role says

@@ -408,9 +408,14 @@ class _Lowering:
         return self.elementwise(Guarded(bounds, expr, value, self.out.dtype) if bounds else expr)
 
 
+def _static(b: Bound, extents: tuple) -> bool:
+    """Are the sizes of every iterator in `b` known (not symbols, whose bounds stay)?"""
+    return all(type(extents[q]) is int for q, _ in b.aff.terms)
+
+
 def _always_within(b: Bound, extents: tuple) -> bool:
-    if not all(type(extents[q]) is int for q, _ in b.aff.terms):
-        return False  # a symbolic size: the bound stays
+    if not _static(b, extents):
+        return False
     lo, hi = _range(b.aff, extents)
     return lo >= b.lo and hi < b.hi
 
@@ -421,8 +426,8 @@ MAX_LISTED = 1 << 16
 
 
 def _never_within(b: Bound, extents: tuple) -> bool:
-    if not all(type(extents[q]) is int for q, _ in b.aff.terms):
-        return False  # a symbolic size: the guard stays
+    if not _static(b, extents):
+        return False
     lo, hi = _range(b.aff, extents)
     if hi < b.lo or lo >= b.hi:
         return True

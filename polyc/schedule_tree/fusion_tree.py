@@ -305,9 +305,15 @@ def _keeps(statements: list[Statement], deps: _Deps, level,
     for (src, dst), m in deps.by_pair.items():
         if src in skip and dst in skip:
             continue
-        if not m.is_subset(m.equate(isl.dim_type.in_, at[src], isl.dim_type.out, at[dst])):
+        if not _equal_at(m, at[src], at[dst]):
             return False
     return True
+
+
+def _equal_at(m: isl.Map, source: int, sink: int) -> bool:
+    """Does every pair of `m` have its source's iterator `source` equal to its sink's
+    iterator `sink`?"""
+    return m.is_subset(m.equate(isl.dim_type.in_, source, isl.dim_type.out, sink))
 
 
 def kept_axes(statements: list[Statement], deps: _Deps) -> list[dict[str, int]]:
@@ -369,8 +375,7 @@ def _kept_with(s: Statement, at: dict[str, int], deps: _Deps, extent: int) -> li
         else:
             continue
         joined = True
-        levels = [k for k, (a, b) in zip(levels, pairs)
-                  if m.is_subset(m.equate(isl.dim_type.in_, a, isl.dim_type.out, b))]
+        levels = [k for k, (a, b) in zip(levels, pairs) if _equal_at(m, a, b)]
     return levels if joined else []
 
 
@@ -512,6 +517,11 @@ class Shared:
     siblings: bool
     block: int
     levels: tuple[Level, ...]
+
+    @property
+    def kept(self) -> int:
+        """How many of the shared loops run over kept axes."""
+        return sum(isinstance(level, dict) for level in self.levels)
 
 
 def shared_depth(model: PolyModel, statements: tuple[Statement, ...], a: set[str],

@@ -317,8 +317,7 @@ def _shared_loop_answer(graph: Graph, a: tuple[str, ...], b: tuple[str, ...],
                             + (f"; sharing the outer loop {blocking}" if blocking else ""))
     foot = footprint(model, kernel, shared.levels, block, blocked,
                      boxes=machine.tile_level.managed)
-    kept = sum(isinstance(level, dict) for level in shared.levels)
-    answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block, kept)
+    answer = _loop_answer(graph, a, b, machine, depth, permutable, foot, block, shared.kept)
     if not answer.profitable and small:
         # sharing a loop of one iteration with a scalar puts the whole of the other
         # side under it; in sequence the other keeps its own loops and tiles

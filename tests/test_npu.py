@@ -178,11 +178,14 @@ def test_an_int32_contraction_goes_to_the_vector_unit():
 
 
 def test_a_tile_that_cannot_fit_ub_is_refused_naming_the_tensor():
+    # as on the many-core chip (test_manycore.py)
     b = GraphBuilder("huge")
-    graph = b.build([b.softmax(b.input("x", (2, 1 << 20)), out="y")])
+    half = b.op("cast", b.input("x", (24, 16, 1024)), to="float16")
+    rows = b.op("cast", b.reshape(half, shape=[384, 1024]), to="float32")
     with pytest.raises(GraphError) as e:
-        polyc.compile(graph, "npu", build=False, limits=Limits())
-    assert "262144 bytes" in str(e.value) and "'x'" in str(e.value) and "UB" in str(e.value)
+        polyc.compile(b.build([half, b.reduce_sum(rows, axes=[1])]), "npu", build=False,
+                      limits=Limits())
+    assert "262144 bytes" in str(e.value) and "'cast_1'" in str(e.value) and "UB" in str(e.value)
 
 
 def test_the_service_compiles_for_the_npu_under_its_own_key(tmp_path):

@@ -37,7 +37,11 @@ def _check(graph, target, inputs=None, rtol=1e-4):
 
 
 def _report(compiled) -> str:
-    return "\n".join(line for k in compiled.kernels for line in k.fusion_report)
+    return "\n".join(map(_report_of, compiled.kernels))
+
+
+def _report_of(kernel) -> str:
+    return "\n".join(kernel.fusion_report)
 
 
 @pytest.mark.parametrize("target", MACHINES)
@@ -126,6 +130,32 @@ def test_no_tile_reads_an_intermediate_another_tile_computed(target):
     (k,) = compiled.kernels
     local = {a.c_name for a in k.kernel.arrays if a.role == "local"}
     assert not [p for p in k.promotions if p.array in local and p.direction != "local"]
+
+
+@pytest.mark.parametrize("target", MACHINES)
+def test_a_sum_over_more_rows_than_the_scratchpad_holds_runs_in_steps(target):
+    """AKG's Cast and ReduceSum over axis 0 of wide_deep's [16000, 256] float16: the
+    fused kernel's column block of 16 has 500 KiB of rows, so no tile fit and the kernel
+    was refused. Now the rows come in steps, the block's 16 sums staying on chip."""
+    b = GraphBuilder("column_sums")
+    x = b.input("x", [16000, 256], dtype="float16")
+    graph = b.build([b.reduce_sum(b.op("cast", x, to="float32"), axes=[0], out="s")])
+    # positive addends: a running sum of 16000 is then within 1e-5 of numpy's pairwise one
+    x = np.random.default_rng(0).uniform(0, 1, (16000, 256)).astype(np.float16)
+    (kernel,) = _check(graph, target, {"x": x}, rtol=1e-5).kernels
+    by_array = {b.array: b for b in kernel.promotions}
+    assert "copied per step" in _report_of(kernel)
+    assert "step" in by_array["t0_x"].at and "step" not in by_array["t2_s"].at
+
+
+@pytest.mark.parametrize("target", MACHINES)
+def test_a_row_longer_than_the_scratchpad_is_normalised_in_steps(target):
+    # a softmax over rows of 2^20 floats (4 MiB each): its exp-and-sum kernel reads and
+    # writes a row in steps
+    b = GraphBuilder("long_rows")
+    compiled = _check(b.build([b.softmax(b.input("x", (2, 1 << 20)), out="y")]), target,
+                      rtol=1e-5)
+    assert "copied per step" in _report(compiled)
 
 
 @pytest.mark.parametrize("target", MACHINES)

@@ -12,13 +12,26 @@ tile never leaves the scratchpad; an input every tile reads alike (a layer norm'
 copied once per core, before the tiles, and reused. With double buffering every moved
 buffer is allocated twice (the next tile's inputs arrive, and the last tile's outputs leave, while this one
 computes). The sizes start from the whole band and halve its largest member until
-everything fits; of a band that is not permutable only the first member is cut. A tile
-of one iteration that still does not fit is an error naming the largest buffer and the
-capacity.
+everything fits; of a band that is not permutable only the first member is cut.
 
     before: band(i) -> sequence[ band(j){max}, band(j){exp, sum}, band(j){div} ]
     after:  band(4*floor(i/4)) -> mark "tile LDM" -> band(i) -> sequence[ ... ]
             promotions: t0_x -> ldm_t0_x 4x4096 (in), t5_y -> ldm_t5_y 4x4096 (out)
+
+Steps. Where even a tile of one iteration does not fit (a sum over the 16000 rows of a
+column block, a row of 2^20 floats), the loops inside the tile are cut too: the first
+band on each path below the tile's own loops is cut in steps (`tile <level> step<i>`
+marks), the largest member halved until everything fits. An array only one step's
+statements touch is promoted there, a step's worth at a time (double-buffered, the next
+step's part arriving while this one computes); every other array stays promoted per
+tile, so a sum's accumulator stays on chip across the steps of its rows:
+
+    band(floor(j/16)) -> mark "tile LDM" -> band(j) -> sequence[ init,
+        band(4000*floor(i/4000), j) -> mark "tile LDM step1" -> band(i, j){sum} ]
+    promotions: t3_s -> ldm_t3_s 16 (out, per tile), t0_x -> ldm_t0_x 4000x16 (in, per step)
+
+A kernel no tiling of either kind fits is an error naming the largest buffer of its
+smallest tile and the capacity.
 """
 from __future__ import annotations
 
@@ -34,7 +47,7 @@ from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.passes import fused_schedule, recompute_stored
-from ...schedule_tree.promotion import Promotion, box, footprint, promote
+from ...schedule_tree.promotion import Promotion, box, find, footprint, promote
 from ...schedule_tree.state import KernelState
 
 _BAND = isl.schedule_node_type.band
@@ -183,11 +196,16 @@ def _tile(schedule: isl.Schedule, depth: int, sizes: list[int] | None,
     elif sizes is None:
         node = band.child(0)
     else:
-        mv = isl.MultiVal.zero(band.band_get_space())
-        for m, s in enumerate(sizes):
-            mv = mv.set_val(m, isl.Val.int_from_si(band.get_ctx(), s))
-        node = band.band_tile(mv).child(0)
+        node = _cut(band, sizes)
     return node.insert_mark(isl.Id(str(marks.Tile(level)))).child(0)
+
+
+def _cut(band: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
+    """The point band of `band` cut in tiles of `sizes` (the tile band is its parent)."""
+    mv = isl.MultiVal.zero(band.band_get_space())
+    for m, s in enumerate(sizes):
+        mv = mv.set_val(m, isl.Val.int_from_si(band.get_ctx(), s))
+    return band.band_tile(mv).child(0)
 
 
 def _tiles(schedule: isl.Schedule, depth: int) -> int:
@@ -240,6 +258,124 @@ def _fit(state: KernelState, depth: int, level: MemoryLevel, options
     return None, (kernel, promotions, need)
 
 
+def _fit_steps(state: KernelState, level: MemoryLevel, options) -> KernelState | None:
+    """The state with its outermost band cut in tiles for the cores and the loops inside
+    a tile in steps (see "Steps" in the module docstring), or None: for a kernel no tile
+    fits alone."""
+    tilable = _tilable(state.schedule, 0)
+    band = _band(tilable, 0)
+    if band is None:
+        return None
+    outer = _spans(band)
+    # a tile for every core, as `_fit` orders its sizes; else the smallest tile
+    while outer[0] > 1 and _tiles(_tile(tilable, 0, outer, level.name).get_schedule(),
+                                  0) < options.cores:
+        outer[0] = max(1, outer[0] // 2)
+    for outer in dict.fromkeys((tuple(outer), (1,) * len(outer))):
+        schedule = _tile(tilable, 0, list(outer), level.name).get_schedule()
+        for double in ((True, False) if options.double_buffer else (False,)):
+            if (found := _fit_in_steps(state, schedule, level, double)) is not None:
+                fitted, steps, need = found
+                if options.double_buffer and not double:
+                    fitted = replace(fitted, promotions=tuple(
+                        replace(p, slots=1) for p in fitted.promotions))
+                return fitted.note(
+                    f"tiles of {'x'.join(map(str, outer))} for the cores, {steps}: {need} of "
+                    f"{level.capacity} bytes of {level.name}"
+                    f"{', double-buffered' if double else ''}", *map(str, fitted.promotions))
+    return None
+
+
+def _fit_in_steps(state: KernelState, schedule: isl.Schedule, level: MemoryLevel,
+                  double: bool) -> tuple[KernelState, str, int] | None:
+    """`schedule` (tiled, marked `tile <level>`) with the first band on each path below
+    the tile's point band cut in the largest steps that fit `level`, the largest member
+    halved at a time: the state, what it steps, and the bytes it takes; or None."""
+    at = str(marks.Tile(level.name))
+    paths = _band_paths(find(schedule, at).child(0), (0,))
+    spans = []
+    for path in paths:
+        band = _at(schedule, at, path)
+        whole = band.band_get_permutable() or band.band_n_member() == 1
+        spans.append(_tile_spans(band) if whole else _tile_spans(band)[:1])
+    sizes = [list(s) for s in spans]
+    while True:
+        b, m = max(((b, m) for b, s in enumerate(sizes) for m in range(len(s))),
+                   key=lambda bm: sizes[bm[0]][bm[1]], default=(0, None))
+        if m is None or sizes[b][m] == 1:
+            return None
+        sizes[b][m] = max(1, sizes[b][m] // 2)
+        stepped, steps = schedule, {}
+        for i, (path, size, span) in enumerate(zip(paths, sizes, spans)):
+            if size != span:
+                band = _at(stepped, at, path)
+                if len(size) < band.band_n_member():
+                    band = band.band_split(len(size))
+                steps[str(marks.Tile(level.name, f"step{i}"))] = size
+                stepped = _cut(band, size).insert_mark(
+                    isl.Id(str(marks.Tile(level.name, f"step{i}")))).get_schedule()
+        kernel, promotions, streamed = _step_promotions(state, stepped, at, list(steps), level)
+        if not streamed:
+            continue
+        need = scratch_bytes(promotions, kernel, double, level.alignment)
+        if need <= level.capacity and not _across_tiles(promotions, kernel):
+            what = "; ".join(
+                f"the loops of {', '.join(sorted(statement_names(find(stepped, s).get_domain())))}"
+                f" in steps of {'x'.join(map(str, size))}" for s, size in steps.items())
+            return (replace(state.with_schedule(stepped), kernel=kernel, promotions=promotions),
+                    f"{what} ({', '.join(sorted(streamed))} copied per step)", need)
+
+
+def _tile_spans(band: isl.ScheduleNode) -> list[int]:
+    """How many values each member of `band` takes in one iteration of the loops above
+    it (the largest over them)."""
+    outer = band.get_prefix_schedule_union_map().intersect_domain(band.get_domain()).reverse()
+    sched = band.band_get_partial_schedule()
+    return [box(isl.Map.from_union_map(outer.apply_range(
+        isl.UnionMap.from_union_pw_aff(sched.get_at(m)))))[1][0]
+        for m in range(band.band_n_member())]
+
+
+def _band_paths(node: isl.ScheduleNode, path: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The child positions (from `node`'s parent, `path` leading to `node`) of the first
+    band on each path down from `node`."""
+    if node.get_type() == _BAND:
+        return [path]
+    return [p for i in range(node.n_children()) for p in _band_paths(node.child(i), path + (i,))]
+
+
+def _at(schedule: isl.Schedule, at: str, path: tuple[int, ...]) -> isl.ScheduleNode:
+    node = find(schedule, at)
+    for i in path:
+        node = node.child(i)
+    return node
+
+
+def _step_promotions(state: KernelState, schedule: isl.Schedule, at: str, steps: list[str],
+                     level: MemoryLevel) -> tuple[Kernel, tuple[Promotion, ...], set[str]]:
+    """The kernel contracted on `schedule`, the promotions of its tile (below mark `at`)
+    and of its steps (marks `steps`), and the tensors copied per step: those only one
+    step touches (a statement reads each array through one buffer), every other per
+    tile."""
+    kernel = contract_arrays(state.kernel, state.model, schedule)
+    model, tile = state.model, find(schedule, at)
+    inside = {s: statement_names(find(schedule, s).get_domain()) for s in steps}
+    per_step: dict[str, set[str]] = {s: set() for s in steps}
+    for a in kernel.arrays:
+        touched = statement_names(_of(model.reads, a.c_name).union(
+            _of(model.writes, a.c_name)).intersect_domain(tile.get_domain()).domain())
+        for s in steps:
+            if a.kept is None and touched and touched <= inside[s]:
+                per_step[s].add(a.c_name)
+    streamed = set().union(*per_step.values())
+    every = {a.c_name for a in kernel.arrays}
+    promotions = promotions_at(tile, kernel, model, level.name, at, skip=frozenset(streamed))
+    for s in steps:
+        promotions += promotions_at(find(schedule, s), kernel, model, level.name, s,
+                                    skip=frozenset(every - per_step[s]))
+    return kernel, promotions, {a.tensor for a in kernel.arrays if a.c_name in streamed}
+
+
 def _across_tiles(promotions: tuple[Promotion, ...], kernel: Kernel) -> str:
     """The intermediate a tile would get from memory though the kernel computes it (a
     transpose read through a reshape: a tile reads rows another tile computed, and no
@@ -286,7 +422,10 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
     again = recompute_stored(replace(state, kernel=kernel), quasi=True)
     if again.restart:
         return again
-    if crossing := _across_tiles(promotions, kernel):
+    if not (crossing := _across_tiles(promotions, kernel)) and \
+            (stepped := _fit_steps(state, level, options)) is not None:
+        return stepped
+    if crossing:
         raise GraphError(Problem(
             f"intermediate {crossing!r} is read by tiles other than those that compute it, "
             f"and cannot be computed again where it is read: no tiles of the kernel for the "

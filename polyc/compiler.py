@@ -27,7 +27,7 @@ import numpy as np
 from . import targets
 from .budget import Ledger
 from .codegen.build import build_shared_object
-from .errors import GraphError, InternalError, Problem
+from .errors import GraphError, InternalError, NoTiling, Problem
 from .graph.decompose import decompose_graph
 from .graph.fuse import FusionPlan, fuse_graph
 from .graph.ir import Graph
@@ -264,16 +264,18 @@ def fusion_options(options: CommonOptions) -> tuple:
 
 
 def plan_fusion(graph: Graph, machine: Machine, microkernels: Microkernels,
-                options: CommonOptions, ledger: Ledger, models: GroupModels) -> FusionPlan:
+                options: CommonOptions, ledger: Ledger, models: GroupModels,
+                apart: tuple[tuple[str, str, str], ...] = ()) -> FusionPlan:
     """The graph layer's partition, every proposal answered by the oracle within the
-    fusion budgets; each proposal builds on the groups' `models`."""
+    fusion budgets; each proposal builds on the groups' `models`; the pairs `apart`
+    (node, node, why) are not merged."""
     if not options.fuse:
         return FusionPlan(tuple((n.name,) for n in graph.nodes), (), ())
     ops = options.max_operations
     # a forced pair needs only legality: losing a microkernel is a cost the person chose
     return fuse_graph(graph, lambda g, a, b: ask_fusion(g, a, b, machine, microkernels,
                                                         max_operations=ops, models=models),
-                      force=options.fuse_force, forbid=options.fuse_forbid,
+                      force=options.fuse_force, forbid=options.fuse_forbid, apart=apart,
                       force_oracle=lambda g, a, b: ask_fusion(g, a, b, machine, models=models),
                       parallel=lambda g, a, b: ask_parallel(g, a, b, machine, microkernels,
                                                           models=models),
@@ -321,14 +323,20 @@ def _verify_all(checks: list[tuple[PolyModel, isl.Schedule, str]]) -> None:
 
 
 def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: CommonOptions,
-                  trace: Trace, codegen: bool = True, fused: dict | None = None
+                  trace: Trace, codegen: bool = True, fused: dict | None = None,
+                  apart: tuple[tuple[str, str, str], ...] = ()
                   ) -> tuple[Graph, FusionPlan, list[KernelResult], list[str]]:
     """A static graph through every pass up to C: the primitive graph, the fusion plan,
     each kernel's result and its C function (see `compile_kernel` for `codegen`).
     `fused` keeps the primitive graph, its group models and fusion plan by the options
     fusion reads (`fusion_options`), for the next compile of this graph: a symbolic
-    compile's probe compiled again with other tiles or kernels fuses as before."""
-    key = fusion_options(options)
+    compile's probe compiled again with other tiles or kernels fuses as before.
+
+    A kernel of several nodes that no tiling of the target fits (`NoTiling`) is split:
+    the graph is fused again with the tensor that took the most of it passing between
+    kernels (its producer kept `apart` from its readers there), the fusion report saying
+    why."""
+    key = (fusion_options(options), apart)
     if fused is not None and key in fused:
         g, models, plan = fused[key]
     else:
@@ -341,7 +349,7 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
         # fusion needs the primitive graph: only opened composites can share loops
         models = GroupModels(g)
         plan = trace.run("fuse", plan_fusion, g, machine, backend.microkernels(machine, options),
-                         options, trace.ledger, models)
+                         options, trace.ledger, models, apart)
         if fused is not None:
             fused[key] = g, models, plan
     kernels = trace.run("kernels", build_kernels, g, plan.groups,
@@ -349,11 +357,29 @@ def compile_graph(loaded: Graph, backend: Backend, machine: Machine, options: Co
     _check_kernel_edits(options, kernels, backend)
     results, functions = [], []
     for kernel in kernels:
-        result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend, machine,
-                                      options, trace, codegen, models)
+        try:
+            result, code = compile_kernel(kernel, plan.report_for(kernel.nodes), backend,
+                                          machine, options, trace, codegen, models)
+        except NoTiling as e:
+            split = _split_at(g, kernel, e)
+            if not split or set(split) <= set(apart):
+                raise
+            return compile_graph(loaded, backend, machine, options, trace, codegen, fused,
+                                 apart + split)
         results.append(result)
         functions.append(code)
     return g, plan, results, functions
+
+
+def _split_at(graph: Graph, kernel: Kernel, e: NoTiling) -> tuple[tuple[str, str, str], ...]:
+    """The pairs of `kernel`'s nodes between `e.tensor`'s producer and its readers, with
+    why they are kept apart (none when the kernel does not produce it)."""
+    producer = next((n for n in graph.nodes if n.output == e.tensor and n.name in kernel.nodes),
+                    None)
+    if producer is None:
+        return ()
+    return tuple((producer.name, n.name, e.reason) for n in graph.nodes
+                 if n.name in kernel.nodes and e.tensor in n.inputs)
 
 
 def translate(graph: Graph | dict | str | Path, target: str | Machine = "cpu", *,

@@ -43,6 +43,15 @@ class GraphError(PolycError, ValueError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
 
+class NoTiling(GraphError):
+    """No tiling of a kernel fits the target's memory, `tensor` (a tensor of the kernel)
+    taking the most of it: a kernel of several nodes may be split where it passes."""
+
+    def __init__(self, problem: Problem, tensor: str, reason: str):
+        super().__init__(problem)
+        self.tensor, self.reason = tensor, reason
+
+
 class BuildError(PolycError):
     """The C compiler rejected generated code. Always a polyc bug, never the client's."""
 

@@ -184,7 +184,7 @@ def test_a_tile_that_cannot_fit_ub_is_refused_naming_the_tensor():
     rows = b.op("cast", b.reshape(half, shape=[384, 1024]), to="float32")
     with pytest.raises(GraphError) as e:
         polyc.compile(b.build([half, b.reduce_sum(rows, axes=[1])]), "npu", build=False,
-                      limits=Limits())
+                      limits=Limits(), options={"fuse_force": [["cast_1", "reshape_2"]]})
     assert "262144 bytes" in str(e.value) and "'cast_1'" in str(e.value) and "UB" in str(e.value)
 
 

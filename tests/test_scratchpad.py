@@ -159,6 +159,21 @@ def test_a_row_longer_than_the_scratchpad_is_normalised_in_steps(target):
 
 
 @pytest.mark.parametrize("target", MACHINES)
+def test_a_kernel_no_tiling_fits_is_split_where_its_largest_tensor_passes(target):
+    """A cast written as [24, 16, 1024] and read back as [384, 1024] rows, fused: the
+    tile of row r reads what the tile of r / 16 wrote (AKG's Cast, Reshape, Cast,
+    ReduceSum of BERT's layer norms), so no tile, nor any step of it, fits. The graph
+    is fused again with the cast passing between two kernels."""
+    b = GraphBuilder("split")
+    half = b.op("cast", b.input("x", (24, 16, 1024)), to="float16")
+    rows = b.op("cast", b.reshape(half, shape=[384, 1024]), to="float32")
+    compiled = _check(b.build([half, b.reduce_sum(rows, axes=[1])]), target, rtol=1e-3)
+    assert [k.kernel.nodes for k in compiled.kernels] == [
+        ("cast_1",), ("reshape_2", "cast_3", "reduce_sum_4")]
+    assert "reshape_2 + cast_1: kept apart: no tile of their kernel fits" in _report(compiled)
+
+
+@pytest.mark.parametrize("target", MACHINES)
 def test_a_long_sum_keeps_a_partial_result_per_lane(target):
     # one running sum of 16M floats rounded each addend to the sum's ulp: 4% off (AKG's
     # ReduceSum of a 21128x768 embedding); the vector lanes' partials are folded pairwise

@@ -20,7 +20,9 @@ repeated, each pair of groups asked once, until a round merges nothing; then
 A person's edits come first (`force`, `forbid`: pairs of node names, the options
 `fuse_force` and `fuse_forbid`): a forced pair is merged when the oracle finds a legal
 shared loop, whatever the cost, and is otherwise an error carrying the oracle's reason
-(the dependence that would reverse); a forbidden pair is never merged.
+(the dependence that would reverse); a forbidden pair is never merged. So is a pair the
+compile keeps `apart` (node, node, why): a kernel of both that no tiling fit, split
+where its largest tensor passes (`compiler.compile_graph`).
 
 A merge that would make the kernel graph cyclic (a path from one group to the other
 through a third) is never proposed: no loop schedule could order such kernels, nor one
@@ -194,6 +196,7 @@ def _check_names(graph: Graph, pairs, option: str) -> None:
 
 def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
                forbid: tuple[tuple[str, str], ...] = (),
+               apart: tuple[tuple[str, str, str], ...] = (),
                force_oracle: Oracle | None = None, parallel: Oracle | None = None,
                max_group_nodes: int = MAX_GROUP_NODES,
                ledger: "Ledger | None" = None) -> FusionPlan:
@@ -240,6 +243,10 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
     def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return any((x in a and y in b) or (x in b and y in a) for x, y in forbid)
 
+    def kept_apart(a: tuple[str, ...], b: tuple[str, ...]) -> str:
+        return next((why for x, y, why in apart
+                     if (x in a and y in b) or (x in b and y in a)), "")
+
     def propose(a_node: str, b_node: str, kind: str, question: Oracle = oracle) -> bool:
         """Ask about the groups of two nodes, once per pair of groups; True if merged."""
         ga, gb = p.group_of[a_node], p.group_of[b_node]
@@ -251,6 +258,9 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         pair = f"{group_label(b)} + {group_label(a)}"
         if forbidden(a, b):
             report.append((involved, f"{kind}: {pair}: rejected: forbidden by options.fuse_forbid"))
+            return False
+        if why := kept_apart(a, b):
+            report.append((involved, f"{kind}: {pair}: kept apart: {why}"))
             return False
         if len(a) + len(b) > max_group_nodes:
             report.append((involved, f"{kind}: {pair}: kept apart: together they would "

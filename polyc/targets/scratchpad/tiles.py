@@ -39,7 +39,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from ...errors import GraphError, Problem
+from ...errors import NoTiling, Problem
 from ...kernel import Kernel
 from ...kernel.comprehension import loads
 from ...machine import Machine, MemoryLevel
@@ -426,14 +426,18 @@ def tile_pass(state: KernelState, machine: Machine, options) -> KernelState:
             (stepped := _fit_steps(state, level, options)) is not None:
         return stepped
     if crossing:
-        raise GraphError(Problem(
+        raise NoTiling(Problem(
             f"intermediate {crossing!r} is read by tiles other than those that compute it, "
             f"and cannot be computed again where it is read: no tiles of the kernel for the "
-            f"{level.name}", field=f"kernel {kernel.name}"))
+            f"{level.name}", field=f"kernel {kernel.name}"), crossing,
+            f"in their kernel tiles of the {level.name} would read {crossing!r} where other "
+            "tiles computed it")
     biggest = max(promotions, key=lambda p: p.bytes)
     tensor = next(a.tensor for a in kernel.arrays if a.c_name == biggest.array)
-    raise GraphError(Problem(
+    raise NoTiling(Problem(
         f"cannot fit one tile's data in the {level.name} of {level.capacity} bytes: even the "
         f"smallest tile needs {need} bytes, {biggest.bytes} of them for tensor {tensor!r} "
         f"({'x'.join(map(str, biggest.box))} elements); nothing in the kernel can be split "
-        "further", field=f"kernel {kernel.name}"))
+        "further", field=f"kernel {kernel.name}"), tensor,
+        f"no tile of their kernel fits the {level.name} (the smallest needs {need} bytes, "
+        f"{biggest.bytes} of them for {tensor!r})")

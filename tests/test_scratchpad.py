@@ -159,6 +159,37 @@ def test_a_row_longer_than_the_scratchpad_is_normalised_in_steps(target):
 
 
 @pytest.mark.parametrize("target", MACHINES)
+def test_steps_go_below_a_band_one_iteration_of_which_is_too_much(target):
+    """Random graphs' exp and its max over axes 0-2 of [19, 42, 55, 35] (with x minus
+    its own max beside): one iteration of the max's first band is a 147 KiB plane of x
+    and as much of exp, over the scratchpad twice; its steps go a band down."""
+    b = GraphBuilder("reduction")
+    x = b.input("x", (19, 42, 55, 35))
+    graph = b.build([b.reduce_max(b.exp(x), axes=[0, 1, 2]),
+                     b.sub(x, b.reduce_max(x, axes=[0, 1, 2], keepdims=True))])
+    assert "copied per step" in _report(_check(graph, target, rtol=1e-5))
+
+
+@pytest.mark.parametrize("target", MACHINES)
+def test_steps_of_two_passes_read_one_input_through_buffers_of_their_own(target):
+    """A max over axes 0-2 of [40, 60, 70, 48] and x minus it, forced into one kernel
+    (the oracle keeps them apart): a column block of x is 10 MiB, and both passes read
+    x in steps, each step's statements through a buffer of their own (the max's steps
+    a plane's rows, the difference's boxes of all four axes)."""
+    b = GraphBuilder("centre")
+    x = b.input("x", (40, 60, 70, 48))
+    graph = b.build([b.sub(x, b.reduce_max(x, axes=[0, 1, 2], keepdims=True), out="y")])
+    rng = np.random.default_rng(0)
+    compiled = polyc.compile(graph, target, options={"fuse_force": [["reduce_max_1", "y"]]})
+    inputs = {"x": rng.uniform(-1, 1, (40, 60, 70, 48)).astype(np.float32)}
+    np.testing.assert_array_equal(compiled(**inputs)["y"], run_reference(graph, inputs)["y"])
+    (kernel,) = compiled.kernels
+    x_buffers = [p for p in kernel.promotions if p.array == "t0_x"]
+    assert len(x_buffers) == 2 and all(len(p.statements) == 1 for p in x_buffers)
+    assert {p.statements for p in x_buffers} == {("S0",), ("S1",)}
+
+
+@pytest.mark.parametrize("target", MACHINES)
 def test_a_kernel_no_tiling_fits_is_split_where_its_largest_tensor_passes(target):
     """A cast written as [24, 16, 1024] and read back as [384, 1024] rows, fused: the
     tile of row r reads what the tile of r / 16 wrote (AKG's Cast, Reshape, Cast,

@@ -49,6 +49,10 @@ class Promotion:
     # steps, each its own buffer), else the tiles take the slots in turn
     slots: int = 0
     stepped: bool = False
+    # the statements that read and write the array through this buffer, where other
+    # promotions of it serve the others (a row's passes, each in steps of its own);
+    # empty: every statement below `at`
+    statements: tuple[str, ...] = ()
 
     @property
     def extents(self) -> tuple[int, ...]:
@@ -87,8 +91,9 @@ class Promotion:
         if self.slots:
             placed += (" in 1 buffer" if self.slots == 1 else
                        f" in {self.slots} {'steps' if self.stepped else 'slots'}")
+        used = f" for {', '.join(self.statements)}" if self.statements else ""
         return (f"promote {self.array} -> {self.buffer} [{self.level}, {self.direction}, "
-                f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}{placed}")
+                f"{self.layout}] {shape} ({self.bytes} B) at ({lo}){also}{placed}{used}")
 
 
 def layout_map(p: Promotion) -> isl.Map:

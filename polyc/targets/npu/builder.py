@@ -32,7 +32,7 @@ from ...kernel.comprehension import Statement, loads
 from ...microkernels.analysis import gemm_view
 from ...schedule_tree import marks as mk
 from ...schedule_tree.promotion import Promotion, layout_map
-from ..scratchpad.builder import LocalPrinter, Runtime, ScratchpadBuilder, statement_ops
+from ..scratchpad.builder import Runtime, ScratchpadBuilder, statement_ops
 from .cube import KERNEL, VECTOR_COST
 from .machine import VECTOR_LANES
 
@@ -83,19 +83,18 @@ class NpuBuilder(ScratchpadBuilder):
                 and self.by_c_name[p.array].role == "in")
 
     # -- the vector unit sees the unified buffer ---------------------------------------------
-    def printer(self, iters) -> LocalPrinter:
-        promoted = {self.by_c_name[a].tensor: (f"{p.buffer}[{self.slot[p.buffer]}]", p.extents)
-                    for p in self.promotions if p.level == "UB" for a in (p.array, *p.also)}
-        return LocalPrinter(self.arrays, iters, promoted)
+    def holds(self, p: Promotion) -> bool:
+        return p.level == "UB"  # the vector unit's; L1 and L0 feed the cube
 
     def touched(self, statements: list[Statement]) -> tuple[list[str], list[str]]:
         """The buffers `statements` read and write (a scalar is in no buffer)."""
-        where = {self.by_c_name[a].tensor: f"{p.buffer}[{self.slot[p.buffer]}]"
-                 for p in self.promotions if p.level == "UB" for a in (p.array, *p.also)}
-        where.update({a.tensor: a.c_name for a in self.kernel.arrays if a.kept})
-        reads = [where[ld.tensor] for s in statements for ld, _ in loads(s.expr)
-                 if ld.tensor in where]
-        writes = [where[s.target] for s in statements if s.target in where]
+        kept = {a.tensor: a.c_name for a in self.kernel.arrays if a.kept}
+        reads, writes = [], []
+        for s in statements:
+            where = {t: buf for t, (buf, _) in self.buffers_of_statement(s.name).items()}
+            where.update(kept)
+            reads += [where[ld.tensor] for ld, _ in loads(s.expr) if ld.tensor in where]
+            writes += [where[s.target]] if s.target in where else []
         return list(dict.fromkeys(reads)), list(dict.fromkeys(writes))
 
     def charge(self, fn: str, amount: str, statements: list[Statement]) -> cgen.Generable:

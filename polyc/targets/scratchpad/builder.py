@@ -179,7 +179,7 @@ class ScratchpadBuilder(CBuilder):
         code = []
         for call in calls:
             s, iters = self._call(call)
-            p = self.printer(lambda pos: iters[pos])
+            p = self.printer(lambda pos: iters[pos], s.name)
             target = p.access(s.target, s.index)
             if s.reduce is None or re.search(rf"\b{it}\b", target):
                 code.append(self.emit_assign(s, iters))
@@ -206,13 +206,23 @@ class ScratchpadBuilder(CBuilder):
                           + fold)
 
     # -- accesses ------------------------------------------------------------------------
-    def printer(self, iters) -> LocalPrinter:
-        promoted = {self.by_c_name[a].tensor: (f"{p.buffer}[{self.slot[p.buffer]}]", p.extents)
-                    for p in self.promotions for a in (p.array, *p.also)}
-        return LocalPrinter(self.arrays, iters, promoted)
+    def holds(self, p: Promotion) -> bool:
+        """Do statements read and write `p`'s arrays in its buffer (not one a copy
+        passes through on its way to another level)?"""
+        return True
+
+    def buffers_of_statement(self, statement: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Tensor -> (buffer expression, extents) of the buffers `statement` uses
+        (`Promotion.statements`)."""
+        return {self.by_c_name[a].tensor: (f"{p.buffer}[{self.slot[p.buffer]}]", p.extents)
+                for p in self.promotions if self.holds(p)
+                and (not p.statements or statement in p.statements) for a in (p.array, *p.also)}
+
+    def printer(self, iters, statement: str = "") -> LocalPrinter:
+        return LocalPrinter(self.arrays, iters, self.buffers_of_statement(statement))
 
     def emit_assign(self, s: Statement, iters: list[str]) -> cgen.Generable:
-        p = self.printer(lambda pos: iters[pos])
+        p = self.printer(lambda pos: iters[pos], s.name)
         target = p.access(s.target, s.index)
         return cgen.Statement(p.update(target, s.reduce, p.value(s.expr), s.dtype).rstrip(";"))
 

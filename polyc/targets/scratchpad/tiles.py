@@ -21,10 +21,13 @@ everything fits; of a band that is not permutable only the first member is cut.
 Steps. Where even a tile of one iteration does not fit (a sum over the 16000 rows of a
 column block, a row of 2^20 floats), the loops inside the tile are cut too: the first
 band on each path below the tile's own loops is cut in steps (`tile <level> step<i>`
-marks), the largest member halved until everything fits. An array only one step's
-statements touch is promoted there, a step's worth at a time (double-buffered, the next
-step's part arriving while this one computes); every other array stays promoted per
-tile, so a sum's accumulator stays on chip across the steps of its rows:
+marks), the largest member halved until everything fits, and where steps of one
+iteration are still too much, the bands below those. An array touched only in steps
+(written in one at most) is promoted in each step that touches it, a step's worth at a
+time (double-buffered, the next step's part arriving while this one computes; each
+step's statements through a buffer of their own, `Promotion.statements`, where several
+steps read it); every other array stays promoted per tile, so a sum's accumulator
+stays on chip across the steps of its rows:
 
     band(floor(j/16)) -> mark "tile LDM" -> band(j) -> sequence[ init,
         band(4000*floor(i/4000), j) -> mark "tile LDM step1" -> band(i, j){sum} ]
@@ -290,9 +293,23 @@ def _fit_in_steps(state: KernelState, schedule: isl.Schedule, level: MemoryLevel
                   double: bool) -> tuple[KernelState, str, int] | None:
     """`schedule` (tiled, marked `tile <level>`) with the first band on each path below
     the tile's point band cut in the largest steps that fit `level`, the largest member
-    halved at a time: the state, what it steps, and the bytes it takes; or None."""
+    halved at a time (where steps of one iteration do not fit, the bands below those):
+    the state, what it steps, and the bytes it takes; or None."""
     at = str(marks.Tile(level.name))
     paths = _band_paths(find(schedule, at).child(0), (0,))
+    while paths:
+        if (found := _fit_bands_in_steps(state, schedule, at, paths, level, double)):
+            return found
+        deeper = [_band_paths(_at(schedule, at, path).child(0), path + (0,)) or [path]
+                  for path in paths]
+        paths = [] if deeper == [[p] for p in paths] else [p for d in deeper for p in d]
+    return None
+
+
+def _fit_bands_in_steps(state: KernelState, schedule: isl.Schedule, at: str,
+                        paths: list[tuple[int, ...]], level: MemoryLevel, double: bool
+                        ) -> tuple[KernelState, str, int] | None:
+    """`_fit_in_steps` on the bands at `paths` (below the mark `at`)."""
     spans = []
     for path in paths:
         band = _at(schedule, at, path)
@@ -354,25 +371,32 @@ def _at(schedule: isl.Schedule, at: str, path: tuple[int, ...]) -> isl.ScheduleN
 def _step_promotions(state: KernelState, schedule: isl.Schedule, at: str, steps: list[str],
                      level: MemoryLevel) -> tuple[Kernel, tuple[Promotion, ...], set[str]]:
     """The kernel contracted on `schedule`, the promotions of its tile (below mark `at`)
-    and of its steps (marks `steps`), and the tensors copied per step: those only one
-    step touches (a statement reads each array through one buffer), every other per
-    tile."""
+    and of its steps (marks `steps`), and the tensors copied per step: those touched
+    only in steps (in one, if written), each step's statements reading them through a
+    buffer of its own; every other per tile."""
     kernel = contract_arrays(state.kernel, state.model, schedule)
     model, tile = state.model, find(schedule, at)
     inside = {s: statement_names(find(schedule, s).get_domain()) for s in steps}
     per_step: dict[str, set[str]] = {s: set() for s in steps}
     for a in kernel.arrays:
-        touched = statement_names(_of(model.reads, a.c_name).union(
-            _of(model.writes, a.c_name)).intersect_domain(tile.get_domain()).domain())
-        for s in steps:
-            if a.kept is None and touched and touched <= inside[s]:
+        writes = _of(model.writes, a.c_name).intersect_domain(tile.get_domain())
+        touched = statement_names(_of(model.reads, a.c_name).intersect_domain(
+            tile.get_domain()).union(writes).domain())
+        where = [s for s in steps if inside[s] & touched]
+        if a.kept is None and where and touched <= set().union(*(inside[s] for s in where)) \
+                and (writes.is_empty() or len(where) == 1):
+            for s in where:
                 per_step[s].add(a.c_name)
     streamed = set().union(*per_step.values())
     every = {a.c_name for a in kernel.arrays}
     promotions = promotions_at(tile, kernel, model, level.name, at, skip=frozenset(streamed))
-    for s in steps:
-        promotions += promotions_at(find(schedule, s), kernel, model, level.name, s,
-                                    skip=frozenset(every - per_step[s]))
+    for i, s in enumerate(steps):
+        for p in promotions_at(find(schedule, s), kernel, model, level.name, s,
+                               skip=frozenset(every - per_step[s])):
+            # several steps read it: each through its own buffer
+            shared = sum(p.array in per_step[t] for t in steps) > 1
+            promotions += (replace(p, buffer=f"{p.buffer}_step{i}",
+                                   statements=tuple(sorted(inside[s]))) if shared else p,)
     return kernel, promotions, {a.tensor for a in kernel.arrays if a.c_name in streamed}
 
 

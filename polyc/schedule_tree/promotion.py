@@ -123,11 +123,14 @@ def _pieces(pa: isl.PwAff) -> list[str]:
     return out
 
 
-def footprint(node: isl.ScheduleNode, access: isl.UnionMap) -> isl.Map:
+def footprint(node: isl.ScheduleNode, access: isl.UnionMap,
+              prefix: isl.UnionMap | None = None) -> isl.Map:
     """The elements one tile of the loops above `node` touches through `access` (one
-    array's accesses of the statements below `node`), by the outer loop values."""
-    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
-    touched = prefix.reverse().apply_range(access.intersect_domain(node.get_domain()))
+    array's accesses of the statements below `node`), by the outer loop values.
+    `prefix`: `tile_prefix(node)`, where the caller asks about many arrays."""
+    prefix = tile_prefix(node) if prefix is None else prefix
+    access = access.intersect_domain(node.get_domain())
+    touched = prefix.intersect_domain(access.domain()).reverse().apply_range(access)
     maps: list[isl.Map] = []
     touched.foreach_map(maps.append)
     if len(maps) != 1:
@@ -153,11 +156,18 @@ def box(fp: isl.Map) -> tuple[tuple[isl.PwAff, ...], tuple[int, ...]]:
     return lo, tuple(extents)
 
 
+def tile_prefix(node: isl.ScheduleNode) -> isl.UnionMap:
+    """Each statement instance below `node` -> the outer loop values of its tile."""
+    return node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
+
+
 def promote(node: isl.ScheduleNode, access: isl.UnionMap, *, buffer: str, array: str,
             level: str, direction: str, layout: str = "box", element_bytes: int = 4,
-            at: str = "", pad: tuple[int, ...] = ()) -> Promotion:
-    """The promotion of what `access` touches below `node` (see the module docstring)."""
-    fp = footprint(node, access)
+            at: str = "", pad: tuple[int, ...] = (),
+            prefix: isl.UnionMap | None = None) -> Promotion:
+    """The promotion of what `access` touches below `node` (see the module docstring;
+    `prefix` as for `footprint`)."""
+    fp = footprint(node, access, prefix)
     lo, extents = box(fp)
     return Promotion(buffer, array, level, direction, fp, lo, extents, layout, element_bytes,
                      at, pad)

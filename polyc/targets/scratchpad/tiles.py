@@ -50,7 +50,7 @@ from ...schedule_tree import marks
 from ...schedule_tree.contract import contract_arrays
 from ...schedule_tree.model import PolyModel, statement_names
 from ...schedule_tree.passes import fused_schedule, recompute_stored
-from ...schedule_tree.promotion import Promotion, box, find, footprint, promote
+from ...schedule_tree.promotion import Promotion, box, find, footprint, promote, tile_prefix
 from ...schedule_tree.state import KernelState
 
 _BAND = isl.schedule_node_type.band
@@ -76,6 +76,7 @@ def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, leve
     input every tile reads alike is got once, before them, unless the kernel writes it
     on chip before each tile (`written_before`: a contraction's C)."""
     below = node.get_domain()
+    prefix = tile_prefix(node)
     inside = statement_names(below)
     by_name = {s.name: s for s in kernel.statements}
     out = []
@@ -95,16 +96,15 @@ def promotions_at(node: isl.ScheduleNode, kernel: Kernel, model: PolyModel, leve
                     inits = inits.union(below.intersect(isl.UnionSet(
                         isl.Set.read_from_str(below.get_ctx(), f"{{ {name}[{_iters(s)}] }}"))))
             written_first = _of(model.writes, a.c_name).intersect_domain(inits)
-            get = (written_first.is_empty()
-                   or not footprint(node, reads).is_subset(footprint(node, written_first)))
+            get = (written_first.is_empty() or not footprint(node, reads, prefix).is_subset(
+                footprint(node, written_first, prefix)))
         elsewhere = {s.name for s in kernel.statements if s.name not in inside
                      and any(ld.tensor == a.tensor for ld, _ in loads(s.expr))}
         put = not writes.is_empty() and (a.role == "out" or bool(elsewhere))
         direction = "inout" if get and put else "in" if get else "out" if put else "local"
         touched = reads.union(writes)
         p = promote(node, touched, buffer=f"{level.lower()}_{a.c_name}", array=a.c_name, level=level,
-                    direction=direction, element_bytes=a.type.itemsize,
-                    at=at)
+                    direction=direction, element_bytes=a.type.itemsize, at=at, prefix=prefix)
         once = direction == "in" and a.c_name not in written_before and _invariant(p.footprint)
         out.append(hoisted(p) if once else p)
     return tuple(out)

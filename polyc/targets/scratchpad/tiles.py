@@ -328,9 +328,9 @@ def _fit_bands_in_steps(state: KernelState, schedule: isl.Schedule, at: str,
                 band = _at(stepped, at, path)
                 if len(size) < band.band_n_member():
                     band = band.band_split(len(size))
-                steps[str(marks.Tile(level.name, f"step{i}"))] = size
-                stepped = _cut(band, size).insert_mark(
-                    isl.Id(str(marks.Tile(level.name, f"step{i}")))).get_schedule()
+                mark = str(marks.Tile(level.name, f"step{i}"))
+                steps[mark] = size
+                stepped = _cut(band, size).insert_mark(isl.Id(mark)).get_schedule()
         kernel, promotions, streamed = _step_promotions(state, stepped, at, list(steps), level)
         if not streamed:
             continue

@@ -172,7 +172,8 @@ class KernelResult:
             # the same, as fields: the browser view draws each copy at its place in the tree
             "promoted": [{"buffer": p.buffer, "array": p.array, "level": p.level,
                           "direction": p.direction, "shape": list(p.extents),
-                          "bytes": p.bytes, "layout": p.layout, "at": p.at}
+                          "bytes": p.bytes, "layout": p.layout, "at": p.at,
+                          "statements": list(p.statements)}
                          for p in self.promotions],
             "buffers": {a.tensor: dims_json(a.buffer_shape) for a in self.kernel.arrays
                         if a.kept is not None},

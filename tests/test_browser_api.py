@@ -271,3 +271,20 @@ def test_chip_kernels_record_their_promoted_buffers(client, target, level):
             assert p["bytes"] == size * 4  # float32
             # its copies are statements of the final tree, where the page finds them
             assert f"copy_in_{p['buffer']}[" in tree or f"copy_out_{p['buffer']}[" in tree
+
+
+def test_a_chip_kernels_step_buffers_name_the_statements_they_serve(client):
+    # a max over axes 0-2 and x minus it, forced into one kernel: both passes read x in
+    # steps, each through a buffer of its own (test_scratchpad.py)
+    graph = {"inputs": [{"name": "x", "shape": [40, 60, 70, 48]}],
+             "nodes": [{"op": "reduce_max", "inputs": ["x"], "outputs": ["m"],
+                        "attrs": {"axes": [0, 1, 2], "keepdims": True}},
+                       {"op": "sub", "inputs": ["x", "m"], "outputs": ["y"]}],
+             "outputs": ["y"]}
+    r = client.post("/v1/compile", json={"graph": graph, "target": "manycore",
+                                         "options": {"fuse_force": [["m", "y"]]}})
+    assert r.status_code == 200, r.text
+    (kernel,) = client.get(f"/v1/kernels/{r.json()['key']}").json()["kernels"]
+    x = [p for p in kernel["promoted"] if p["array"] == "t0_x"]
+    assert sorted(p["statements"] for p in x) == [["S0"], ["S1"]]
+    assert all("step" in p["at"] for p in x)

@@ -299,7 +299,7 @@ function promotedTable(k) {
   const copies = { in: "in", out: "out", inout: "in and out", local: "none (lives there)" };
   return el("details", { class: "promoted", open: "" }, el("summary", { text: `promoted buffers: ${k.promoted.length}` }),
     el("table", {}, head, k.promoted.map((p) => el("tr", {}, el("td", { class: "mono", text: p.buffer }), el("td", { class: `level level-${p.level}`, text: p.level }),
-      el("td", { class: "mono", text: p.array }), el("td", { class: "mono", text: p.shape.join("x") }), el("td", { class: "mono", text: p.bytes.toLocaleString() }),
+      el("td", { class: "mono", text: p.statements.length ? `${p.array} for ${p.statements.join(", ")}` : p.array }), el("td", { class: "mono", text: p.shape.join("x") }), el("td", { class: "mono", text: p.bytes.toLocaleString() }),
       el("td", { text: copies[p.direction] || p.direction }), el("td", { class: "mono", text: p.at || "none: copied once, before everything" })))));
 }
 

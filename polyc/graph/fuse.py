@@ -194,6 +194,11 @@ def _check_names(graph: Graph, pairs, option: str) -> None:
         raise GraphError(problems)
 
 
+def _across(x: str, y: str, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Is one of nodes `x`, `y` in group `a` and the other in `b`?"""
+    return (x in a and y in b) or (x in b and y in a)
+
+
 def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ...] = (),
                forbid: tuple[tuple[str, str], ...] = (),
                apart: tuple[tuple[str, str, str], ...] = (),
@@ -241,11 +246,10 @@ def fuse_graph(graph: Graph, oracle: Oracle, *, force: tuple[tuple[str, str], ..
         return answer
 
     def forbidden(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-        return any((x in a and y in b) or (x in b and y in a) for x, y in forbid)
+        return any(_across(x, y, a, b) for x, y in forbid)
 
     def kept_apart(a: tuple[str, ...], b: tuple[str, ...]) -> str:
-        return next((why for x, y, why in apart
-                     if (x in a and y in b) or (x in b and y in a)), "")
+        return next((why for x, y, why in apart if _across(x, y, a, b)), "")
 
     def propose(a_node: str, b_node: str, kind: str, question: Oracle = oracle) -> bool:
         """Ask about the groups of two nodes, once per pair of groups; True if merged."""

@@ -91,7 +91,7 @@ class NpuBuilder(ScratchpadBuilder):
         kept = {a.tensor: a.c_name for a in self.kernel.arrays if a.kept}
         reads, writes = [], []
         for s in statements:
-            where = {t: buf for t, (buf, _) in self.buffers_of_statement(s.name).items()}
+            where = {t: buf for t, (buf, _) in self.promoted_for(s.name).items()}
             where.update(kept)
             reads += [where[ld.tensor] for ld, _ in loads(s.expr) if ld.tensor in where]
             writes += [where[s.target]] if s.target in where else []

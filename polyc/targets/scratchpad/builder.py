@@ -211,7 +211,7 @@ class ScratchpadBuilder(CBuilder):
         passes through on its way to another level)?"""
         return True
 
-    def buffers_of_statement(self, statement: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    def promoted_for(self, statement: str) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Tensor -> (buffer expression, extents) of the buffers `statement` uses
         (`Promotion.statements`)."""
         return {self.by_c_name[a].tensor: (f"{p.buffer}[{self.slot[p.buffer]}]", p.extents)
@@ -219,7 +219,7 @@ class ScratchpadBuilder(CBuilder):
                 and (not p.statements or statement in p.statements) for a in (p.array, *p.also)}
 
     def printer(self, iters, statement: str = "") -> LocalPrinter:
-        return LocalPrinter(self.arrays, iters, self.buffers_of_statement(statement))
+        return LocalPrinter(self.arrays, iters, self.promoted_for(statement))
 
     def emit_assign(self, s: Statement, iters: list[str]) -> cgen.Generable:
         p = self.printer(lambda pos: iters[pos], s.name)

@@ -20,6 +20,7 @@ import islpy as isl
 from ...machine import Machine
 from ...schedule_tree import marks
 from ...schedule_tree.loops import inner_loop_kind, only_statements
+from ...schedule_tree.promotion import tile_prefix
 from ...schedule_tree.state import KernelState
 
 _BAND, _MARK = isl.schedule_node_type.band, isl.schedule_node_type.mark
@@ -74,8 +75,7 @@ def lower_pass(state: KernelState, machine: Machine, options) -> KernelState:
 
 def _extension(node: isl.ScheduleNode, names: list[str]) -> isl.UnionMap:
     """Outer loop values -> one instance of each statement of `names` per tile."""
-    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain())
-    values = prefix.range()
+    values = tile_prefix(node).range()
     sets: list[isl.Set] = []
     values.foreach_set(sets.append)
     ext = isl.UnionMap.empty(values.get_space())

@@ -242,16 +242,12 @@ def _fit(state: KernelState, depth: int, level: MemoryLevel, options
             shared = bool(sizes) and sizes[0] > 1 and _tiles(schedule, depth) < options.cores
             few = shared and sum(p.bytes for p in promotions) >= 2 * MIN_TILE_BYTES
             if need <= level.capacity and not few:
-                note = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'}"
+                what = (f"tiles of {'x'.join(map(str, sizes)) if sizes else 'one iteration'}"
                         f"{f' inside the outer {depth} band(s)' if depth else ''} "
-                        f"for the cores: {need} of {level.capacity} bytes of "
-                        f"{level.name}{', double-buffered' if double else ''}")
-                if options.double_buffer and not double:
-                    # what did not fit twice: the code must allocate it once, as planned
-                    promotions = tuple(replace(p, slots=1) for p in promotions)
-                fitted = replace(state.with_schedule(schedule), kernel=kernel,
-                                 promotions=promotions).note(note, *map(str, promotions))
-                return fitted, (kernel, promotions, need)
+                        "for the cores")
+                fitted = _fitted(state, schedule, kernel, promotions, what, need, level,
+                                 double, options)
+                return fitted, (kernel, fitted.promotions, need)
             if not sizes or max(sizes) == 1:
                 break
             # the shared loop's first while the cores lack tiles (a tile then keeps whole
@@ -259,6 +255,18 @@ def _fit(state: KernelState, depth: int, level: MemoryLevel, options
             m = 0 if shared else max(range(len(sizes)), key=lambda k: (sizes[k], -k))
             sizes[m] = max(1, sizes[m] // 2)
     return None, (kernel, promotions, need)
+
+
+def _fitted(state: KernelState, schedule: isl.Schedule, kernel: Kernel,
+            promotions: tuple[Promotion, ...], what: str, need: int, level: MemoryLevel,
+            double: bool, options) -> KernelState:
+    """The state with the tiles found, noted (`what` they are, the bytes they take)."""
+    if options.double_buffer and not double:
+        # what did not fit twice: the code must allocate it once, as planned
+        promotions = tuple(replace(p, slots=1) for p in promotions)
+    return replace(state.with_schedule(schedule), kernel=kernel, promotions=promotions).note(
+        f"{what}: {need} of {level.capacity} bytes of {level.name}"
+        f"{', double-buffered' if double else ''}", *map(str, promotions))
 
 
 def _fit_steps(state: KernelState, level: MemoryLevel, options) -> KernelState | None:
@@ -278,23 +286,23 @@ def _fit_steps(state: KernelState, level: MemoryLevel, options) -> KernelState |
         schedule = _tile(tilable, 0, list(outer), level.name).get_schedule()
         for double in ((True, False) if options.double_buffer else (False,)):
             if (found := _fit_in_steps(state, schedule, level, double)) is not None:
-                fitted, steps, need = found
-                if options.double_buffer and not double:
-                    fitted = replace(fitted, promotions=tuple(
-                        replace(p, slots=1) for p in fitted.promotions))
-                return fitted.note(
-                    f"tiles of {'x'.join(map(str, outer))} for the cores, {steps}: {need} of "
-                    f"{level.capacity} bytes of {level.name}"
-                    f"{', double-buffered' if double else ''}", *map(str, fitted.promotions))
+                stepped, kernel, promotions, steps, need = found
+                return _fitted(state, stepped, kernel, promotions,
+                               f"tiles of {'x'.join(map(str, outer))} for the cores, {steps}",
+                               need, level, double, options)
     return None
 
 
+_Steps = tuple[isl.Schedule, Kernel, tuple[Promotion, ...], str, int]
+
+
 def _fit_in_steps(state: KernelState, schedule: isl.Schedule, level: MemoryLevel,
-                  double: bool) -> tuple[KernelState, str, int] | None:
+                  double: bool) -> _Steps | None:
     """`schedule` (tiled, marked `tile <level>`) with the first band on each path below
     the tile's point band cut in the largest steps that fit `level`, the largest member
     halved at a time (where steps of one iteration do not fit, the bands below those):
-    the state, what it steps, and the bytes it takes; or None."""
+    the schedule, its kernel and promotions, what it steps, and the bytes it takes; or
+    None."""
     at = str(marks.Tile(level.name))
     paths = _band_paths(find(schedule, at).child(0), (0,))
     while paths:
@@ -308,7 +316,7 @@ def _fit_in_steps(state: KernelState, schedule: isl.Schedule, level: MemoryLevel
 
 def _fit_bands_in_steps(state: KernelState, schedule: isl.Schedule, at: str,
                         paths: list[tuple[int, ...]], level: MemoryLevel, double: bool
-                        ) -> tuple[KernelState, str, int] | None:
+                        ) -> _Steps | None:
     """`_fit_in_steps` on the bands at `paths` (below the mark `at`)."""
     spans = []
     for path in paths:
@@ -339,14 +347,14 @@ def _fit_bands_in_steps(state: KernelState, schedule: isl.Schedule, at: str,
             what = "; ".join(
                 f"the loops of {', '.join(sorted(statement_names(find(stepped, s).get_domain())))}"
                 f" in steps of {'x'.join(map(str, size))}" for s, size in steps.items())
-            return (replace(state.with_schedule(stepped), kernel=kernel, promotions=promotions),
+            return (stepped, kernel, promotions,
                     f"{what} ({', '.join(sorted(streamed))} copied per step)", need)
 
 
 def _tile_spans(band: isl.ScheduleNode) -> list[int]:
     """How many values each member of `band` takes in one iteration of the loops above
     it (the largest over them)."""
-    outer = band.get_prefix_schedule_union_map().intersect_domain(band.get_domain()).reverse()
+    outer = tile_prefix(band).reverse()
     sched = band.band_get_partial_schedule()
     return [box(isl.Map.from_union_map(outer.apply_range(
         isl.UnionMap.from_union_pw_aff(sched.get_at(m)))))[1][0]
